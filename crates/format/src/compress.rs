@@ -1,0 +1,93 @@
+//! Blob payload framing: one leading byte says how the rest is stored.
+//! `0x00` = raw, `0x01` = zstd frame. Compression is skipped when it would not
+//! save at least 1/32 of the size, so incompressible data costs one byte.
+
+use crate::DecodeError;
+
+const RAW: u8 = 0;
+const ZSTD: u8 = 1;
+
+/// Frames `data`, compressing with zstd at `level` (0 disables) when it pays.
+pub fn frame(data: &[u8], level: i32) -> Vec<u8> {
+    if level != 0 && data.len() >= 128 {
+        // Compress straight into the output buffer after the tag byte.
+        let bound = zstd::zstd_safe::compress_bound(data.len());
+        let mut out = vec![0u8; bound + 1];
+        out[0] = ZSTD;
+        if let Ok(n) = zstd::bulk::compress_to_buffer(data, &mut out[1..], level) {
+            if n + n / 32 < data.len() {
+                out.truncate(n + 1);
+                return out;
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(data.len() + 1);
+    out.push(RAW);
+    out.extend_from_slice(data);
+    out
+}
+
+/// Inverse of [`frame`]. `expected_len` (from the index) bounds the output so
+/// that a hostile frame cannot decompress into unbounded memory.
+pub fn unframe(framed: &[u8], expected_len: usize) -> Result<Vec<u8>, DecodeError> {
+    let (&tag, body) = framed.split_first().ok_or(DecodeError::Truncated {
+        what: "blob framing byte",
+        needed: 1,
+    })?;
+    let out = match tag {
+        RAW => body.to_vec(),
+        ZSTD => zstd::bulk::decompress(body, expected_len)
+            .map_err(|e| DecodeError::Invalid(format!("zstd: {e}")))?,
+        other => {
+            return Err(DecodeError::BadValue {
+                what: "blob framing byte",
+                value: other as u64,
+            })
+        }
+    };
+    if out.len() != expected_len {
+        return Err(DecodeError::Invalid(format!(
+            "blob decodes to {} bytes, index says {}",
+            out.len(),
+            expected_len
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compressible_and_incompressible() {
+        let text = b"hello world ".repeat(1000);
+        let f = frame(&text, 3);
+        assert_eq!(f[0], ZSTD);
+        assert!(f.len() < text.len() / 10);
+        assert_eq!(unframe(&f, text.len()).unwrap(), text);
+
+        // Pseudo-random bytes do not compress: stored raw with one byte of overhead.
+        let mut x = 0x1234_5678_u64;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let f = frame(&noise, 3);
+        assert_eq!(f[0], RAW);
+        assert_eq!(f.len(), noise.len() + 1);
+        assert_eq!(unframe(&f, noise.len()).unwrap(), noise);
+    }
+
+    #[test]
+    fn wrong_length_is_an_error() {
+        let f = frame(b"abc", 3);
+        assert!(unframe(&f, 4).is_err());
+        assert!(unframe(&[], 0).is_err());
+        assert!(unframe(&[9, 1, 2], 2).is_err());
+    }
+}

@@ -1,0 +1,116 @@
+//! Snapshots, the repository config and key files. These are small, rarely
+//! written objects, so they are JSON (inside an encryption envelope, except
+//! key files whose secret part is itself sealed).
+
+use serde::{Deserialize, Serialize};
+
+/// A committed backup: written last, after every pack and index it needs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Snapshot {
+    /// Format version that wrote it.
+    pub version: u32,
+    /// When the backup started, RFC 3339 UTC.
+    pub time: String,
+    /// Unix seconds of `time`, for sorting.
+    pub time_unix: i64,
+    /// Backup duration in seconds.
+    pub duration_secs: f64,
+    /// Host that made it.
+    pub hostname: String,
+    /// User that made it.
+    pub username: String,
+    /// Absolute source paths as given (lossy UTF-8 for display).
+    pub paths: Vec<String>,
+    /// Hex ID of the root tree blob.
+    pub tree: String,
+    /// Snapshot this one was compared against, if any.
+    pub parent: Option<String>,
+    /// User tags.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// True when some files could not be read and are missing.
+    #[serde(default)]
+    pub incomplete: bool,
+    /// Counters from the run.
+    pub summary: SnapshotSummary,
+    /// capsule version.
+    pub program: String,
+}
+
+/// Counters recorded in a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct SnapshotSummary {
+    /// Regular files in the snapshot.
+    pub files: u64,
+    /// Directories in the snapshot.
+    pub dirs: u64,
+    /// Other entries (links, devices...).
+    pub others: u64,
+    /// Total bytes of regular files.
+    pub bytes: u64,
+    /// Files whose content was read this run.
+    pub files_read: u64,
+    /// Bytes read from the source this run.
+    pub bytes_read: u64,
+    /// New blobs stored.
+    pub blobs_added: u64,
+    /// Bytes added to the repository (after compression and encryption).
+    pub bytes_added: u64,
+    /// Entries skipped because of errors.
+    pub errors: u64,
+}
+
+/// Repository parameters, stored encrypted in `config`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RepoConfig {
+    /// Format version.
+    pub version: u32,
+    /// Random repository identity (hex); also names the local cache.
+    pub id: String,
+    /// Minimum chunk size in bytes.
+    pub chunk_min: u32,
+    /// Average chunk size in bytes.
+    pub chunk_avg: u32,
+    /// Maximum chunk size in bytes.
+    pub chunk_max: u32,
+    /// Target pack size in bytes.
+    pub pack_size: u32,
+    /// zstd level (0 = store).
+    pub compression: i32,
+}
+
+/// A key file: the master key sealed with a key derived from a password.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KeyFile {
+    /// Format version.
+    pub version: u32,
+    /// Always "argon2id".
+    pub kdf: String,
+    /// Argon2 memory in KiB.
+    pub m_cost: u32,
+    /// Argon2 iterations.
+    pub t_cost: u32,
+    /// Argon2 lanes.
+    pub p_cost: u32,
+    /// Hex salt, 16 bytes.
+    pub salt: String,
+    /// Hex crypto envelope of the master key material.
+    pub sealed: String,
+    /// When created, RFC 3339.
+    pub created: String,
+    /// Host that created it.
+    pub hostname: String,
+    /// User that created it.
+    pub username: String,
+}
+
+/// Decodes JSON objects with a typed error.
+pub fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, crate::DecodeError> {
+    serde_json::from_slice(bytes).map_err(|e| crate::DecodeError::Invalid(format!("json: {e}")))
+}
+
+/// Encodes to compact JSON.
+pub fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serializing plain structs with string keys cannot fail.
+    serde_json::to_vec(v).unwrap_or_default()
+}
