@@ -113,7 +113,11 @@ mod tests {
     }
 
     fn small() -> ChunkSizes {
-        ChunkSizes { min: 2048, avg: 8192, max: 65536 }
+        ChunkSizes {
+            min: 2048,
+            avg: 8192,
+            max: 65536,
+        }
     }
 
     #[test]

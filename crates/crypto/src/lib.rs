@@ -313,7 +313,11 @@ mod tests {
         let kek = derive_kek(
             b"password",
             b"saltsaltsaltsalt",
-            KdfParams { m_cost: 64, t_cost: 1, p_cost: 1 },
+            KdfParams {
+                m_cost: 64,
+                t_cost: 1,
+                p_cost: 1,
+            },
         )
         .unwrap();
         assert_eq!(
@@ -333,7 +337,10 @@ mod tests {
         for i in 0..env.len() {
             let mut bad = env.clone();
             bad[i] ^= 1;
-            assert!(k.open(Aad::Blob(BlobType::Data, &id), &bad).is_err(), "flip at {i}");
+            assert!(
+                k.open(Aad::Blob(BlobType::Data, &id), &bad).is_err(),
+                "flip at {i}"
+            );
         }
         assert!(k.open(Aad::Blob(BlobType::Data, &id), &env[..10]).is_err());
     }
@@ -341,7 +348,11 @@ mod tests {
     #[test]
     fn wrap_unwrap() {
         let k = MasterKey::generate().unwrap();
-        let p = KdfParams { m_cost: 64, t_cost: 1, p_cost: 1 };
+        let p = KdfParams {
+            m_cost: 64,
+            t_cost: 1,
+            p_cost: 1,
+        };
         let sealed = wrap_master_key(&k, b"pw", b"0123456789abcdef", p).unwrap();
         let k2 = unwrap_master_key(&sealed, b"pw", b"0123456789abcdef", p).unwrap();
         assert_eq!(k.to_bytes(), k2.to_bytes());

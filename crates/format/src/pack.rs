@@ -93,7 +93,9 @@ pub fn parse_trailer(t: &[u8], pack_size: u64) -> Result<u32, DecodeError> {
         });
     }
     if &t[4..] != PACK_MAGIC {
-        return Err(DecodeError::BadHeader("pack magic missing: truncated or not a pack"));
+        return Err(DecodeError::BadHeader(
+            "pack magic missing: truncated or not a pack",
+        ));
     }
     let len = u32::from_le_bytes([t[0], t[1], t[2], t[3]]);
     if len as u64 + PACK_TRAILER_LEN as u64 > pack_size {

@@ -293,9 +293,15 @@ mod tests {
                 mode: 0o644,
                 uid: 1000,
                 gid: 1000,
-                mtime: Timestamp { secs: 1_700_000_000, nanos: 123_456_789 },
+                mtime: Timestamp {
+                    secs: 1_700_000_000,
+                    nanos: 123_456_789,
+                },
                 atime: Timestamp { secs: -5, nanos: 0 },
-                ctime: Timestamp { secs: 1_700_000_001, nanos: 1 },
+                ctime: Timestamp {
+                    secs: 1_700_000_001,
+                    nanos: 1,
+                },
                 size: 3,
                 device: 2049,
                 inode: 42,

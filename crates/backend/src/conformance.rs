@@ -1,0 +1,125 @@
+//! The backend conformance suite: one set of checks of the contract in
+//! [`crate::Backend`] that every backend must pass. Backends call
+//! [`run_all`] from their own tests (against real servers for network ones).
+//!
+//! Uses a fresh, empty namespace under `conformance/` and removes what it
+//! wrote. Panics with a description on the first violation.
+
+use crate::{Backend, ErrorKind};
+
+/// Runs every check against `b`.
+pub fn run_all(b: &dyn Backend) {
+    put_get_stat(b);
+    no_overwrite(b);
+    ranges(b);
+    missing(b);
+    listing(b, 1200);
+    concurrent_writers(b);
+    delete_idempotent(b);
+    names(b);
+    for o in b.list("conformance/").expect("final list") {
+        b.delete(&o.name).expect("cleanup");
+    }
+}
+
+fn put_get_stat(b: &dyn Backend) {
+    let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+    b.put("conformance/a/one", &data).expect("put");
+    assert_eq!(b.get("conformance/a/one", None).expect("get"), data);
+    assert_eq!(b.stat("conformance/a/one").expect("stat").size, 100_000);
+    b.put("conformance/empty", b"").expect("put empty");
+    assert_eq!(b.get("conformance/empty", None).expect("get empty"), b"");
+}
+
+fn no_overwrite(b: &dyn Backend) {
+    b.put("conformance/once", b"first").expect("put");
+    let e = b
+        .put("conformance/once", b"second")
+        .expect_err("overwrite must fail");
+    assert_eq!(e.kind, ErrorKind::AlreadyExists, "{e}");
+    assert_eq!(b.get("conformance/once", None).expect("get"), b"first");
+}
+
+fn ranges(b: &dyn Backend) {
+    b.put("conformance/r", b"0123456789").expect("put");
+    assert_eq!(b.get("conformance/r", Some(2..5)).expect("range"), b"234");
+    assert_eq!(
+        b.get("conformance/r", Some(10..10)).expect("empty range"),
+        b""
+    );
+    let e = b.get("conformance/r", Some(5..11)).expect_err("past end");
+    assert_eq!(e.kind, ErrorKind::InvalidRange, "{e}");
+}
+
+fn missing(b: &dyn Backend) {
+    for e in [
+        b.get("conformance/nope", None).expect_err("get missing"),
+        b.stat("conformance/nope").expect_err("stat missing"),
+    ] {
+        assert_eq!(e.kind, ErrorKind::NotFound, "{e}");
+    }
+    assert!(b
+        .list("conformance/nothing-here/")
+        .expect("list")
+        .is_empty());
+}
+
+fn listing(b: &dyn Backend, n: usize) {
+    for i in 0..n {
+        b.put(&format!("conformance/many/{:02x}/{i:06}", i % 7), b"x")
+            .expect("put many");
+    }
+    let mut names: Vec<String> = b
+        .list("conformance/many/")
+        .expect("list")
+        .into_iter()
+        .map(|o| o.name)
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), n);
+    assert!(names.iter().all(|s| s.starts_with("conformance/many/")));
+}
+
+fn concurrent_writers(b: &dyn Backend) {
+    // Eight writers race for the same name: exactly one wins, the object is
+    // whole, and the losers see AlreadyExists.
+    let wins = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8u8 {
+            let wins = &wins;
+            s.spawn(move || {
+                let body = vec![t; 50_000];
+                match b.put("conformance/race", &body) {
+                    Ok(()) => {
+                        wins.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Err(e) => assert_eq!(e.kind, ErrorKind::AlreadyExists, "{e}"),
+                }
+            });
+        }
+    });
+    assert_eq!(wins.into_inner(), 1);
+    let got = b.get("conformance/race", None).expect("get race");
+    assert_eq!(got.len(), 50_000);
+    assert!(got.iter().all(|&x| x == got[0]), "object mixes writers");
+}
+
+fn delete_idempotent(b: &dyn Backend) {
+    b.put("conformance/del", b"x").expect("put");
+    b.delete("conformance/del").expect("delete");
+    b.delete("conformance/del").expect("delete again");
+    assert_eq!(
+        b.stat("conformance/del").expect_err("gone").kind,
+        ErrorKind::NotFound
+    );
+}
+
+fn names(b: &dyn Backend) {
+    for bad in ["", "../x", "a//b", "A", "a/./b", "conformance/ü"] {
+        assert_eq!(
+            b.put(bad, b"x").expect_err(bad).kind,
+            ErrorKind::InvalidName,
+            "{bad}"
+        );
+    }
+}

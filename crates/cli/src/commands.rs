@@ -1,0 +1,519 @@
+//! One function per subcommand: open the repository, call the engine, print.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use capsule_crypto::KdfParams;
+use capsule_engine::backup::BackupOptions;
+use capsule_engine::progress::Progress;
+use capsule_engine::repo::InitOptions;
+use capsule_engine::restore::RestoreOptions;
+use capsule_engine::{treewalk, EngineError, Repository};
+use capsule_format::tree::NodeKind;
+use capsule_format::BlobId;
+use clap::{Args, Subcommand};
+
+use crate::output::{bytes, Output};
+use crate::settings::{self, RepoLocation};
+use crate::{exit, GlobalArgs};
+
+fn open(g: &GlobalArgs) -> Result<(Repository, RepoLocation)> {
+    let loc = settings::location(g)?;
+    let backend = settings::backend(g, &loc, false)?;
+    let pw = settings::password(g)?;
+    Ok((Repository::open(backend, &pw)?, loc))
+}
+
+/// Arguments of `init`.
+#[derive(Args, Debug)]
+pub struct InitArgs {}
+
+pub fn init(g: &GlobalArgs, out: &Output, _a: InitArgs) -> Result<u8> {
+    let loc = settings::location(g)?;
+    let backend = settings::backend(g, &loc, true)?;
+    let pw = settings::new_password(g, "new repository password")?;
+    let repo = Repository::init(backend, &pw, &InitOptions::default())?;
+    out.json(&serde_json::json!({ "repository": loc.path, "id": repo.config().id }));
+    out.say(format!(
+        "created repository {} at {}",
+        &repo.config().id[..8],
+        loc.path.display()
+    ));
+    out.say("keep the password safe: without it the backups cannot be read");
+    Ok(exit::OK)
+}
+
+/// Arguments of `backup`.
+#[derive(Args, Debug)]
+pub struct BackupArgs {
+    /// Files and directories to back up.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Exclude paths matching a pattern (gitignore syntax; repeatable).
+    #[arg(short, long = "exclude", value_name = "PATTERN")]
+    excludes: Vec<String>,
+    /// Per-directory ignore file name (gitignore syntax).
+    #[arg(long, default_value = ".capsuleignore", value_name = "NAME")]
+    ignore_file: String,
+    /// Do not read per-directory ignore files.
+    #[arg(long)]
+    no_ignore_files: bool,
+    /// Stay on the file system of each path.
+    #[arg(short = 'x', long)]
+    one_file_system: bool,
+    /// Compare against this snapshot instead of the latest one of the same host and paths.
+    #[arg(long, value_name = "SNAPSHOT")]
+    parent: Option<String>,
+    /// Read every file, even those unchanged since the parent.
+    #[arg(long)]
+    force: bool,
+    /// Tag the snapshot (repeatable).
+    #[arg(long = "tag")]
+    tags: Vec<String>,
+    /// Host name to record.
+    #[arg(long)]
+    host: Option<String>,
+    /// Reader threads (default: twice the cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
+    let loc = settings::location(g)?;
+    let repo = if loc.is_default && !loc.path.join("config").exists() {
+        // The embedded default: created on first use.
+        let backend = settings::backend(g, &loc, true)?;
+        let pw = settings::new_password(g, "password for the new default repository")?;
+        let r = Repository::init(backend, &pw, &InitOptions::default())?;
+        if !out.json {
+            eprintln!("created a new repository at {}", loc.path.display());
+        }
+        r
+    } else {
+        let backend = settings::backend(g, &loc, false)?;
+        let pw = settings::password(g)?;
+        Repository::open(backend, &pw)?
+    };
+    let progress = Arc::new(Progress::default());
+    let bar = out.progress(&progress, "backup");
+    let opts = BackupOptions {
+        paths: a.paths,
+        excludes: a.excludes,
+        ignore_file: (!a.no_ignore_files).then_some(a.ignore_file),
+        one_file_system: a.one_file_system,
+        parent: a.parent,
+        force: a.force,
+        tags: a.tags,
+        hostname: a.host,
+        threads: a.threads,
+        estimate: bar.is_some(),
+    };
+    let report = capsule_engine::backup::backup(Arc::new(repo), &opts, &progress);
+    drop(bar);
+    let report = report?;
+    for w in &report.warnings {
+        out.warn(format!("{}: {}", w.path, w.message));
+    }
+    out.json(&report);
+    let s = &report.summary;
+    out.say(format!(
+        "snapshot {} saved: {} files, {} dirs, {}",
+        &report.snapshot_id[..8],
+        s.files,
+        s.dirs,
+        bytes(s.bytes)
+    ));
+    out.say(format!(
+        "  files: {} new, {} changed, {} unchanged; read {}, added {} ({} blobs, {} packs)",
+        report.files_new,
+        report.files_changed,
+        report.files_unchanged,
+        bytes(s.bytes_read),
+        bytes(s.bytes_added),
+        s.blobs_added,
+        report.storage.packs
+    ));
+    let st = &report.stages;
+    out.say(format!(
+        "  time {:.2}s (thread-seconds: scan {:.2}, read {:.2}, chunk+hash {:.2}, compress {:.2}, encrypt {:.2}, write {:.2})",
+        report.duration_secs, st.scan, st.read, st.chunk_hash, st.compress, st.encrypt, st.write
+    ));
+    if report.warnings.is_empty() {
+        Ok(exit::OK)
+    } else {
+        eprintln!(
+            "capsule: snapshot {} is incomplete: {} entries could not be backed up (listed above)",
+            &report.snapshot_id[..8],
+            report.warnings.len()
+        );
+        Ok(exit::INCOMPLETE)
+    }
+}
+
+pub fn snapshots(g: &GlobalArgs, out: &Output) -> Result<u8> {
+    let (repo, _) = open(g)?;
+    let (snaps, bad) = repo.list_snapshots()?;
+    for e in &bad {
+        out.warn(e.to_string());
+    }
+    if out.json {
+        let v: Vec<_> = snaps
+            .iter()
+            .map(|(id, s)| serde_json::json!({ "id": id.to_hex(), "snapshot": s }))
+            .collect();
+        out.json(&v);
+        return Ok(exit::OK);
+    }
+    out.result(format!(
+        "{:<10} {:<20} {:<16} {:>8} {:>10}  paths",
+        "id", "time", "host", "files", "size"
+    ));
+    for (id, s) in &snaps {
+        out.result(format!(
+            "{:<10} {:<20} {:<16} {:>8} {:>10}  {}{}",
+            id.short(),
+            s.time.replace('T', " ").trim_end_matches('Z'),
+            s.hostname,
+            s.summary.files,
+            bytes(s.summary.bytes),
+            s.paths.join(" "),
+            if s.incomplete { "  (incomplete)" } else { "" }
+        ));
+    }
+    out.say(format!("{} snapshots", snaps.len()));
+    Ok(exit::OK)
+}
+
+/// Arguments of `ls`.
+#[derive(Args, Debug)]
+pub struct LsArgs {
+    /// Snapshot ID (or prefix), or "latest".
+    snapshot: String,
+    /// Only list below this path of the snapshot.
+    path: Option<String>,
+    /// Show mode, size and modification time.
+    #[arg(short, long)]
+    long: bool,
+}
+
+fn root_of(s: &capsule_format::snapshot::Snapshot) -> Result<BlobId> {
+    s.tree
+        .parse()
+        .map_err(|_| EngineError::corrupt("snapshot", "bad tree id").into())
+}
+
+pub fn ls(g: &GlobalArgs, out: &Output, a: LsArgs) -> Result<u8> {
+    let (repo, _) = open(g)?;
+    let (_, snap) = repo.resolve_snapshot(&a.snapshot)?;
+    let (index, _) = repo.load_index()?;
+    let mut root = root_of(&snap)?;
+    let base = treewalk::snapshot_path(a.path.as_deref().unwrap_or("/"));
+    let mut items = Vec::new();
+    if base != std::path::Path::new("/") {
+        let n = treewalk::find(&repo, &index, &root, &base)?
+            .ok_or_else(|| EngineError::PathNotFound(base.display().to_string()))?;
+        let is_dir = n.kind() == NodeKind::Dir;
+        items.push((base.clone(), n.clone()));
+        match (is_dir, n.subtree) {
+            (true, Some(sub)) => root = sub,
+            _ => root = BlobId::default(),
+        }
+    }
+    let mut print =
+        |p: &std::path::Path, n: &capsule_format::tree::Node| -> capsule_engine::Result<()> {
+            items.push((p.to_path_buf(), n.clone()));
+            Ok(())
+        };
+    if root != BlobId::default() {
+        treewalk::walk(&repo, &index, &root, &base, &mut print)?;
+    }
+    if out.json {
+        let v: Vec<_> = items
+            .iter()
+            .map(|(p, n)| {
+                serde_json::json!({
+                    "path": p.to_string_lossy(),
+                    "type": n.kind().as_str(),
+                    "size": n.size,
+                    "mode": format!("{:o}", n.mode),
+                    "uid": n.uid, "gid": n.gid,
+                    "mtime": n.mtime.secs, "mtime_nsec": n.mtime.nanos,
+                })
+            })
+            .collect();
+        out.json(&v);
+    } else {
+        for (p, n) in &items {
+            if a.long {
+                out.result(format!(
+                    "{:<8} {:>5o} {:>6} {:>6} {:>12} {}  {}",
+                    n.kind().as_str(),
+                    n.mode,
+                    n.uid,
+                    n.gid,
+                    n.size,
+                    capsule_engine::timefmt::rfc3339(n.mtime.secs),
+                    p.to_string_lossy()
+                ));
+            } else {
+                out.result(p.to_string_lossy());
+            }
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// Arguments of `restore`.
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    /// Snapshot ID (or prefix), or "latest".
+    snapshot: String,
+    /// Directory to restore into; snapshot paths are recreated below it.
+    #[arg(short, long)]
+    target: PathBuf,
+    /// Only restore entries matching this glob, with everything below them
+    /// (a pattern with "/" matches the full snapshot path, one without matches names).
+    #[arg(short, long = "include", value_name = "PATTERN")]
+    includes: Vec<String>,
+    /// Skip entries matching this glob, with everything below them.
+    #[arg(short, long = "exclude", value_name = "PATTERN")]
+    excludes: Vec<String>,
+}
+
+pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
+    let (repo, _) = open(g)?;
+    let (id, snap) = repo.resolve_snapshot(&a.snapshot)?;
+    let (index, bad) = repo.load_index()?;
+    for e in &bad {
+        out.warn(format!("{e} (blobs it lists are unavailable)"));
+    }
+    let progress = Arc::new(Progress::default());
+    let bar = out.progress(&progress, "restore");
+    let opts = RestoreOptions {
+        target: a.target.clone(),
+        includes: a.includes,
+        excludes: a.excludes,
+    };
+    let r = capsule_engine::restore::restore(&repo, &index, &root_of(&snap)?, &opts, &progress);
+    drop(bar);
+    let r = r?;
+    for w in &r.errors {
+        out.warn(format!("{}: {}", w.path, w.message));
+    }
+    out.json(&r);
+    out.say(format!(
+        "restored snapshot {} to {}: {} files, {} dirs, {} others, {} in {:.2}s",
+        id.short(),
+        a.target.display(),
+        r.files,
+        r.dirs,
+        r.others,
+        bytes(r.bytes),
+        r.duration_secs
+    ));
+    if r.errors.is_empty() {
+        Ok(exit::OK)
+    } else {
+        eprintln!(
+            "capsule: restore incomplete: {} entries failed (listed above)",
+            r.errors.len()
+        );
+        Ok(exit::INCOMPLETE)
+    }
+}
+
+/// Arguments of `check`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Also read and authenticate every byte of every pack.
+    #[arg(long)]
+    read_data: bool,
+}
+
+pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
+    let (repo, _) = open(g)?;
+    let progress = Arc::new(Progress::default());
+    let bar = if a.read_data {
+        out.progress(&progress, "check")
+    } else {
+        None
+    };
+    let r = capsule_engine::check::check(&repo, a.read_data, &progress);
+    drop(bar);
+    let r = r?;
+    out.json(&serde_json::json!({ "ok": r.ok(), "report": r }));
+    out.say(format!(
+        "checked {} snapshots, {} trees, {} packs{}",
+        r.snapshots,
+        r.trees,
+        r.packs,
+        if a.read_data {
+            format!(", read {} blobs ({})", r.blobs_read, bytes(r.bytes_read))
+        } else {
+            String::new()
+        }
+    ));
+    if !r.unindexed_packs.is_empty() {
+        out.say(format!(
+            "{} packs are not indexed (left by an interrupted backup; harmless)",
+            r.unindexed_packs.len()
+        ));
+    }
+    if r.ok() {
+        out.say("no errors found");
+        return Ok(exit::OK);
+    }
+    if !out.json {
+        for p in &r.problems {
+            eprintln!("damaged: {}: {}", p.object, p.problem);
+            for f in p.affected.iter().take(20) {
+                eprintln!("  affects {f}");
+            }
+            if p.affected.len() > 20 {
+                eprintln!("  ... and {} more", p.affected.len() - 20);
+            }
+        }
+        eprintln!(
+            "capsule: check found {} damaged objects; files not listed above still restore",
+            r.problems.len()
+        );
+    }
+    Ok(exit::DAMAGED)
+}
+
+/// Arguments of `diff`.
+#[derive(Args, Debug)]
+pub struct DiffArgs {
+    /// Older snapshot.
+    a: String,
+    /// Newer snapshot.
+    b: String,
+}
+
+pub fn diff(g: &GlobalArgs, out: &Output, a: DiffArgs) -> Result<u8> {
+    let (repo, _) = open(g)?;
+    let (_, sa) = repo.resolve_snapshot(&a.a)?;
+    let (_, sb) = repo.resolve_snapshot(&a.b)?;
+    let (index, _) = repo.load_index()?;
+    let d = capsule_engine::diff::diff(&repo, &index, &root_of(&sa)?, &root_of(&sb)?)?;
+    out.json(&d);
+    for e in &d {
+        out.result(format!("{}  {}", e.change, e.path));
+    }
+    let count = |c: char| d.iter().filter(|e| e.change == c).count();
+    out.say(format!(
+        "{} added, {} removed, {} modified, {} metadata only, {} type changed",
+        count('+'),
+        count('-'),
+        count('M'),
+        count('U'),
+        count('T')
+    ));
+    Ok(exit::OK)
+}
+
+pub fn stats(g: &GlobalArgs, out: &Output) -> Result<u8> {
+    let (repo, loc) = open(g)?;
+    let (index, _) = repo.load_index()?;
+    let s = capsule_engine::stats::stats(&repo, &index)?;
+    out.json(&s);
+    out.result(format!("repository      {}", loc.path.display()));
+    out.result(format!("snapshots       {}", s.snapshots));
+    out.result(format!(
+        "stored          {} in {} packs, {} index files",
+        bytes(s.pack_bytes),
+        s.packs,
+        s.index_files
+    ));
+    out.result(format!(
+        "unique data     {} in {} data blobs, {} tree blobs",
+        bytes(s.unique_bytes),
+        s.data_blobs,
+        s.tree_blobs
+    ));
+    out.result(format!(
+        "all snapshots   {} of files",
+        bytes(s.logical_bytes)
+    ));
+    out.result(format!(
+        "space saving    {:.2}x (dedup and compression)",
+        s.space_saving_ratio
+    ));
+    Ok(exit::OK)
+}
+
+/// `key` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum KeyCommand {
+    /// Add another password.
+    Add {
+        /// Read the new password from this file instead of prompting.
+        #[arg(long)]
+        new_password_file: Option<PathBuf>,
+    },
+    /// List keys.
+    List,
+    /// Remove a key (not the one in use).
+    Remove {
+        /// Key ID or prefix.
+        id: String,
+    },
+    /// Change the password in use (adds a new key, removes the old one).
+    Passwd {
+        /// Read the new password from this file instead of prompting.
+        #[arg(long)]
+        new_password_file: Option<PathBuf>,
+    },
+}
+
+fn read_new_password(f: &Option<PathBuf>) -> Result<Vec<u8>> {
+    match f {
+        Some(f) => {
+            let mut s = std::fs::read(f).with_context(|| format!("reading {}", f.display()))?;
+            while matches!(s.last(), Some(b'\n' | b'\r')) {
+                s.pop();
+            }
+            Ok(s)
+        }
+        None => settings::prompt_new("new password"),
+    }
+}
+
+pub fn key(g: &GlobalArgs, out: &Output, k: KeyCommand) -> Result<u8> {
+    let (mut repo, _) = open(g)?;
+    match k {
+        KeyCommand::Add { new_password_file } => {
+            let pw = read_new_password(&new_password_file)?;
+            let id = repo.add_key(&pw, KdfParams::default())?;
+            out.json(&serde_json::json!({ "added": id.to_hex() }));
+            out.say(format!("added key {}", id.short()));
+        }
+        KeyCommand::List => {
+            let keys = repo.list_keys()?;
+            out.json(&keys);
+            for k in &keys {
+                out.result(format!(
+                    "{} {:<10} {} {}@{}",
+                    if k.current { "*" } else { " " },
+                    &k.id[..8],
+                    k.created,
+                    k.username,
+                    k.hostname
+                ));
+            }
+        }
+        KeyCommand::Remove { id } => {
+            let removed = repo.remove_key(&id)?;
+            out.json(&serde_json::json!({ "removed": removed }));
+            out.say(format!("removed key {}", &removed[..8]));
+        }
+        KeyCommand::Passwd { new_password_file } => {
+            let pw = read_new_password(&new_password_file)?;
+            let id = repo.change_password(&pw, KdfParams::default())?;
+            out.json(&serde_json::json!({ "key": id.to_hex() }));
+            out.say(format!("password changed (new key {})", id.short()));
+        }
+    }
+    Ok(exit::OK)
+}

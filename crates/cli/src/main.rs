@@ -1,0 +1,112 @@
+//! The `capsule` command line: parses arguments, resolves settings (repository,
+//! password, output mode), calls the engine, and maps outcomes to exit codes.
+//! Everything of substance lives in `capsule-engine`.
+
+mod commands;
+mod output;
+mod settings;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Exit codes (documented in the README).
+pub mod exit {
+    /// Success.
+    pub const OK: u8 = 0;
+    /// A fatal error (I/O, storage, bug).
+    pub const ERROR: u8 = 1;
+    /// Bad usage (clap also uses 2).
+    pub const USAGE: u8 = 2;
+    /// Finished, but some entries were skipped: the snapshot (or restore) is incomplete.
+    pub const INCOMPLETE: u8 = 3;
+    /// Wrong or missing password.
+    pub const PASSWORD: u8 = 10;
+    /// No repository at the location, or one already exists for `init`.
+    pub const REPOSITORY: u8 = 11;
+    /// `check` found damage.
+    pub const DAMAGED: u8 = 12;
+    /// Snapshot or path not found.
+    pub const NOT_FOUND: u8 = 13;
+    /// Interrupted by a signal.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+/// Fast, encrypted, deduplicated backups to local and network storage.
+#[derive(Parser, Debug)]
+#[command(name = "capsule", version, about, long_about = None, max_term_width = 100)]
+pub struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every command takes.
+#[derive(Args, Debug, Clone)]
+pub struct GlobalArgs {
+    /// Repository location: a directory path (default: a repository in your
+    /// data directory, e.g. ~/.local/share/capsule/repo).
+    #[arg(short = 'r', long, env = "CAPSULE_REPO", global = true)]
+    repo: Option<String>,
+    /// Read the password from this file (CAPSULE_PASSWORD is also honoured).
+    #[arg(long, env = "CAPSULE_PASSWORD_FILE", global = true)]
+    password_file: Option<std::path::PathBuf>,
+    /// Print machine-readable JSON on stdout.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Print only errors and warnings.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    /// Do not fsync objects on the local backend (faster on shares that
+    /// force synchronous writes; a power cut may lose the newest backup).
+    #[arg(long, global = true)]
+    no_fsync: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a new repository.
+    Init(commands::InitArgs),
+    /// Back up files and directories into a new snapshot.
+    Backup(commands::BackupArgs),
+    /// List snapshots.
+    Snapshots,
+    /// List the files in a snapshot.
+    Ls(commands::LsArgs),
+    /// Restore a snapshot (or part of it) into a directory.
+    Restore(commands::RestoreArgs),
+    /// Verify the repository's integrity.
+    Check(commands::CheckArgs),
+    /// Show what changed between two snapshots.
+    Diff(commands::DiffArgs),
+    /// Show repository statistics.
+    Stats,
+    /// Manage the passwords (key files) that open the repository.
+    #[command(subcommand)]
+    Key(commands::KeyCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let out = output::Output::new(cli.global.json, cli.global.quiet);
+    let result = match cli.command {
+        Command::Init(a) => commands::init(&cli.global, &out, a),
+        Command::Backup(a) => commands::backup(&cli.global, &out, a),
+        Command::Snapshots => commands::snapshots(&cli.global, &out),
+        Command::Ls(a) => commands::ls(&cli.global, &out, a),
+        Command::Restore(a) => commands::restore(&cli.global, &out, a),
+        Command::Check(a) => commands::check(&cli.global, &out, a),
+        Command::Diff(a) => commands::diff(&cli.global, &out, a),
+        Command::Stats => commands::stats(&cli.global, &out),
+        Command::Key(k) => commands::key(&cli.global, &out, k),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            let code = output::exit_code_for(&e);
+            out.error(&e);
+            ExitCode::from(code)
+        }
+    }
+}

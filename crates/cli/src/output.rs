@@ -1,0 +1,193 @@
+//! Output: JSON or human text on stdout, warnings and errors on stderr, and
+//! a progress bar only when stderr is a terminal.
+
+use std::io::IsTerminal;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capsule_engine::progress::Progress;
+use capsule_engine::EngineError;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::exit;
+use crate::settings::MissingPassword;
+
+/// How to print.
+pub struct Output {
+    /// JSON on stdout.
+    pub json: bool,
+    /// Suppress non-essential text.
+    pub quiet: bool,
+}
+
+impl Output {
+    pub fn new(json: bool, quiet: bool) -> Self {
+        Output { json, quiet }
+    }
+
+    /// Prints a line of human output unless quiet or JSON.
+    pub fn say(&self, s: impl AsRef<str>) {
+        if !self.json && !self.quiet {
+            println!("{}", s.as_ref());
+        }
+    }
+
+    /// Prints human output even when quiet (the command's actual result).
+    pub fn result(&self, s: impl AsRef<str>) {
+        if !self.json {
+            println!("{}", s.as_ref());
+        }
+    }
+
+    /// Prints a JSON document when in JSON mode.
+    pub fn json<T: serde::Serialize>(&self, v: &T) {
+        if self.json {
+            match serde_json::to_string_pretty(v) {
+                Ok(s) => println!("{s}"),
+                Err(e) => eprintln!("capsule: cannot encode JSON output: {e}"),
+            }
+        }
+    }
+
+    /// A warning on stderr.
+    pub fn warn(&self, s: impl AsRef<str>) {
+        eprintln!("warning: {}", s.as_ref());
+    }
+
+    /// A fatal error on stderr, with a hint where one helps.
+    pub fn error(&self, e: &anyhow::Error) {
+        let mut msg = format!("capsule: {e}");
+        for cause in e.chain().skip(1) {
+            msg.push_str(&format!(": {cause}"));
+        }
+        if let Some(h) = hint(e) {
+            msg.push_str(&format!("\n  hint: {h}"));
+        }
+        if self.json {
+            let v = serde_json::json!({ "error": e.to_string(), "exit_code": exit_code_for(e) });
+            println!("{v}");
+        }
+        eprintln!("{msg}");
+    }
+
+    /// Starts a progress display for `p` if stderr is a terminal.
+    pub fn progress(&self, p: &Arc<Progress>, what: &'static str) -> Option<ProgressHandle> {
+        if self.json || self.quiet || !std::io::stderr().is_terminal() {
+            return None;
+        }
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} {prefix} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        bar.set_prefix(what);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (p2, b2, s2) = (p.clone(), bar.clone(), stop.clone());
+        let started = std::time::Instant::now();
+        let h = std::thread::spawn(move || {
+            while !s2.load(Ordering::Relaxed) {
+                let total = Progress::get(&p2.bytes_total);
+                b2.set_length(total.max(Progress::get(&p2.bytes_done)));
+                b2.set_position(Progress::get(&p2.bytes_done));
+                let files = Progress::get(&p2.files_done);
+                let secs = started.elapsed().as_secs_f64().max(0.001);
+                let est = if p2.totals_final.load(Ordering::Relaxed) {
+                    ""
+                } else {
+                    " (counting)"
+                };
+                b2.set_message(format!(
+                    "{files}/{} files, {:.0} files/s{est}",
+                    Progress::get(&p2.files_total),
+                    files as f64 / secs
+                ));
+                b2.tick();
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        Some(ProgressHandle {
+            bar,
+            stop,
+            thread: Some(h),
+        })
+    }
+}
+
+/// A running progress display; finished on drop.
+pub struct ProgressHandle {
+    bar: ProgressBar,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for ProgressHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.bar.finish_and_clear();
+    }
+}
+
+/// Maps an error to the documented exit code.
+pub fn exit_code_for(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<MissingPassword>().is_some() {
+        return exit::PASSWORD;
+    }
+    match e.downcast_ref::<EngineError>() {
+        Some(EngineError::WrongPassword { .. }) => exit::PASSWORD,
+        Some(EngineError::NotARepository { .. } | EngineError::AlreadyInitialized { .. }) => {
+            exit::REPOSITORY
+        }
+        Some(
+            EngineError::SnapshotNotFound(_)
+            | EngineError::AmbiguousSnapshot(_)
+            | EngineError::PathNotFound(_),
+        ) => exit::NOT_FOUND,
+        Some(EngineError::Invalid(_)) => exit::USAGE,
+        Some(EngineError::Interrupted) => exit::INTERRUPTED,
+        _ => exit::ERROR,
+    }
+}
+
+fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    match e.downcast_ref::<EngineError>()? {
+        EngineError::WrongPassword { .. } => {
+            Some("check CAPSULE_PASSWORD / CAPSULE_PASSWORD_FILE; nothing was written")
+        }
+        EngineError::NotARepository { .. } => {
+            Some("create one with `capsule init`, or check --repo / CAPSULE_REPO")
+        }
+        EngineError::Corrupt { .. } | EngineError::MissingBlob(_) => Some(
+            "run `capsule check --read-data` to see what is damaged and which files it affects",
+        ),
+        EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::NoSpace => {
+            Some("the repository's disk is full; free space and run the backup again (it resumes)")
+        }
+        EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::PermissionDenied => {
+            Some("capsule cannot write to the repository; check its permissions")
+        }
+        _ => None,
+    }
+}
+
+/// Human-readable byte count.
+pub fn bytes(n: u64) -> String {
+    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}

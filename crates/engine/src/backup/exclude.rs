@@ -1,0 +1,82 @@
+//! Exclusions: global patterns from the command line and per-directory
+//! ignore files, both in gitignore syntax (a pattern without `/` matches a
+//! name at any depth; a leading `/` anchors it; `!` re-includes).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use ignore::Match;
+
+use crate::{EngineError, Result};
+
+/// Global excludes plus the stack of ignore files above a directory.
+#[derive(Clone)]
+pub struct Excludes {
+    global: Arc<Gitignore>,
+    file_name: Option<String>,
+    stack: Vec<Arc<Gitignore>>,
+}
+
+impl std::fmt::Debug for Excludes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Excludes({} ignore files)", self.stack.len())
+    }
+}
+
+impl Excludes {
+    /// Builds the global matcher. Patterns are matched against absolute
+    /// paths, so `/home/me/cache` and `*.tmp` both work.
+    pub fn new(patterns: &[String], file_name: Option<String>) -> Result<Self> {
+        let mut b = GitignoreBuilder::new("/");
+        for p in patterns {
+            b.add_line(None, p)
+                .map_err(|e| EngineError::Invalid(format!("bad exclude pattern {p:?}: {e}")))?;
+        }
+        let global = b
+            .build()
+            .map_err(|e| EngineError::Invalid(format!("exclude patterns: {e}")))?;
+        Ok(Excludes {
+            global: Arc::new(global),
+            file_name,
+            stack: Vec::new(),
+        })
+    }
+
+    /// The excludes for entries inside `dir`: adds `dir`'s ignore file if it
+    /// has one. A malformed ignore file is reported, and its valid lines
+    /// still apply.
+    pub fn enter(&self, dir: &Path) -> (Self, Option<String>) {
+        let Some(name) = &self.file_name else {
+            return (self.clone(), None);
+        };
+        let f = dir.join(name);
+        if !f.is_file() {
+            return (self.clone(), None);
+        }
+        let mut b = GitignoreBuilder::new(dir);
+        let err = b.add(&f).map(|e| e.to_string());
+        let mut next = self.clone();
+        match b.build() {
+            Ok(g) => next.stack.push(Arc::new(g)),
+            Err(e) => return (next, Some(e.to_string())),
+        }
+        (next, err)
+    }
+
+    /// Whether `path` is excluded. The deepest ignore file with an opinion
+    /// wins; the global patterns apply last and cannot be overridden.
+    pub fn is_excluded(&self, path: &Path, is_dir: bool) -> bool {
+        if let Match::Ignore(_) = self.global.matched(path, is_dir) {
+            return true;
+        }
+        for g in self.stack.iter().rev() {
+            match g.matched(path, is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
+            }
+        }
+        false
+    }
+}

@@ -1,0 +1,351 @@
+//! Backup: scan the sources, reuse what the parent snapshot already has,
+//! read and chunk what changed, and commit a snapshot.
+//!
+//! Stages and where they run:
+//! * **scan + read + chunk + hash**: a rayon pool walks directories in
+//!   parallel (entries of one directory are processed concurrently, and
+//!   subdirectories recurse on the same pool); results are collected in name
+//!   order, so trees are deterministic whatever the scheduling.
+//! * **compress + encrypt + pack + upload + index**: [`crate::packer`].
+//! * **commit**: after the saver has flushed (every pack durable and
+//!   indexed) the snapshot object is written, last.
+
+mod exclude;
+mod walk;
+
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use capsule_format::snapshot::{Snapshot, SnapshotSummary};
+use capsule_format::{BlobId, ObjectId, FORMAT_VERSION};
+
+use crate::index::MasterIndex;
+use crate::packer::{BlobSaver, SaverStatsSnapshot};
+use crate::progress::Progress;
+use crate::repo::{hostname, username, Repository};
+use crate::timefmt::{now_unix, rfc3339};
+use crate::{EngineError, Result};
+
+pub use exclude::Excludes;
+
+/// How a backup is run.
+#[derive(Debug, Clone, Default)]
+pub struct BackupOptions {
+    /// Source paths (files or directories).
+    pub paths: Vec<PathBuf>,
+    /// Exclude patterns (gitignore syntax, matched against absolute paths).
+    pub excludes: Vec<String>,
+    /// Name of per-directory ignore files (gitignore syntax); `None` disables.
+    pub ignore_file: Option<String>,
+    /// Do not cross file-system boundaries below each source path.
+    pub one_file_system: bool,
+    /// Snapshot to compare against (`None` = latest of this host and paths).
+    pub parent: Option<String>,
+    /// Read every file even if the parent says it is unchanged.
+    pub force: bool,
+    /// Tags to record.
+    pub tags: Vec<String>,
+    /// Host name to record (default: this machine's).
+    pub hostname: Option<String>,
+    /// Reader threads (0 = twice the cores).
+    pub threads: usize,
+    /// Run an estimating scan alongside so progress has totals and an ETA.
+    pub estimate: bool,
+}
+
+/// A problem with one source entry; the backup went on without it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Warning {
+    /// The entry.
+    pub path: String,
+    /// What happened.
+    pub message: String,
+}
+
+/// Seconds spent per stage, summed over threads.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct StageTimes {
+    /// Listing directories and reading metadata.
+    pub scan: f64,
+    /// Reading file content.
+    pub read: f64,
+    /// Finding chunk boundaries and hashing.
+    pub chunk_hash: f64,
+    /// Compressing.
+    pub compress: f64,
+    /// Encrypting.
+    pub encrypt: f64,
+    /// Waiting on storage writes.
+    pub write: f64,
+}
+
+/// What a backup did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BackupReport {
+    /// The new snapshot's ID.
+    pub snapshot_id: String,
+    /// Parent used for change detection.
+    pub parent: Option<String>,
+    /// Summary as recorded in the snapshot.
+    pub summary: SnapshotSummary,
+    /// Files read because they were new.
+    pub files_new: u64,
+    /// Files read because they changed.
+    pub files_changed: u64,
+    /// Files reused from the parent without reading.
+    pub files_unchanged: u64,
+    /// Storage-side counters.
+    pub storage: SaverStatsSnapshot,
+    /// Per-stage seconds.
+    pub stages: StageTimes,
+    /// Wall-clock seconds.
+    pub duration_secs: f64,
+    /// Entries skipped, with reasons.
+    pub warnings: Vec<Warning>,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    files: AtomicU64,
+    dirs: AtomicU64,
+    others: AtomicU64,
+    bytes: AtomicU64,
+    files_read: AtomicU64,
+    bytes_read: AtomicU64,
+    files_new: AtomicU64,
+    files_changed: AtomicU64,
+    files_unchanged: AtomicU64,
+    scan_ns: AtomicU64,
+    read_ns: AtomicU64,
+    hash_ns: AtomicU64,
+}
+
+/// Everything the walkers share.
+pub(crate) struct Ctx<'a> {
+    repo: &'a Repository,
+    index: &'a MasterIndex,
+    saver: &'a BlobSaver,
+    chunker: capsule_chunker::Chunker,
+    opts: &'a BackupOptions,
+    excludes: Excludes,
+    progress: &'a Progress,
+    counters: Counters,
+    warnings: Mutex<Vec<Warning>>,
+    /// Content of hard-linked files already read, by (device, inode).
+    hardlinks: Mutex<std::collections::HashMap<(u64, u64), (u64, Vec<BlobId>)>>,
+    /// Start of the parent snapshot (Unix seconds): parent entries changed
+    /// within a second of it cannot be trusted (see docs/DESIGN.md).
+    parent_time: i64,
+    /// Start of this backup.
+    start_unix: i64,
+}
+
+impl Ctx<'_> {
+    pub(crate) fn warn(&self, path: &Path, message: impl Into<String>) {
+        Progress::add(&self.progress.errors, 1);
+        self.warnings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Warning {
+                path: path.display().to_string(),
+                message: message.into(),
+            });
+    }
+}
+
+/// Makes `p` absolute and lexically normal, without resolving symlinks (the
+/// last component is backed up as what it is, link or not).
+pub fn normalize_source(p: &Path) -> Result<PathBuf> {
+    let abs = std::path::absolute(p).map_err(|e| EngineError::io("resolve", p, e))?;
+    let mut out = PathBuf::from("/");
+    for c in abs.components() {
+        match c {
+            Component::RootDir | Component::Prefix(_) | Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+        }
+    }
+    Ok(out)
+}
+
+/// Picks the parent snapshot: explicit, or the latest with the same host and
+/// the same set of paths.
+fn find_parent(
+    repo: &Repository,
+    opts: &BackupOptions,
+    host: &str,
+    paths: &[String],
+) -> Result<Option<(ObjectId, Snapshot)>> {
+    if let Some(spec) = &opts.parent {
+        return repo.resolve_snapshot(spec).map(Some);
+    }
+    let (snaps, _) = repo.list_snapshots()?;
+    let mut want = paths.to_vec();
+    want.sort();
+    Ok(snaps.into_iter().rev().find(|(_, s)| {
+        let mut p = s.paths.clone();
+        p.sort();
+        s.hostname == host && p == want
+    }))
+}
+
+/// Runs a backup of `opts.paths` into `repo` and commits a snapshot.
+///
+/// Per-entry problems (vanished, unreadable, changed while read) become
+/// warnings and the snapshot is marked incomplete; repository problems abort
+/// without writing a snapshot.
+pub fn backup(
+    repo: Arc<Repository>,
+    opts: &BackupOptions,
+    progress: &Arc<Progress>,
+) -> Result<BackupReport> {
+    let started = Instant::now();
+    let start_unix = now_unix();
+    if opts.paths.is_empty() {
+        return Err(EngineError::Invalid(
+            "nothing to back up: give at least one path".into(),
+        ));
+    }
+    let mut sources = Vec::new();
+    for p in &opts.paths {
+        let n = normalize_source(p)?;
+        std::fs::symlink_metadata(&n).map_err(|e| EngineError::io("read source", &n, e))?;
+        sources.push(n);
+    }
+    sources.sort();
+    sources.dedup();
+    // A source inside another source is already covered by it.
+    let sources: Vec<PathBuf> = sources
+        .iter()
+        .filter(|s| !sources.iter().any(|o| o != *s && s.starts_with(o)))
+        .cloned()
+        .collect();
+    let path_strings: Vec<String> = sources.iter().map(|p| p.display().to_string()).collect();
+    let host = opts.hostname.clone().unwrap_or_else(hostname);
+
+    let (index, _bad) = repo.load_index()?;
+    let index = Arc::new(index);
+    let parent = find_parent(&repo, opts, &host, &path_strings)?;
+    let parent_root = match &parent {
+        Some((_, s)) if !opts.force => {
+            let id: BlobId = s
+                .tree
+                .parse()
+                .map_err(|_| EngineError::corrupt("parent snapshot", "bad tree id"))?;
+            Some(id)
+        }
+        _ => None,
+    };
+
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    let readers = if opts.threads == 0 {
+        cores * 2
+    } else {
+        opts.threads
+    };
+    let saver = BlobSaver::start(repo.clone(), index.clone(), cores);
+    let excludes = Excludes::new(&opts.excludes, opts.ignore_file.clone())?;
+
+    let estimator = if opts.estimate {
+        Some(walk::spawn_estimator(
+            sources.clone(),
+            excludes.clone(),
+            opts.one_file_system,
+            progress.clone(),
+        ))
+    } else {
+        None
+    };
+
+    let ctx = Ctx {
+        repo: &repo,
+        index: &index,
+        saver: &saver,
+        chunker: repo.chunker(),
+        opts,
+        excludes,
+        progress,
+        counters: Counters::default(),
+        warnings: Mutex::new(Vec::new()),
+        hardlinks: Mutex::new(Default::default()),
+        parent_time: parent
+            .as_ref()
+            .map(|(_, s)| s.time_unix)
+            .unwrap_or(i64::MIN),
+        start_unix,
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(readers)
+        .thread_name(|i| format!("read-{i}"))
+        .build()
+        .map_err(|e| EngineError::Invalid(format!("thread pool: {e}")))?;
+    let root = pool.install(|| walk::save_roots(&ctx, &sources, parent_root));
+    if let Some(h) = estimator {
+        h.stop();
+    }
+    let Ctx {
+        warnings, counters, ..
+    } = ctx;
+    let root = root?;
+    let storage = saver.finish()?;
+
+    let warnings = warnings.into_inner().unwrap_or_else(|p| p.into_inner());
+    let c = &counters;
+    let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let summary = SnapshotSummary {
+        files: g(&c.files),
+        dirs: g(&c.dirs),
+        others: g(&c.others),
+        bytes: g(&c.bytes),
+        files_read: g(&c.files_read),
+        bytes_read: g(&c.bytes_read),
+        blobs_added: storage.blobs_added,
+        bytes_added: storage.stored_bytes_added,
+        errors: warnings.len() as u64,
+    };
+    let duration = started.elapsed().as_secs_f64();
+    let snap = Snapshot {
+        version: FORMAT_VERSION,
+        time: rfc3339(start_unix),
+        time_unix: start_unix,
+        duration_secs: duration,
+        hostname: host,
+        username: username(),
+        paths: path_strings,
+        tree: root.to_hex(),
+        parent: parent.as_ref().map(|(id, _)| id.to_hex()),
+        tags: opts.tags.clone(),
+        incomplete: !warnings.is_empty(),
+        summary: summary.clone(),
+        program: format!("capsule {}", env!("CARGO_PKG_VERSION")),
+    };
+    // The commit point: everything the snapshot references is durable and
+    // indexed by now (saver.finish returned Ok).
+    let id = repo.save_snapshot(&snap)?;
+    let ns = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
+    Ok(BackupReport {
+        snapshot_id: id.to_hex(),
+        parent: snap.parent.clone(),
+        summary,
+        files_new: g(&c.files_new),
+        files_changed: g(&c.files_changed),
+        files_unchanged: g(&c.files_unchanged),
+        stages: StageTimes {
+            scan: ns(&c.scan_ns),
+            read: ns(&c.read_ns),
+            chunk_hash: ns(&c.hash_ns),
+            compress: storage.compress_secs,
+            encrypt: storage.encrypt_secs,
+            write: storage.upload_secs,
+        },
+        storage: (*storage).clone(),
+        duration_secs: started.elapsed().as_secs_f64(),
+        warnings,
+    })
+}

@@ -1,0 +1,494 @@
+//! Walking the sources: one call per directory, entries in parallel, results
+//! in name order. Also the estimating scan that gives progress its totals.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use capsule_format::tree::{encode_tree, Node, NodeKind};
+use capsule_format::{BlobId, BlobType};
+use rayon::prelude::*;
+
+use super::{Ctx, Excludes};
+use crate::meta::{node_from_metadata, read_xattrs};
+use crate::progress::Progress;
+use crate::Result;
+
+fn elapsed_ns(t: Instant) -> u64 {
+    t.elapsed().as_nanos() as u64
+}
+
+/// The directories above the sources, as a tree of names.
+enum Plan {
+    /// A source path: back up everything below.
+    Source,
+    /// An ancestor of sources: only these children.
+    Dir(BTreeMap<Vec<u8>, Plan>),
+}
+
+fn build_plan(sources: &[PathBuf]) -> BTreeMap<Vec<u8>, Plan> {
+    let mut root = BTreeMap::new();
+    for s in sources {
+        let comps: Vec<&OsStr> = s.iter().skip(1).collect();
+        let mut cur = &mut root;
+        for (i, c) in comps.iter().enumerate() {
+            let last = i + 1 == comps.len();
+            let e = cur.entry(c.as_bytes().to_vec()).or_insert_with(|| {
+                if last {
+                    Plan::Source
+                } else {
+                    Plan::Dir(BTreeMap::new())
+                }
+            });
+            match e {
+                Plan::Dir(m) if !last => cur = m,
+                _ => break,
+            }
+        }
+    }
+    root
+}
+
+fn find<'a>(nodes: &'a [Node], name: &[u8]) -> Option<&'a Node> {
+    nodes
+        .binary_search_by(|n| n.name.as_slice().cmp(name))
+        .ok()
+        .map(|i| &nodes[i])
+}
+
+fn load_parent(ctx: &Ctx<'_>, id: Option<BlobId>) -> Vec<Node> {
+    // An unreadable parent tree only costs speed: everything is read anew.
+    id.and_then(|id| ctx.repo.load_tree(ctx.index, &id).ok())
+        .unwrap_or_default()
+}
+
+fn save_tree(ctx: &Ctx<'_>, nodes: &[Node]) -> Result<BlobId> {
+    let enc = encode_tree(nodes);
+    let id = ctx.repo.key().blob_id(&enc);
+    ctx.saver.save(BlobType::Tree, id, enc)?;
+    Ok(id)
+}
+
+/// Backs up every source and returns the root tree ID. The root tree mirrors
+/// the absolute paths: `/home/me/docs` is stored as `home/me/docs`.
+pub(super) fn save_roots(
+    ctx: &Ctx<'_>,
+    sources: &[PathBuf],
+    parent: Option<BlobId>,
+) -> Result<BlobId> {
+    let plan = build_plan(sources);
+    save_plan(ctx, Path::new("/"), &plan, parent)
+}
+
+fn save_plan(
+    ctx: &Ctx<'_>,
+    dir: &Path,
+    children: &BTreeMap<Vec<u8>, Plan>,
+    parent: Option<BlobId>,
+) -> Result<BlobId> {
+    let parent_nodes = load_parent(ctx, parent);
+    let items: Vec<(&Vec<u8>, &Plan)> = children.iter().collect();
+    let nodes: Vec<Option<Node>> = items
+        .par_iter()
+        .map(|(name, plan)| {
+            let name = OsStr::from_bytes(name);
+            let path = dir.join(name);
+            let pnode = find(&parent_nodes, name.as_bytes());
+            match plan {
+                Plan::Source => save_entry(ctx, &path, name, pnode, &ctx.excludes, None),
+                Plan::Dir(sub) => {
+                    let m = match std::fs::symlink_metadata(&path) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            ctx.warn(&path, format!("cannot read metadata: {e}"));
+                            return Ok(None);
+                        }
+                    };
+                    let mut node = node_from_metadata(name, &m);
+                    node.xattrs = read_xattrs(&path).unwrap_or_default();
+                    node.subtree = Some(save_plan(ctx, &path, sub, pnode.and_then(|p| p.subtree))?);
+                    Ok(Some(node))
+                }
+            }
+        })
+        .collect::<Result<_>>()?;
+    let nodes: Vec<Node> = nodes.into_iter().flatten().collect();
+    save_tree(ctx, &nodes)
+}
+
+fn save_dir(
+    ctx: &Ctx<'_>,
+    path: &Path,
+    parent: Option<BlobId>,
+    ex: &Excludes,
+    dev: u64,
+) -> Result<BlobId> {
+    let t0 = Instant::now();
+    let mut names: Vec<std::ffi::OsString> = match std::fs::read_dir(path) {
+        Ok(rd) => {
+            let mut v = Vec::new();
+            for e in rd {
+                match e {
+                    Ok(e) => v.push(e.file_name()),
+                    Err(e) => {
+                        ctx.warn(path, format!("listing failed part-way: {e}"));
+                        break;
+                    }
+                }
+            }
+            v
+        }
+        Err(e) => {
+            ctx.warn(path, format!("cannot list directory: {e}; stored as empty"));
+            Vec::new()
+        }
+    };
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
+    let (ex, err) = ex.enter(path);
+    if let Some(err) = err {
+        ctx.warn(path, format!("ignore file: {err}"));
+    }
+    let parent_nodes = load_parent(ctx, parent);
+    let nodes: Vec<Option<Node>> = names
+        .par_iter()
+        .map(|n| {
+            save_entry(
+                ctx,
+                &path.join(n),
+                n,
+                find(&parent_nodes, n.as_bytes()),
+                &ex,
+                Some(dev),
+            )
+        })
+        .collect::<Result<_>>()?;
+    let nodes: Vec<Node> = nodes.into_iter().flatten().collect();
+    save_tree(ctx, &nodes)
+}
+
+/// Backs up one entry. `Ok(None)` means skipped (excluded, or a warning was
+/// recorded); `Err` means the repository side failed and the backup stops.
+fn save_entry(
+    ctx: &Ctx<'_>,
+    path: &Path,
+    name: &OsStr,
+    parent: Option<&Node>,
+    ex: &Excludes,
+    fs_dev: Option<u64>,
+) -> Result<Option<Node>> {
+    let t0 = Instant::now();
+    let m = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            ctx.warn(path, "vanished before it could be read");
+            return Ok(None);
+        }
+        Err(e) => {
+            ctx.warn(path, format!("cannot read metadata: {e}"));
+            return Ok(None);
+        }
+    };
+    Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
+    if ex.is_excluded(path, m.is_dir()) {
+        return Ok(None);
+    }
+    let mut node = node_from_metadata(name, &m);
+    let c = &ctx.counters;
+    match node.kind() {
+        NodeKind::File => {
+            Progress::add(&c.files, 1);
+            if let Some(p) = unchanged(ctx, parent, &node) {
+                node.content = p.content.clone();
+                node.xattrs = p.xattrs.clone();
+                Progress::add(&c.files_unchanged, 1);
+                Progress::add(&ctx.progress.files_unchanged, 1);
+                Progress::add(&ctx.progress.bytes_unchanged, node.size);
+                Progress::add(&ctx.progress.bytes_done, node.size);
+            } else {
+                read_node_xattrs(ctx, path, &mut node);
+                match read_file(ctx, path, &mut node)? {
+                    Some(content) => node.content = content,
+                    None => return Ok(None),
+                }
+                let is_changed = parent.is_some_and(|p| p.kind() == NodeKind::File);
+                Progress::add(
+                    if is_changed {
+                        &c.files_changed
+                    } else {
+                        &c.files_new
+                    },
+                    1,
+                );
+            }
+            Progress::add(&c.bytes, node.size);
+            Progress::add(&ctx.progress.files_done, 1);
+        }
+        NodeKind::Dir => {
+            Progress::add(&c.dirs, 1);
+            read_node_xattrs(ctx, path, &mut node);
+            let root_dev = fs_dev.unwrap_or(node.device);
+            let psub = parent
+                .filter(|p| p.kind() == NodeKind::Dir)
+                .and_then(|p| p.subtree);
+            node.subtree = Some(if ctx.opts.one_file_system && node.device != root_dev {
+                // A mount point: keep the directory, not what is mounted on it.
+                save_tree(ctx, &[])?
+            } else {
+                save_dir(ctx, path, psub, ex, root_dev)?
+            });
+        }
+        NodeKind::Symlink => {
+            Progress::add(&c.others, 1);
+            read_node_xattrs(ctx, path, &mut node);
+            match std::fs::read_link(path) {
+                Ok(t) => node.target = t.as_os_str().as_bytes().to_vec(),
+                Err(e) => {
+                    ctx.warn(path, format!("cannot read symlink: {e}"));
+                    return Ok(None);
+                }
+            }
+        }
+        _ => {
+            Progress::add(&c.others, 1);
+            read_node_xattrs(ctx, path, &mut node);
+        }
+    }
+    Ok(Some(node))
+}
+
+fn read_node_xattrs(ctx: &Ctx<'_>, path: &Path, node: &mut Node) {
+    match read_xattrs(path) {
+        Ok(x) => node.xattrs = x,
+        Err(e) => ctx.warn(path, format!("cannot read extended attributes: {e}")),
+    }
+}
+
+/// The parent's entry, if it can stand in for reading the file again.
+/// Rules (docs/DESIGN.md, "Change detection"): same kind, size, mtime and
+/// ctime to the nanosecond, and inode; the parent saw the file at least a
+/// second after its last change (so a same-tick rewrite cannot hide); the
+/// file's mtime is not in the future; and all its blobs are still indexed.
+fn unchanged<'p>(ctx: &Ctx<'_>, parent: Option<&'p Node>, node: &Node) -> Option<&'p Node> {
+    let p = parent?;
+    let same = p.kind() == NodeKind::File
+        && p.size == node.size
+        && p.mtime == node.mtime
+        && p.ctime == node.ctime
+        && p.inode == node.inode;
+    let settled = p.ctime.secs < ctx.parent_time - 1 && p.mtime.secs < ctx.parent_time - 1;
+    let sane_clock = node.mtime.secs <= ctx.start_unix + 1;
+    (same && settled && sane_clock && p.content.iter().all(|id| ctx.saver.has(id))).then_some(p)
+}
+
+fn open_source(path: &Path) -> std::io::Result<File> {
+    // O_NOATIME keeps backups from touching access times; it needs file
+    // ownership (or CAP_FOWNER), so fall back without it.
+    let noatime = rustix::fs::OFlags::NOATIME.bits() as i32;
+    let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(noatime | nofollow)
+        .open(path)
+    {
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => OpenOptions::new()
+            .read(true)
+            .custom_flags(nofollow)
+            .open(path),
+        r => r,
+    }
+}
+
+/// Reads, chunks and hashes a file; hands new chunks to the saver. Returns
+/// `Ok(None)` after recording a warning if the file cannot be read.
+fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<BlobId>>> {
+    let link_key = (node.device, node.inode);
+    if node.nlink > 1 {
+        let cache = ctx.hardlinks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((size, content)) = cache.get(&link_key) {
+            if *size == node.size {
+                Progress::add(&ctx.progress.bytes_done, node.size);
+                return Ok(Some(content.clone()));
+            }
+        }
+    }
+    let t0 = Instant::now();
+    let mut f = match open_source(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            ctx.warn(path, "vanished before it could be read");
+            return Ok(None);
+        }
+        Err(e) => {
+            ctx.warn(path, format!("cannot open: {e}"));
+            return Ok(None);
+        }
+    };
+    let before = match f.metadata() {
+        Ok(m) => m,
+        Err(e) => {
+            ctx.warn(path, format!("cannot read metadata: {e}"));
+            return Ok(None);
+        }
+    };
+    if before.ino() != node.inode || !before.is_file() {
+        if !before.is_file() {
+            ctx.warn(path, "replaced by a non-file while being backed up");
+            return Ok(None);
+        }
+        // Replaced between the scan and open: describe what we actually read.
+        let xattrs = std::mem::take(&mut node.xattrs);
+        let name = std::mem::take(&mut node.name);
+        *node = node_from_metadata(OsStr::from_bytes(&name), &before);
+        node.xattrs = xattrs;
+    }
+    Progress::add(&ctx.counters.read_ns, elapsed_ns(t0));
+
+    let chunker = &ctx.chunker;
+    let max = chunker.sizes().max;
+    let window = 2 * max;
+    let mut content = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut start = 0usize;
+    let mut eof = false;
+    let mut total: u64 = 0;
+    loop {
+        if !eof && buf.len() - start < max {
+            if start > 0 {
+                buf.drain(..start);
+                start = 0;
+            }
+            let expected_left = node.size.saturating_sub(total);
+            let want = ((window - buf.len()) as u64).min(expected_left + 1);
+            buf.reserve(want as usize);
+            let t = Instant::now();
+            let got = match (&mut f).take(want).read_to_end(&mut buf) {
+                Ok(n) => n as u64,
+                Err(e) => {
+                    ctx.warn(path, format!("read failed after {total} bytes: {e}"));
+                    return Ok(None);
+                }
+            };
+            Progress::add(&ctx.counters.read_ns, elapsed_ns(t));
+            total += got;
+            Progress::add(&ctx.progress.bytes_read, got);
+            if got < want {
+                eof = true;
+            }
+            if !eof && buf.len() - start < max && buf.len() < window {
+                continue;
+            }
+        }
+        if start == buf.len() {
+            break;
+        }
+        let t = Instant::now();
+        let n = chunker.next_cut(&buf[start..], eof);
+        let chunk = &buf[start..start + n];
+        let id = ctx.repo.key().blob_id(chunk);
+        Progress::add(&ctx.counters.hash_ns, elapsed_ns(t));
+        if ctx.saver.save(BlobType::Data, id, chunk.to_vec())? {
+            Progress::add(&ctx.progress.bytes_new, n as u64);
+        }
+        Progress::add(&ctx.progress.bytes_done, n as u64);
+        content.push(id);
+        start += n;
+    }
+    Progress::add(&ctx.counters.files_read, 1);
+    Progress::add(&ctx.counters.bytes_read, total);
+    if let Ok(after) = f.metadata() {
+        if after.len() != before.len()
+            || after.mtime() != before.mtime()
+            || after.mtime_nsec() != before.mtime_nsec()
+            || after.ctime() != before.ctime()
+            || after.ctime_nsec() != before.ctime_nsec()
+            || total != before.len()
+        {
+            ctx.warn(
+                path,
+                "changed while being read; stored what was read, it will be read again next time",
+            );
+            // Recorded with the pre-read times, so the next run sees a change.
+        }
+    }
+    node.size = total;
+    if node.nlink > 1 {
+        ctx.hardlinks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(link_key, (total, content.clone()));
+    }
+    Ok(Some(content))
+}
+
+/// A running estimating scan.
+pub(super) struct Estimator {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Estimator {
+    pub(super) fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Counts files and bytes under the sources so progress can show totals and
+/// an ETA. Runs beside the backup on its own thread and stops early if the
+/// backup finishes first.
+pub(super) fn spawn_estimator(
+    sources: Vec<PathBuf>,
+    ex: Excludes,
+    one_fs: bool,
+    progress: Arc<Progress>,
+) -> Estimator {
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    let handle = std::thread::Builder::new()
+        .name("estimate".into())
+        .spawn(move || {
+            let p = &*progress;
+            let mut stack: Vec<(PathBuf, Option<u64>)> =
+                sources.into_iter().map(|s| (s, None)).collect();
+            while let Some((path, dev)) = stack.pop() {
+                if s2.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(m) = std::fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                if ex.is_excluded(&path, m.is_dir()) {
+                    continue;
+                }
+                if m.is_file() {
+                    Progress::add(&p.files_total, 1);
+                    Progress::add(&p.bytes_total, m.len());
+                } else if m.is_dir() {
+                    if one_fs && dev.is_some_and(|d| d != m.dev()) {
+                        continue;
+                    }
+                    if let Ok(rd) = std::fs::read_dir(&path) {
+                        for e in rd.flatten() {
+                            stack.push((e.path(), Some(dev.unwrap_or(m.dev()))));
+                        }
+                    }
+                }
+            }
+            p.totals_final.store(true, Ordering::Relaxed);
+        })
+        .expect("spawn estimator");
+    Estimator {
+        stop,
+        handle: Some(handle),
+    }
+}

@@ -1,0 +1,97 @@
+//! Engine errors. Each variant names what failed and where; the CLI maps
+//! them to exit codes and adds what the user can do.
+
+use capsule_backend::BackendError;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// No key file opened with the password given.
+    #[error("wrong password: no key in {location} opens with it")]
+    WrongPassword {
+        /// Repository location.
+        location: String,
+    },
+    /// The location has no `config` object.
+    #[error("no capsule repository at {location}")]
+    NotARepository {
+        /// Repository location.
+        location: String,
+    },
+    /// `init` on an existing repository.
+    #[error("a repository already exists at {location}")]
+    AlreadyInitialized {
+        /// Repository location.
+        location: String,
+    },
+    /// The repository was written by a newer capsule.
+    #[error("repository format version {found} is newer than this capsule supports ({supported}); upgrade capsule")]
+    UnsupportedVersion {
+        /// Version found.
+        found: u32,
+        /// Highest version understood.
+        supported: u32,
+    },
+    /// A storage operation failed.
+    #[error("repository storage: {0}")]
+    Backend(#[from] BackendError),
+    /// A stored object failed to authenticate or decode.
+    #[error("damaged object {object}: {detail}")]
+    Corrupt {
+        /// Object name (or blob ID).
+        object: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A blob is referenced but no index lists it.
+    #[error("blob {0} is not in any index (repository incomplete; run `capsule check`)")]
+    MissingBlob(String),
+    /// Snapshot selector matched nothing.
+    #[error("no snapshot matches {0:?}")]
+    SnapshotNotFound(String),
+    /// Snapshot prefix matched several.
+    #[error("snapshot prefix {0:?} is ambiguous")]
+    AmbiguousSnapshot(String),
+    /// A path inside a snapshot does not exist.
+    #[error("no such path in snapshot: {0}")]
+    PathNotFound(String),
+    /// A local file-system operation failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Invalid arguments or options.
+    #[error("{0}")]
+    Invalid(String),
+    /// Cryptographic failure other than a wrong password.
+    #[error("crypto: {0}")]
+    Crypto(#[from] capsule_crypto::CryptoError),
+    /// The operation was interrupted.
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl EngineError {
+    /// Wraps an I/O error with the operation and path.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        EngineError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A `Corrupt` error.
+    pub fn corrupt(object: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        EngineError::Corrupt {
+            object: object.into(),
+            detail: detail.to_string(),
+        }
+    }
+}

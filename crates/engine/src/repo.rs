@@ -1,0 +1,472 @@
+//! A repository: its backend, master key and config, and the typed
+//! operations on stored objects (keys, config, snapshots, index files, blobs).
+//!
+//! Object names: `config`, `keys/<id>`, `snapshots/<id>`, `index/<id>`,
+//! `data/<id[0..2]>/<id>`, where `<id>` is the BLAKE3 hex of the stored bytes.
+
+use std::sync::Arc;
+
+use capsule_backend::{Backend, ErrorKind};
+use capsule_crypto::{Aad, KdfParams, MasterKey};
+use capsule_format::snapshot::{from_json, to_json, KeyFile, RepoConfig, Snapshot};
+use capsule_format::tree::{decode_tree, Node};
+use capsule_format::{compress, BlobId, BlobType, ObjectId, FORMAT_VERSION};
+use rayon::prelude::*;
+
+use crate::index::MasterIndex;
+use crate::timefmt::{now_unix, rfc3339};
+use crate::{EngineError, Result};
+
+/// An open repository.
+#[derive(Debug)]
+pub struct Repository {
+    backend: Arc<dyn Backend>,
+    key: MasterKey,
+    config: RepoConfig,
+    key_id: ObjectId,
+}
+
+/// Parameters for `init`.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    /// Password KDF cost.
+    pub kdf: KdfParams,
+    /// Chunk sizes.
+    pub chunks: capsule_chunker::ChunkSizes,
+    /// Pack target size.
+    pub pack_size: u32,
+    /// zstd level.
+    pub compression: i32,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            kdf: KdfParams::default(),
+            chunks: capsule_chunker::ChunkSizes::default(),
+            pack_size: 32 * 1024 * 1024,
+            compression: 3,
+        }
+    }
+}
+
+/// A key file as listed by `key list`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KeyInfo {
+    /// Key object ID.
+    pub id: String,
+    /// Creation time.
+    pub created: String,
+    /// Host and user that created it.
+    pub hostname: String,
+    /// User that created it.
+    pub username: String,
+    /// Whether this key opened the repository.
+    pub current: bool,
+}
+
+/// Object name of a pack.
+pub fn pack_name(id: &ObjectId) -> String {
+    let h = id.to_hex();
+    format!("data/{}/{}", &h[..2], h)
+}
+
+/// Host name for snapshot and key metadata.
+pub fn hostname() -> String {
+    rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// User name for snapshot and key metadata.
+pub fn username() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| format!("uid{}", rustix::process::getuid().as_raw()))
+}
+
+fn new_keyfile(master: &MasterKey, password: &[u8], kdf: KdfParams) -> Result<Vec<u8>> {
+    let mut salt = [0u8; 16];
+    capsule_crypto::random_bytes(&mut salt)?;
+    let sealed = capsule_crypto::wrap_master_key(master, password, &salt, kdf)?;
+    let kf = KeyFile {
+        version: FORMAT_VERSION,
+        kdf: "argon2id".into(),
+        m_cost: kdf.m_cost,
+        t_cost: kdf.t_cost,
+        p_cost: kdf.p_cost,
+        salt: hex::encode(salt),
+        sealed: hex::encode(sealed),
+        created: rfc3339(now_unix()),
+        hostname: hostname(),
+        username: username(),
+    };
+    let mut json = serde_json::to_vec_pretty(&kf).unwrap_or_default();
+    json.push(b'\n');
+    Ok(json)
+}
+
+fn try_keyfile(bytes: &[u8], password: &[u8], name: &str) -> Result<Option<MasterKey>> {
+    let kf: KeyFile = from_json(bytes).map_err(|e| EngineError::corrupt(name, e))?;
+    if kf.version > FORMAT_VERSION {
+        return Err(EngineError::UnsupportedVersion {
+            found: kf.version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    if kf.kdf != "argon2id" {
+        return Err(EngineError::corrupt(
+            name,
+            format!("unknown kdf {}", kf.kdf),
+        ));
+    }
+    let salt = hex::decode(&kf.salt).map_err(|e| EngineError::corrupt(name, e))?;
+    let sealed = hex::decode(&kf.sealed).map_err(|e| EngineError::corrupt(name, e))?;
+    let p = KdfParams {
+        m_cost: kf.m_cost,
+        t_cost: kf.t_cost,
+        p_cost: kf.p_cost,
+    };
+    // Refuse absurd costs from a hostile key file before allocating them.
+    if p.m_cost > 4 * 1024 * 1024 || p.t_cost > 100 || p.p_cost > 64 {
+        return Err(EngineError::corrupt(
+            name,
+            "key derivation cost out of range",
+        ));
+    }
+    match capsule_crypto::unwrap_master_key(&sealed, password, &salt, p) {
+        Ok(k) => Ok(Some(k)),
+        Err(capsule_crypto::CryptoError::Auth) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes content-addressed bytes; an existing object of that name already
+/// holds the same bytes, so `AlreadyExists` counts as success.
+pub(crate) fn put_addressed(backend: &dyn Backend, name: &str, bytes: &[u8]) -> Result<()> {
+    match backend.put(name, bytes) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind == ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl Repository {
+    /// Creates a new repository on an empty backend and opens it.
+    pub fn init(backend: Arc<dyn Backend>, password: &[u8], opts: &InitOptions) -> Result<Self> {
+        match backend.stat("config") {
+            Ok(_) => {
+                return Err(EngineError::AlreadyInitialized {
+                    location: backend.location(),
+                })
+            }
+            Err(e) if e.kind == ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+        if password.is_empty() {
+            return Err(EngineError::Invalid(
+                "the password must not be empty".into(),
+            ));
+        }
+        let key = MasterKey::generate()?;
+        let mut rid = [0u8; 16];
+        capsule_crypto::random_bytes(&mut rid)?;
+        let config = RepoConfig {
+            version: FORMAT_VERSION,
+            id: hex::encode(rid),
+            chunk_min: opts.chunks.min as u32,
+            chunk_avg: opts.chunks.avg as u32,
+            chunk_max: opts.chunks.max as u32,
+            pack_size: opts.pack_size,
+            compression: opts.compression,
+        };
+        // Key first, config last: a repository is initialized once `config`
+        // exists, and by then a key can open it.
+        let kf = new_keyfile(&key, password, opts.kdf)?;
+        let key_id = ObjectId::of(&kf);
+        put_addressed(&*backend, &format!("keys/{}", key_id.to_hex()), &kf)?;
+        let sealed = key.seal(Aad::Config, &to_json(&config))?;
+        backend.put("config", &sealed)?;
+        Ok(Repository {
+            backend,
+            key,
+            config,
+            key_id,
+        })
+    }
+
+    /// Opens an existing repository with a password.
+    pub fn open(backend: Arc<dyn Backend>, password: &[u8]) -> Result<Self> {
+        let sealed_config = match backend.get("config", None) {
+            Ok(b) => b,
+            Err(e) if e.kind == ErrorKind::NotFound => {
+                return Err(EngineError::NotARepository {
+                    location: backend.location(),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let keys = backend.list("keys/")?;
+        let mut found = None;
+        for k in &keys {
+            let bytes = backend.get(&k.name, None)?;
+            if let Some(mk) = try_keyfile(&bytes, password, &k.name)? {
+                found = Some((mk, ObjectId::of(&bytes)));
+                break;
+            }
+        }
+        let (key, key_id) = found.ok_or_else(|| EngineError::WrongPassword {
+            location: backend.location(),
+        })?;
+        let plain = key
+            .open(Aad::Config, &sealed_config)
+            .map_err(|e| EngineError::corrupt("config", e))?;
+        let config: RepoConfig =
+            from_json(&plain).map_err(|e| EngineError::corrupt("config", e))?;
+        if config.version > FORMAT_VERSION {
+            return Err(EngineError::UnsupportedVersion {
+                found: config.version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        if config.chunk_min == 0
+            || config.chunk_min > config.chunk_avg
+            || config.chunk_avg > config.chunk_max
+            || config.chunk_max > 64 << 20
+        {
+            return Err(EngineError::corrupt("config", "chunk sizes out of range"));
+        }
+        Ok(Repository {
+            backend,
+            key,
+            config,
+            key_id,
+        })
+    }
+
+    /// The storage backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+    /// The master key.
+    pub fn key(&self) -> &MasterKey {
+        &self.key
+    }
+    /// The config.
+    pub fn config(&self) -> &RepoConfig {
+        &self.config
+    }
+    /// A chunker with this repository's parameters and secret seed.
+    pub fn chunker(&self) -> capsule_chunker::Chunker {
+        capsule_chunker::Chunker::new(
+            capsule_chunker::ChunkSizes {
+                min: self.config.chunk_min as usize,
+                avg: self.config.chunk_avg as usize,
+                max: self.config.chunk_max as usize,
+            },
+            self.key.chunker_seed(),
+        )
+    }
+
+    // ----- keys -----
+
+    /// Adds a key file for another password.
+    pub fn add_key(&self, password: &[u8], kdf: KdfParams) -> Result<ObjectId> {
+        if password.is_empty() {
+            return Err(EngineError::Invalid(
+                "the password must not be empty".into(),
+            ));
+        }
+        let kf = new_keyfile(&self.key, password, kdf)?;
+        let id = ObjectId::of(&kf);
+        put_addressed(&*self.backend, &format!("keys/{}", id.to_hex()), &kf)?;
+        Ok(id)
+    }
+
+    /// Lists key files.
+    pub fn list_keys(&self) -> Result<Vec<KeyInfo>> {
+        let mut out = Vec::new();
+        for o in self.backend.list("keys/")? {
+            let bytes = self.backend.get(&o.name, None)?;
+            let kf: KeyFile = from_json(&bytes).map_err(|e| EngineError::corrupt(&o.name, e))?;
+            let id = o.name.trim_start_matches("keys/").to_string();
+            out.push(KeyInfo {
+                current: id == self.key_id.to_hex(),
+                id,
+                created: kf.created,
+                hostname: kf.hostname,
+                username: kf.username,
+            });
+        }
+        out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    /// Removes a key file by ID prefix. Refuses to remove the last key or
+    /// the key in use (use `change_password` for that).
+    pub fn remove_key(&self, prefix: &str) -> Result<String> {
+        let keys = self.list_keys()?;
+        let m: Vec<_> = keys.iter().filter(|k| k.id.starts_with(prefix)).collect();
+        let k = match m.as_slice() {
+            [] => return Err(EngineError::Invalid(format!("no key matches {prefix:?}"))),
+            [k] => *k,
+            _ => {
+                return Err(EngineError::Invalid(format!(
+                    "key prefix {prefix:?} is ambiguous"
+                )))
+            }
+        };
+        if k.current {
+            return Err(EngineError::Invalid(
+                "refusing to remove the key in use; open with another password or use `key passwd`"
+                    .into(),
+            ));
+        }
+        if keys.len() < 2 {
+            return Err(EngineError::Invalid(
+                "refusing to remove the last key".into(),
+            ));
+        }
+        self.backend.delete(&format!("keys/{}", k.id))?;
+        Ok(k.id.clone())
+    }
+
+    /// Replaces the key in use with one for `new_password`. The new key is
+    /// written before the old one is removed, so a crash leaves both.
+    pub fn change_password(&mut self, new_password: &[u8], kdf: KdfParams) -> Result<ObjectId> {
+        let id = self.add_key(new_password, kdf)?;
+        self.backend
+            .delete(&format!("keys/{}", self.key_id.to_hex()))?;
+        self.key_id = id;
+        Ok(id)
+    }
+
+    // ----- snapshots -----
+
+    /// Stores a snapshot: the commit point of a backup.
+    pub fn save_snapshot(&self, s: &Snapshot) -> Result<ObjectId> {
+        let sealed = self.key.seal(Aad::Snapshot, &to_json(s))?;
+        let id = ObjectId::of(&sealed);
+        put_addressed(
+            &*self.backend,
+            &format!("snapshots/{}", id.to_hex()),
+            &sealed,
+        )?;
+        Ok(id)
+    }
+
+    /// Loads one snapshot by ID.
+    pub fn load_snapshot(&self, id: &ObjectId) -> Result<Snapshot> {
+        let name = format!("snapshots/{}", id.to_hex());
+        let b = self.backend.get(&name, None)?;
+        if ObjectId::of(&b) != *id {
+            return Err(EngineError::corrupt(
+                &name,
+                "content does not match its name",
+            ));
+        }
+        let p = self
+            .key
+            .open(Aad::Snapshot, &b)
+            .map_err(|e| EngineError::corrupt(&name, e))?;
+        from_json(&p).map_err(|e| EngineError::corrupt(&name, e))
+    }
+
+    /// All snapshots, oldest first. Damaged ones are returned as errors
+    /// beside the good ones, so one bad object does not hide the rest.
+    pub fn list_snapshots(&self) -> Result<(Vec<(ObjectId, Snapshot)>, Vec<EngineError>)> {
+        let objs = self.backend.list("snapshots/")?;
+        let results: Vec<_> = objs
+            .par_iter()
+            .map(|o| {
+                let id: ObjectId = o
+                    .name
+                    .trim_start_matches("snapshots/")
+                    .parse()
+                    .map_err(|_| EngineError::corrupt(&o.name, "name is not an ID"))?;
+                self.load_snapshot(&id).map(|s| (id, s))
+            })
+            .collect();
+        let mut good = Vec::new();
+        let mut bad = Vec::new();
+        for r in results {
+            match r {
+                Ok(x) => good.push(x),
+                Err(e) => bad.push(e),
+            }
+        }
+        good.sort_by(|a, b| a.1.time_unix.cmp(&b.1.time_unix).then(a.0.cmp(&b.0)));
+        Ok((good, bad))
+    }
+
+    /// Resolves `latest`, a full ID, or a unique hex prefix.
+    pub fn resolve_snapshot(&self, spec: &str) -> Result<(ObjectId, Snapshot)> {
+        let (snaps, _) = self.list_snapshots()?;
+        if spec == "latest" {
+            return snaps
+                .into_iter()
+                .last()
+                .ok_or_else(|| EngineError::SnapshotNotFound(spec.into()));
+        }
+        let mut m: Vec<_> = snaps
+            .into_iter()
+            .filter(|(id, _)| id.to_hex().starts_with(&spec.to_ascii_lowercase()))
+            .collect();
+        match m.len() {
+            0 => Err(EngineError::SnapshotNotFound(spec.into())),
+            1 => Ok(m.remove(0)),
+            _ => Err(EngineError::AmbiguousSnapshot(spec.into())),
+        }
+    }
+
+    // ----- index and blobs -----
+
+    /// Loads every index file. Damaged index files are reported, not fatal.
+    pub fn load_index(&self) -> Result<(MasterIndex, Vec<EngineError>)> {
+        MasterIndex::load(self)
+    }
+
+    /// Reads, authenticates, decompresses and verifies one blob.
+    pub fn read_blob(&self, index: &MasterIndex, t: BlobType, id: &BlobId) -> Result<Vec<u8>> {
+        let loc = index
+            .get(id)
+            .filter(|l| l.blob_type == t)
+            .ok_or_else(|| EngineError::MissingBlob(id.to_hex()))?;
+        let pack = index.pack_id(loc.pack);
+        let name = pack_name(&pack);
+        let env = self.backend.get(
+            &name,
+            Some(loc.offset as u64..loc.offset as u64 + loc.length as u64),
+        )?;
+        self.decode_blob(&name, t, id, &env, loc.raw_length as usize)
+    }
+
+    /// Opens a blob envelope read from a pack and checks its ID.
+    pub fn decode_blob(
+        &self,
+        pack_name: &str,
+        t: BlobType,
+        id: &BlobId,
+        envelope: &[u8],
+        raw_len: usize,
+    ) -> Result<Vec<u8>> {
+        let obj = || format!("{pack_name} blob {}", id.short());
+        let framed = self
+            .key
+            .open(Aad::Blob(t, id), envelope)
+            .map_err(|e| EngineError::corrupt(obj(), e))?;
+        let plain =
+            compress::unframe(&framed, raw_len).map_err(|e| EngineError::corrupt(obj(), e))?;
+        if self.key.blob_id(&plain) != *id {
+            return Err(EngineError::corrupt(obj(), "content does not match its ID"));
+        }
+        Ok(plain)
+    }
+
+    /// Loads and decodes a directory tree.
+    pub fn load_tree(&self, index: &MasterIndex, id: &BlobId) -> Result<Vec<Node>> {
+        let b = self.read_blob(index, BlobType::Tree, id)?;
+        decode_tree(&b).map_err(|e| EngineError::corrupt(format!("tree {}", id.short()), e))
+    }
+}
