@@ -396,7 +396,7 @@ impl Repository {
                 Err(e) => bad.push(e),
             }
         }
-        good.sort_by(|a, b| a.1.time_unix.cmp(&b.1.time_unix).then(a.0.cmp(&b.0)));
+        good.sort_by_key(|(id, s)| (s.time_unix, s.time_nanos, *id));
         Ok((good, bad))
     }
 

@@ -13,6 +13,14 @@ pub fn rfc3339(secs: i64) -> String {
     )
 }
 
+/// Current Unix time as seconds and nanoseconds.
+pub fn now_precise() -> (i64, u32) {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| (d.as_secs() as i64, d.subsec_nanos()))
+        .unwrap_or((0, 0))
+}
+
 /// Current Unix time in seconds.
 pub fn now_unix() -> i64 {
     std::time::SystemTime::now()

@@ -13,6 +13,10 @@ pub struct Snapshot {
     pub time: String,
     /// Unix seconds of `time`, for sorting.
     pub time_unix: i64,
+    /// Nanoseconds within `time_unix`, so snapshots taken in the same
+    /// second still sort in the order they were made.
+    #[serde(default)]
+    pub time_nanos: u32,
     /// Backup duration in seconds.
     pub duration_secs: f64,
     /// Host that made it.

@@ -25,7 +25,7 @@ use crate::index::MasterIndex;
 use crate::packer::{BlobSaver, SaverStatsSnapshot};
 use crate::progress::Progress;
 use crate::repo::{hostname, username, Repository};
-use crate::timefmt::{now_unix, rfc3339};
+use crate::timefmt::{now_precise, rfc3339};
 use crate::{EngineError, Result};
 
 pub use exclude::Excludes;
@@ -204,7 +204,7 @@ pub fn backup(
     progress: &Arc<Progress>,
 ) -> Result<BackupReport> {
     let started = Instant::now();
-    let start_unix = now_unix();
+    let (start_unix, start_nanos) = now_precise();
     if opts.paths.is_empty() {
         return Err(EngineError::Invalid(
             "nothing to back up: give at least one path".into(),
@@ -231,7 +231,9 @@ pub fn backup(
     let index = Arc::new(index);
     let parent = find_parent(&repo, opts, &host, &path_strings)?;
     let parent_root = match &parent {
-        Some((_, s)) if !opts.force => {
+        // With --force the parent is still used for identity (atimes,
+        // new-vs-changed counts), never to skip reading content.
+        Some((_, s)) => {
             let id: BlobId = s
                 .tree
                 .parse()
@@ -314,6 +316,7 @@ pub fn backup(
         version: FORMAT_VERSION,
         time: rfc3339(start_unix),
         time_unix: start_unix,
+        time_nanos: start_nanos,
         duration_secs: duration,
         hostname: host,
         username: username(),

@@ -131,19 +131,11 @@ fn save_dir(
     dev: u64,
 ) -> Result<BlobId> {
     let t0 = Instant::now();
-    let mut names: Vec<std::ffi::OsString> = match std::fs::read_dir(path) {
-        Ok(rd) => {
-            let mut v = Vec::new();
-            for e in rd {
-                match e {
-                    Ok(e) => v.push(e.file_name()),
-                    Err(e) => {
-                        ctx.warn(path, format!("listing failed part-way: {e}"));
-                        break;
-                    }
-                }
-            }
-            v
+    let mut names: Vec<std::ffi::OsString> = match list_dir(path) {
+        Ok((names, None)) => names,
+        Ok((names, Some(e))) => {
+            ctx.warn(path, format!("listing failed part-way: {e}"));
+            names
         }
         Err(e) => {
             ctx.warn(path, format!("cannot list directory: {e}; stored as empty"));
@@ -174,6 +166,33 @@ fn save_dir(
     save_tree(ctx, &nodes)
 }
 
+/// Lists a directory's entry names. Opens it with `O_NOATIME` where allowed:
+/// listing would otherwise update the directory's atime (relatime does so
+/// whenever atime is older than ctime), and the next run would record a
+/// different atime and store a new tree for an unchanged directory.
+/// Returns the names read and, if listing stopped early, the error.
+fn list_dir(path: &Path) -> std::io::Result<(Vec<std::ffi::OsString>, Option<std::io::Error>)> {
+    use rustix::fs::{openat, Dir, Mode, OFlags, CWD};
+    let base = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = match openat(CWD, path, base | OFlags::NOATIME, Mode::empty()) {
+        Err(e) if e == rustix::io::Errno::PERM => openat(CWD, path, base, Mode::empty())?,
+        r => r?,
+    };
+    let mut names = Vec::new();
+    for e in Dir::new(fd)? {
+        match e {
+            Ok(e) => {
+                let n = e.file_name().to_bytes();
+                if n != b"." && n != b".." {
+                    names.push(OsStr::from_bytes(n).to_owned());
+                }
+            }
+            Err(e) => return Ok((names, Some(e.into()))),
+        }
+    }
+    Ok((names, None))
+}
+
 /// Backs up one entry. `Ok(None)` means skipped (excluded, or a warning was
 /// recorded); `Err` means the repository side failed and the backup stops.
 fn save_entry(
@@ -202,6 +221,19 @@ fn save_entry(
     }
     let mut node = node_from_metadata(name, &m);
     let c = &ctx.counters;
+    // An entry the parent saw with the same identity and change time keeps
+    // the parent's atime: reading it (a symlink, or a file or directory we
+    // may not open with O_NOATIME) moves its atime, and recording that
+    // would store new trees for nothing that changed.
+    let same_entry = parent.filter(|p| {
+        p.kind() == node.kind()
+            && p.inode == node.inode
+            && p.mtime == node.mtime
+            && p.ctime == node.ctime
+    });
+    if let Some(p) = same_entry {
+        node.atime = p.atime;
+    }
     match node.kind() {
         NodeKind::File => {
             Progress::add(&c.files, 1);
@@ -247,6 +279,12 @@ fn save_entry(
         }
         NodeKind::Symlink => {
             Progress::add(&c.others, 1);
+            // A symlink's target cannot change without a new inode.
+            if let Some(p) = same_entry.filter(|p| p.size == node.size && !ctx.opts.force) {
+                node.target = p.target.clone();
+                node.xattrs = p.xattrs.clone();
+                return Ok(Some(node));
+            }
             read_node_xattrs(ctx, path, &mut node);
             match std::fs::read_link(path) {
                 Ok(t) => node.target = t.as_os_str().as_bytes().to_vec(),
@@ -277,6 +315,9 @@ fn read_node_xattrs(ctx: &Ctx<'_>, path: &Path, node: &mut Node) {
 /// second after its last change (so a same-tick rewrite cannot hide); the
 /// file's mtime is not in the future; and all its blobs are still indexed.
 fn unchanged<'p>(ctx: &Ctx<'_>, parent: Option<&'p Node>, node: &Node) -> Option<&'p Node> {
+    if ctx.opts.force {
+        return None;
+    }
     let p = parent?;
     let same = p.kind() == NodeKind::File
         && p.size == node.size
@@ -351,6 +392,7 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
     }
     Progress::add(&ctx.counters.read_ns, elapsed_ns(t0));
 
+    let limit = before.len();
     let chunker = &ctx.chunker;
     let max = chunker.sizes().max;
     let window = 2 * max;
@@ -365,8 +407,9 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
                 buf.drain(..start);
                 start = 0;
             }
-            let expected_left = node.size.saturating_sub(total);
-            let want = ((window - buf.len()) as u64).min(expected_left + 1);
+            // Read no further than the size seen at open: a file that keeps
+            // growing (a busy log) must not keep the backup chasing its end.
+            let want = ((window - buf.len()) as u64).min(limit - total);
             buf.reserve(want as usize);
             let t = Instant::now();
             let got = match (&mut f).take(want).read_to_end(&mut buf) {
@@ -379,7 +422,7 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
             Progress::add(&ctx.counters.read_ns, elapsed_ns(t));
             total += got;
             Progress::add(&ctx.progress.bytes_read, got);
-            if got < want {
+            if got < want || total == limit {
                 eof = true;
             }
             if !eof && buf.len() - start < max && buf.len() < window {
@@ -404,12 +447,12 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
     Progress::add(&ctx.counters.files_read, 1);
     Progress::add(&ctx.counters.bytes_read, total);
     if let Ok(after) = f.metadata() {
-        if after.len() != before.len()
+        if after.len() != limit
             || after.mtime() != before.mtime()
             || after.mtime_nsec() != before.mtime_nsec()
             || after.ctime() != before.ctime()
             || after.ctime_nsec() != before.ctime_nsec()
-            || total != before.len()
+            || total != limit
         {
             ctx.warn(
                 path,

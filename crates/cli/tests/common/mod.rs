@@ -1,0 +1,417 @@
+//! Helpers for the end-to-end tests: run the real `capsule` binary, build
+//! trees with real metadata, and compare trees entry by entry.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const PASSWORD: &str = "correct horse battery staple";
+
+/// Runs capsule with `--repo repo` and the test password.
+pub fn capsule(repo: &Path, args: &[&str]) -> Output {
+    capsule_env(repo, args, &[("CAPSULE_PASSWORD", PASSWORD)])
+}
+
+pub fn capsule_env(repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+    c.arg("--repo").arg(repo).args(args);
+    c.env_remove("CAPSULE_PASSWORD")
+        .env_remove("CAPSULE_PASSWORD_FILE")
+        .env_remove("CAPSULE_REPO");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run capsule")
+}
+
+/// Runs capsule and asserts the exit code, returning stdout.
+pub fn ok(repo: &Path, args: &[&str]) -> String {
+    let o = capsule(repo, args);
+    assert!(
+        o.status.success(),
+        "capsule {args:?} failed with {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn json(repo: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(args);
+    let out = ok(repo, &a);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad JSON from {args:?}: {e}\n{out}"))
+}
+
+pub fn init(repo: &Path) {
+    ok(repo, &["init"]);
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn noise(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(n);
+    v
+}
+
+pub fn set_times(p: &Path, atime: (i64, i64), mtime: (i64, i64)) {
+    let t = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: atime.0,
+            tv_nsec: atime.1 as _,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: mtime.0,
+            tv_nsec: mtime.1 as _,
+        },
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        p,
+        &t,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .expect("utimensat");
+}
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Builds the torture tree: every kind of entry and metadata capsule keeps.
+/// Returns the number of entries made.
+pub fn torture_tree(root: &Path, big_dir_entries: usize) {
+    use std::fs;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    fs::create_dir_all(root).unwrap();
+    let w = |p: &str, data: &[u8]| {
+        let path = root.join(p);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, data).unwrap();
+        path
+    };
+    w("empty", b"");
+    w("small.txt", b"hello capsule\n");
+    w(
+        "text/lorem.txt",
+        &b"lorem ipsum dolor sit amet ".repeat(50_000),
+    );
+    // Multi-chunk file with internal repetition (dedup within and across files).
+    let big = noise(5 << 20, 1);
+    let mut bigger = big.clone();
+    bigger.extend_from_slice(&big);
+    w("data/random.bin", &big);
+    w("data/twice.bin", &bigger);
+    w("data/unicode-é-名前.txt", "ünïcødé\n".as_bytes());
+    // Names that are not UTF-8.
+    let bad = root.join(OsStr::from_bytes(b"latin1-\xe9t\xe9"));
+    fs::write(&bad, b"not utf-8 name").unwrap();
+    let bad_dir = root.join(OsStr::from_bytes(b"dir-\xff\xfe"));
+    fs::create_dir(&bad_dir).unwrap();
+    fs::write(bad_dir.join(OsStr::from_bytes(b"\x01\x02ctl")), b"x").unwrap();
+    // Modes.
+    let m = w("modes/private", b"secret");
+    fs::set_permissions(&m, fs::Permissions::from_mode(0o600)).unwrap();
+    let m = w("modes/exec.sh", b"#!/bin/sh\n");
+    fs::set_permissions(&m, fs::Permissions::from_mode(0o755)).unwrap();
+    let m = w("modes/setuid", b"x");
+    fs::set_permissions(&m, fs::Permissions::from_mode(0o4755)).unwrap();
+    let d = root.join("modes/sticky");
+    fs::create_dir(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o1777)).unwrap();
+    let ro = root.join("modes/readonly-dir");
+    fs::create_dir(&ro).unwrap();
+    fs::write(ro.join("inside"), b"in a read-only dir").unwrap();
+    // Owners (only root can set them).
+    let o = w("owners/other", b"owned by 1234:5678");
+    if is_root() {
+        std::os::unix::fs::lchown(&o, Some(1234), Some(5678)).unwrap();
+    }
+    // Symlinks: relative, absolute, dangling, to a directory.
+    std::os::unix::fs::symlink("../small.txt", root.join("text/rel-link")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", root.join("abs-link")).unwrap();
+    std::os::unix::fs::symlink("does/not/exist", root.join("dangling")).unwrap();
+    std::os::unix::fs::symlink("data", root.join("dir-link")).unwrap();
+    if is_root() {
+        std::os::unix::fs::lchown(root.join("dangling"), Some(42), Some(43)).unwrap();
+    }
+    // Hard links, within and across directories.
+    let h = w("links/a", b"hard linked content");
+    fs::hard_link(&h, root.join("links/b")).unwrap();
+    fs::create_dir_all(root.join("links/sub")).unwrap();
+    fs::hard_link(&h, root.join("links/sub/c")).unwrap();
+    // Sparse files: holes at the start, middle and end.
+    let sp = root.join("sparse/holey");
+    fs::create_dir_all(sp.parent().unwrap()).unwrap();
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::File::create(&sp).unwrap();
+        f.write_all_at(b"middle data", 20 << 20).unwrap();
+        f.write_all_at(&noise(100_000, 9), 40 << 20).unwrap();
+        f.set_len(64 << 20).unwrap();
+    }
+    fs::File::create(root.join("sparse/all-hole"))
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    // FIFO.
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &root.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o640),
+        0,
+    )
+    .unwrap();
+    // xattrs on a file and a directory.
+    let x = w("xattr/file", b"with attributes");
+    rustix::fs::lsetxattr(
+        &x,
+        "user.capsule.test",
+        b"value \x00 binary",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    rustix::fs::lsetxattr(&x, "user.empty", b"", rustix::fs::XattrFlags::empty()).unwrap();
+    rustix::fs::lsetxattr(
+        &x,
+        "user.big",
+        &noise(3000, 4),
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    rustix::fs::lsetxattr(
+        root.join("xattr"),
+        "user.on-dir",
+        b"d",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    // A path of about 4,000 bytes.
+    let mut long = root.join("long");
+    let seg = "L".repeat(205);
+    for i in 0..19 {
+        long = long.join(format!("{i:02}{seg}"));
+    }
+    fs::create_dir_all(&long).unwrap();
+    fs::write(long.join("deep-file"), b"deep").unwrap();
+    // Relative length ~3,970 bytes: with the restore target's prefix the
+    // absolute path still fits PATH_MAX (4,096).
+    assert!(long.join("deep-file").as_os_str().len() - root.as_os_str().len() >= 3950);
+    // A directory with many entries.
+    let many = root.join("many");
+    fs::create_dir(&many).unwrap();
+    for i in 0..big_dir_entries {
+        fs::write(
+            many.join(format!("f{i:06}")),
+            if i % 100 == 0 {
+                format!("{i}")
+            } else {
+                String::new()
+            },
+        )
+        .unwrap();
+    }
+    // Times with nanoseconds on everything, set last and bottom-up. atime
+    // newer than mtime and recent, so relatime never updates it on read.
+    let mut all = Vec::new();
+    collect(root, &mut all);
+    all.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    for (i, p) in all.iter().enumerate() {
+        let i = i as i64;
+        set_times(
+            p,
+            (now - 3600, 123_456_789 + i),
+            (now - 86_400 * 3 - i, 987_654_321 - i),
+        );
+    }
+    fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
+    set_times(&ro, (now - 3600, 5), (now - 86_400 * 4, 6));
+    set_times(root, (now - 3600, 7), (now - 86_400 * 4, 8));
+}
+
+fn collect(p: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(p).unwrap() {
+        let e = e.unwrap();
+        let path = e.path();
+        if e.file_type().unwrap().is_dir() {
+            collect(&path, out);
+        }
+        out.push(path);
+    }
+}
+
+/// Everything about an entry that restore must reproduce.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Meta {
+    pub kind: &'static str,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub mtime: (i64, i64),
+    pub atime: Option<(i64, i64)>,
+    pub target: Option<Vec<u8>>,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// First path (in walk order) sharing this inode, for hard links.
+    pub link_group: Option<Vec<u8>>,
+    /// Allocated bytes are less than the size (holes present).
+    pub sparse: bool,
+}
+
+fn xattrs(p: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut buf = vec![0u8; 65536];
+    let n = match rustix::fs::llistxattr(p, &mut buf[..]) {
+        Ok(n) => n,
+        Err(_) => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    for name in buf[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let mut v = vec![0u8; 65536];
+        let l = rustix::fs::lgetxattr(p, name, &mut v[..]).unwrap();
+        v.truncate(l);
+        out.push((name.to_vec(), v));
+    }
+    out.sort();
+    out
+}
+
+/// Metadata of every entry under `root`, keyed by relative path bytes.
+/// Read before any content is read, so atimes are as restore left them.
+pub fn snapshot_meta(root: &Path, with_atime: bool) -> BTreeMap<Vec<u8>, Meta> {
+    let mut out = BTreeMap::new();
+    let mut inodes: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+    walk_meta(root, root, with_atime, &mut out, &mut inodes);
+    out
+}
+
+fn walk_meta(
+    root: &Path,
+    dir: &Path,
+    with_atime: bool,
+    out: &mut BTreeMap<Vec<u8>, Meta>,
+    inodes: &mut BTreeMap<u64, Vec<u8>>,
+) {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    for n in names {
+        let p = dir.join(&n);
+        let m = std::fs::symlink_metadata(&p).unwrap();
+        let rel = p
+            .strip_prefix(root)
+            .unwrap()
+            .as_os_str()
+            .as_bytes()
+            .to_vec();
+        let ft = m.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        let kind = if ft.is_file() {
+            "file"
+        } else if ft.is_dir() {
+            "dir"
+        } else if ft.is_symlink() {
+            "symlink"
+        } else if ft.is_fifo() {
+            "fifo"
+        } else {
+            "other"
+        };
+        let link_group = (kind == "file" && m.nlink() > 1)
+            .then(|| inodes.entry(m.ino()).or_insert(rel.clone()).clone());
+        out.insert(
+            rel,
+            Meta {
+                kind,
+                mode: m.mode() & 0o7777,
+                uid: m.uid(),
+                gid: m.gid(),
+                size: if kind == "dir" { 0 } else { m.size() },
+                mtime: (m.mtime(), m.mtime_nsec()),
+                // Reading a symlink updates its atime on Linux, so the source's
+                // changes under the backup itself; compare the rest.
+                atime: (with_atime && kind != "symlink").then_some((m.atime(), m.atime_nsec())),
+                target: (kind == "symlink").then(|| {
+                    std::fs::read_link(&p)
+                        .unwrap()
+                        .as_os_str()
+                        .as_bytes()
+                        .to_vec()
+                }),
+                xattrs: xattrs(&p),
+                link_group,
+                sparse: kind == "file" && m.blocks() * 512 + 4096 <= m.size(),
+            },
+        );
+        if kind == "dir" {
+            walk_meta(root, &p, with_atime, out, inodes);
+        }
+    }
+}
+
+/// Asserts two trees are equal entry for entry, metadata and content.
+pub fn assert_same_tree(a: &Path, b: &Path, with_atime: bool) {
+    let ma = snapshot_meta(a, with_atime);
+    let mb = snapshot_meta(b, with_atime);
+    let ka: Vec<_> = ma.keys().collect();
+    let kb: Vec<_> = mb.keys().collect();
+    if ka != kb {
+        let only_a: Vec<_> = ma
+            .keys()
+            .filter(|k| !mb.contains_key(*k))
+            .map(|k| String::from_utf8_lossy(k))
+            .take(10)
+            .collect();
+        let only_b: Vec<_> = mb
+            .keys()
+            .filter(|k| !ma.contains_key(*k))
+            .map(|k| String::from_utf8_lossy(k))
+            .take(10)
+            .collect();
+        panic!("entry sets differ: only in source {only_a:?}, only in restore {only_b:?}");
+    }
+    for (k, x) in &ma {
+        let y = &mb[k];
+        assert_eq!(x, y, "metadata differs for {}", String::from_utf8_lossy(k));
+        if x.kind == "file" {
+            let pa = a.join(OsStr::from_bytes(k));
+            let pb = b.join(OsStr::from_bytes(k));
+            assert!(
+                std::fs::read(&pa).unwrap() == std::fs::read(&pb).unwrap(),
+                "content differs for {}",
+                pa.display()
+            );
+        }
+    }
+}
+
+/// The directory inside a restore target that corresponds to `src`.
+pub fn restored(target: &Path, src: &Path) -> PathBuf {
+    target.join(src.strip_prefix("/").unwrap())
+}
+
+/// Files under `dir` (recursively).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    collect(dir, &mut v);
+    v.retain(|p| p.is_file());
+    v.sort();
+    v
+}

@@ -1,0 +1,457 @@
+//! End-to-end tests of the `capsule` binary on real files with real metadata.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// Everything in the fidelity list survives backup and restore exactly:
+/// content, kinds, modes, owners, nanosecond times, xattrs, hard links,
+/// holes, FIFOs, non-UTF-8 names, a 4,000-byte path, 100,000 entries.
+#[test]
+fn torture_tree_roundtrip() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo, target) = (
+        t.path().join("src"),
+        t.path().join("repo"),
+        t.path().join("target"),
+    );
+    torture_tree(&src, 100_000);
+    init(&repo);
+    let report = json(&repo, &["backup", src.to_str().unwrap()]);
+    assert_eq!(report["warnings"].as_array().unwrap().len(), 0, "{report}");
+    assert!(report["summary"]["files"].as_u64().unwrap() > 100_000);
+    ok(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    assert_same_tree(&src, &restored(&target, &src), true);
+    // Holes stay holes.
+    let holey = restored(&target, &src).join("sparse/holey");
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(&holey).unwrap();
+    assert!(
+        m.blocks() * 512 < 2 << 20,
+        "sparse file restored with {} bytes allocated",
+        m.blocks() * 512
+    );
+    // The repository is intact.
+    ok(&repo, &["check", "--read-data"]);
+}
+
+/// A second run over an unchanged tree reads no file and adds no blob:
+/// only the snapshot object is new.
+#[test]
+fn no_change_backup_reads_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    torture_tree(&src, 1000);
+    // Let ctimes settle: entries changed within a second of a backup are
+    // re-read next time by design.
+    std::thread::sleep(Duration::from_millis(2100));
+    init(&repo);
+    let first = json(&repo, &["backup", src.to_str().unwrap()]);
+    let objects_before = files_under(&repo).len();
+    let second = json(&repo, &["backup", src.to_str().unwrap()]);
+    assert_eq!(second["parent"], first["snapshot_id"]);
+    assert_eq!(second["summary"]["bytes_read"], 0, "{second}");
+    assert_eq!(second["summary"]["files_read"], 0);
+    assert_eq!(second["summary"]["blobs_added"], 0);
+    assert_eq!(second["files_unchanged"], first["summary"]["files"]);
+    assert_eq!(
+        files_under(&repo).len(),
+        objects_before + 1,
+        "only the snapshot is new"
+    );
+
+    // One changed file is read, and only it.
+    std::fs::write(src.join("small.txt"), b"changed!!!!!!\n").unwrap();
+    let third = json(&repo, &["backup", src.to_str().unwrap()]);
+    assert_eq!(third["summary"]["files_read"], 1, "{third}");
+    assert_eq!(third["files_changed"], 1);
+    let d = ok(
+        &repo,
+        &[
+            "diff",
+            &second["snapshot_id"].as_str().unwrap()[..12],
+            "latest",
+        ],
+    );
+    assert!(d.contains("M  ") && d.contains("small.txt"), "{d}");
+
+    // --force reads everything again, and still adds nothing new.
+    let forced = json(&repo, &["backup", "--force", src.to_str().unwrap()]);
+    assert_eq!(forced["files_unchanged"], 0);
+    assert_eq!(forced["summary"]["blobs_added"], 0);
+}
+
+#[test]
+fn wrong_or_missing_password_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    init(&repo);
+    let before = files_under(&repo);
+    let o = capsule_env(
+        &repo,
+        &["backup", src.to_str().unwrap()],
+        &[("CAPSULE_PASSWORD", "nope")],
+    );
+    assert_eq!(o.status.code(), Some(10));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        err.lines().next().unwrap(),
+        format!(
+            "capsule: wrong password: no key in {} opens with it",
+            repo.display()
+        )
+    );
+    let o = capsule_env(&repo, &["snapshots"], &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(10),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("CAPSULE_PASSWORD"));
+    assert_eq!(files_under(&repo), before);
+    // Not a repository at all.
+    let o = capsule(&t.path().join("nothing"), &["snapshots"]);
+    assert_eq!(o.status.code(), Some(11));
+}
+
+/// Unreadable files become warnings; the snapshot is committed for the rest
+/// and the exit code says "incomplete".
+#[test]
+fn unreadable_file_gives_incomplete_snapshot() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("readable"), b"fine").unwrap();
+    std::fs::write(src.join("secret"), b"no").unwrap();
+    std::fs::set_permissions(src.join("secret"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    init(&repo);
+    // Run as an unprivileged user when we are root, so permissions apply.
+    let o = if is_root() {
+        std::process::Command::new("chown")
+            .args(["-R", "65534:65534"])
+            .arg(&repo)
+            .status()
+            .unwrap();
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_capsule"))
+            .args([
+                "--repo",
+                repo.to_str().unwrap(),
+                "backup",
+                src.to_str().unwrap(),
+            ])
+            .env("CAPSULE_PASSWORD", PASSWORD)
+            .env("HOME", t.path())
+            .output()
+            .unwrap()
+    } else {
+        capsule(&repo, &["backup", src.to_str().unwrap()])
+    };
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("secret") && err.contains("Permission denied"),
+        "{err}"
+    );
+    assert!(err.contains("incomplete"), "{err}");
+    let snaps = json(&repo, &["snapshots"]);
+    assert_eq!(snaps[0]["snapshot"]["incomplete"], true);
+    let target = t.path().join("target");
+    ok(
+        &repo,
+        &["restore", "latest", "-t", target.to_str().unwrap()],
+    );
+    assert_eq!(
+        std::fs::read(restored(&target, &src).join("readable")).unwrap(),
+        b"fine"
+    );
+    assert!(!restored(&target, &src).join("secret").exists());
+}
+
+/// A file that grows while it is read is flagged, and everything else is kept.
+#[test]
+fn file_changing_during_backup_is_flagged() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("stable"), b"stable").unwrap();
+    let growing = src.join("growing.log");
+    std::fs::write(&growing, noise(64 << 20, 3)).unwrap();
+    init(&repo);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let g2 = growing.clone();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&g2).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < deadline
+        {
+            f.write_all(&[b'x'; 4096]).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    });
+    let o = capsule(&repo, &["backup", src.to_str().unwrap()]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("growing.log") && err.contains("changed while being read"),
+        "{err}"
+    );
+    ok(&repo, &["check"]);
+}
+
+#[test]
+fn excludes_ignore_files_and_restore_filters() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    for p in [
+        "keep/a.txt",
+        "keep/b.tmp",
+        "cache/big",
+        "proj/target/out.o",
+        "proj/src/main.rs",
+        "proj/notes.md",
+    ] {
+        let p = src.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, p.to_str().unwrap()).unwrap();
+    }
+    std::fs::write(
+        src.join("proj/.capsuleignore"),
+        "# build output\ntarget/\n*.md\n!keep.md\n",
+    )
+    .unwrap();
+    init(&repo);
+    let cache = format!("{}/cache", src.display());
+    ok(
+        &repo,
+        &[
+            "backup",
+            src.to_str().unwrap(),
+            "--exclude",
+            "*.tmp",
+            "--exclude",
+            &cache,
+        ],
+    );
+    let listing = ok(&repo, &["ls", "latest"]);
+    assert!(
+        listing.contains("keep/a.txt") && listing.contains("proj/src/main.rs"),
+        "{listing}"
+    );
+    for gone in ["b.tmp", "cache", "target", "notes.md"] {
+        assert!(
+            !listing.contains(gone),
+            "{gone} should be excluded:\n{listing}"
+        );
+    }
+    assert!(listing.contains(".capsuleignore"));
+
+    // Restore only part of it.
+    let target = t.path().join("t1");
+    let inc = format!("{}/proj", src.display());
+    ok(
+        &repo,
+        &[
+            "restore",
+            "latest",
+            "-t",
+            target.to_str().unwrap(),
+            "--include",
+            &inc,
+            "--exclude",
+            "*.rs",
+        ],
+    );
+    let got: Vec<String> = files_under(&target)
+        .iter()
+        .map(|p| p.strip_prefix(&target).unwrap().display().to_string())
+        .collect();
+    let want = vec![restored(Path::new(""), &src.join("proj/.capsuleignore"))
+        .display()
+        .to_string()];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn keys_add_list_remove_passwd() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    init(&repo);
+    let pwfile = t.path().join("pw2");
+    std::fs::write(&pwfile, "second password\n").unwrap();
+    ok(
+        &repo,
+        &[
+            "key",
+            "add",
+            "--new-password-file",
+            pwfile.to_str().unwrap(),
+        ],
+    );
+    let keys = json(&repo, &["key", "list"]);
+    assert_eq!(keys.as_array().unwrap().len(), 2);
+    // The second password opens it, via a file.
+    let o = capsule_env(
+        &repo,
+        &["--password-file", pwfile.to_str().unwrap(), "snapshots"],
+        &[],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Cannot remove the key in use.
+    let current = keys
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["current"] == true)
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let other = keys
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["current"] == false)
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let o = capsule(&repo, &["key", "remove", &current[..8]]);
+    assert!(!o.status.success());
+    ok(&repo, &["key", "remove", &other[..8]]);
+    let o = capsule_env(
+        &repo,
+        &["--password-file", pwfile.to_str().unwrap(), "snapshots"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(10));
+    // Change the password: the old one stops working, the new one works.
+    let pw3 = t.path().join("pw3");
+    std::fs::write(&pw3, "third").unwrap();
+    ok(
+        &repo,
+        &[
+            "key",
+            "passwd",
+            "--new-password-file",
+            pw3.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(capsule(&repo, &["snapshots"]).status.code(), Some(10));
+    let o = capsule_env(&repo, &["snapshots"], &[("CAPSULE_PASSWORD", "third")]);
+    assert!(o.status.success());
+}
+
+/// Every command speaks JSON.
+#[test]
+fn json_everywhere() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let v = json(&repo, &["init"]);
+    assert!(v["id"].is_string());
+    let b = json(&repo, &["backup", src.to_str().unwrap()]);
+    let id = b["snapshot_id"].as_str().unwrap();
+    assert_eq!(json(&repo, &["snapshots"])[0]["id"], id);
+    assert!(json(&repo, &["ls", id])
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["path"].as_str().unwrap().ends_with("/f")));
+    assert_eq!(json(&repo, &["check"])["ok"], true);
+    assert!(json(&repo, &["diff", id, "latest"])
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert_eq!(json(&repo, &["stats"])["snapshots"], 1);
+    assert!(
+        json(
+            &repo,
+            &["restore", id, "-t", t.path().join("t").to_str().unwrap()]
+        )["files"]
+            .as_u64()
+            == Some(1)
+    );
+    assert_eq!(json(&repo, &["key", "list"]).as_array().unwrap().len(), 1);
+    // Errors are JSON too, with the exit code.
+    let o = capsule(&repo, &["--json", "ls", "ffffffff"]);
+    assert_eq!(o.status.code(), Some(13));
+    let e: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(e["exit_code"], 13);
+}
+
+/// With no repository configured, `backup` creates and uses the default one.
+#[test]
+fn embedded_default_repository() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
+            .args(args)
+            .env_remove("CAPSULE_REPO")
+            .env("XDG_DATA_HOME", t.path().join("data"))
+            .env("HOME", t.path())
+            .env("CAPSULE_PASSWORD", PASSWORD)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["backup", src.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("created a new repository"));
+    assert!(t.path().join("data/capsule/repo/config").exists());
+    let o = run(&["backup", src.to_str().unwrap()]);
+    assert!(o.status.success());
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("created"));
+    let o = run(&["--json", "snapshots"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn help_on_every_command() {
+    for c in [
+        "init",
+        "backup",
+        "snapshots",
+        "ls",
+        "restore",
+        "check",
+        "diff",
+        "stats",
+        "key",
+        "key add",
+    ] {
+        let mut args: Vec<&str> = c.split(' ').collect();
+        args.push("--help");
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{c} --help");
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Usage"), "{c}");
+    }
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
+        .args(["backup"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+}
