@@ -315,7 +315,11 @@ fn check_tree(
         }
         Err(e) => {
             let obj = format!("tree {}", tree.to_hex());
-            problems.add(obj.clone(), e.to_string());
+            let msg = match e {
+                EngineError::MissingBlob(_) => "tree is not in any index".to_string(),
+                other => other.to_string(),
+            };
+            problems.add(obj.clone(), msg);
             problems.affect(&obj, where_());
             return Ok(());
         }

@@ -27,7 +27,7 @@ use crate::repo::{pack_name, put_addressed, Repository};
 use crate::{EngineError, Result};
 
 /// Packs per index file written during a backup.
-pub const INDEX_EVERY: usize = 8;
+pub const INDEX_EVERY: usize = 4;
 
 struct SealJob {
     t: BlobType,

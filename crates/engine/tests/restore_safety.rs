@@ -1,0 +1,203 @@
+//! Restore never writes outside its target, whatever a (crafted) repository
+//! contains: `..` and `/` in names, duplicate names that would put a file
+//! behind a symlink, and symlinks already planted in the target.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use capsule_backend::{LocalBackend, SyncPolicy};
+use capsule_crypto::KdfParams;
+use capsule_engine::index::MasterIndex;
+use capsule_engine::packer::BlobSaver;
+use capsule_engine::progress::Progress;
+use capsule_engine::repo::InitOptions;
+use capsule_engine::restore::{restore, RestoreOptions};
+use capsule_engine::Repository;
+use capsule_format::tree::{encode_tree, Node, NodeKind};
+use capsule_format::{BlobId, BlobType};
+
+fn repo(dir: &Path) -> Arc<Repository> {
+    let b = Arc::new(LocalBackend::create(dir, SyncPolicy::NoSync).unwrap());
+    let opts = InitOptions {
+        kdf: KdfParams {
+            m_cost: 64,
+            t_cost: 1,
+            p_cost: 1,
+        },
+        ..InitOptions::default()
+    };
+    Arc::new(Repository::init(b, b"pw", &opts).unwrap())
+}
+
+fn file(name: &[u8], content: BlobId, size: u64) -> Node {
+    Node {
+        name: name.to_vec(),
+        kind: Some(NodeKind::File),
+        mode: 0o644,
+        size,
+        nlink: 1,
+        content: vec![content],
+        ..Node::default()
+    }
+}
+
+fn dir(name: &[u8], sub: BlobId) -> Node {
+    Node {
+        name: name.to_vec(),
+        kind: Some(NodeKind::Dir),
+        mode: 0o755,
+        subtree: Some(sub),
+        ..Node::default()
+    }
+}
+
+fn symlink(name: &[u8], target: &Path) -> Node {
+    Node {
+        name: name.to_vec(),
+        kind: Some(NodeKind::Symlink),
+        mode: 0o777,
+        target: target.as_os_str().as_encoded_bytes().to_vec(),
+        ..Node::default()
+    }
+}
+
+/// Stores raw (possibly invalid) trees and returns the root's ID.
+struct Crafter {
+    repo: Arc<Repository>,
+    saver: Option<BlobSaver>,
+}
+
+impl Crafter {
+    fn new(repo: Arc<Repository>) -> Self {
+        let saver = BlobSaver::start(repo.clone(), Arc::new(MasterIndex::default()), 1);
+        Crafter {
+            repo,
+            saver: Some(saver),
+        }
+    }
+    fn blob(&self, t: BlobType, data: &[u8]) -> BlobId {
+        let id = self.repo.key().blob_id(data);
+        self.saver
+            .as_ref()
+            .unwrap()
+            .save(t, id, data.to_vec())
+            .unwrap();
+        id
+    }
+    /// Trees are encoded as given: no sorting, no validation.
+    fn tree(&self, nodes: &[Node]) -> BlobId {
+        self.blob(BlobType::Tree, &encode_tree(nodes))
+    }
+    fn finish(mut self) -> MasterIndex {
+        self.saver.take().unwrap().finish().unwrap();
+        self.repo.load_index().unwrap().0
+    }
+}
+
+fn run(
+    repo: &Repository,
+    index: &MasterIndex,
+    root: &BlobId,
+    target: &Path,
+) -> capsule_engine::restore::RestoreReport {
+    let opts = RestoreOptions {
+        target: target.to_path_buf(),
+        ..Default::default()
+    };
+    restore(repo, index, root, &opts, &Progress::default()).unwrap()
+}
+
+fn assert_empty(dir: &Path) {
+    let n: Vec<_> = std::fs::read_dir(dir).unwrap().collect();
+    assert!(n.is_empty(), "{} was written to: {n:?}", dir.display());
+}
+
+#[test]
+fn dotdot_and_slash_names_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let outside = t.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let repo = repo(&t.path().join("repo"));
+    for (i, name) in [
+        &b".."[..],
+        b"../outside/x",
+        b"/tmp/x",
+        b"a/../../x",
+        b".",
+        b"",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let c = Crafter::new(repo.clone());
+        let evil = c.blob(BlobType::Data, b"pwned");
+        let inner = c.tree(&[file(b"x", evil, 5)]);
+        let root = c.tree(&[dir(name, inner)]);
+        let root2 = c.tree(&[file(name, evil, 5)]);
+        let idx = c.finish();
+        for (j, r) in [root, root2].iter().enumerate() {
+            let target = t.path().join(format!("target{i}-{j}"));
+            let rep = run(&repo, &idx, r, &target);
+            assert!(
+                !rep.errors.is_empty(),
+                "{:?} must be reported",
+                String::from_utf8_lossy(name)
+            );
+            assert_empty(&target);
+        }
+    }
+    assert!(!t.path().join("x").exists());
+    assert!(!Path::new("/tmp/x").exists());
+    assert_empty(&outside);
+}
+
+#[test]
+fn duplicate_names_cannot_hide_a_file_behind_a_symlink() {
+    let t = tempfile::tempdir().unwrap();
+    let outside = t.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let repo = repo(&t.path().join("repo"));
+    let c = Crafter::new(repo.clone());
+    let evil = c.blob(BlobType::Data, b"pwned");
+    let inner = c.tree(&[file(b"f", evil, 5)]);
+    // "a" as a symlink to outside, then "a" as a directory holding "f".
+    let root = c.tree(&[symlink(b"a", &outside), dir(b"a", inner)]);
+    let idx = c.finish();
+    let target = t.path().join("target");
+    let r = run(&repo, &idx, &root, &target);
+    assert!(!r.errors.is_empty());
+    assert_empty(&outside);
+}
+
+#[test]
+fn symlinks_planted_in_the_target_are_not_followed() {
+    let t = tempfile::tempdir().unwrap();
+    let outside = t.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("victim"), b"original").unwrap();
+    let repo = repo(&t.path().join("repo"));
+    let c = Crafter::new(repo.clone());
+    let evil = c.blob(BlobType::Data, b"pwned");
+    let inner = c.tree(&[file(b"f", evil, 5)]);
+    let root = c.tree(&[file(b"file", evil, 5), dir(b"x", inner)]);
+    let idx = c.finish();
+    let target = t.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&outside, target.join("x")).unwrap();
+    std::os::unix::fs::symlink(outside.join("victim"), target.join("file")).unwrap();
+    let r = run(&repo, &idx, &root, &target);
+    // The directory behind a symlink is refused...
+    assert!(
+        r.errors.iter().any(|e| e.path.ends_with("/x")),
+        "{:?}",
+        r.errors
+    );
+    assert!(!outside.join("f").exists());
+    // ...and a symlink where a file goes is replaced, not written through.
+    assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"original");
+    assert_eq!(std::fs::read(target.join("file")).unwrap(), b"pwned");
+    assert!(!std::fs::symlink_metadata(target.join("file"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
