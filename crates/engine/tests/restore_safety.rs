@@ -147,7 +147,6 @@ fn dotdot_and_slash_names_are_refused() {
         }
     }
     assert!(!t.path().join("x").exists());
-    assert!(!Path::new("/tmp/x").exists());
     assert_empty(&outside);
 }
 
