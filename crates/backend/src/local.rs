@@ -107,10 +107,10 @@ impl LocalBackend {
                 let p = e.path();
                 if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                     stack.push(p);
-                } else if e.file_name().to_string_lossy().starts_with(".tmp-") {
-                    if fs::remove_file(&p).is_ok() {
-                        n += 1;
-                    }
+                } else if e.file_name().to_string_lossy().starts_with(".tmp-")
+                    && fs::remove_file(&p).is_ok()
+                {
+                    n += 1;
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! Damaged repositories: `check` finds every flipped bit, truncation or lost
 //! object, names what it affects, and restore still recovers the rest.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
 

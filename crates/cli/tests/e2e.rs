@@ -1,4 +1,5 @@
 //! End-to-end tests of the `capsule` binary on real files with real metadata.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
 

@@ -17,6 +17,9 @@ use crate::index::MasterIndex;
 use crate::timefmt::{now_unix, rfc3339};
 use crate::{EngineError, Result};
 
+/// Readable snapshots (oldest first) and the errors of unreadable ones.
+pub type SnapshotList = (Vec<(ObjectId, Snapshot)>, Vec<EngineError>);
+
 /// An open repository.
 #[derive(Debug)]
 pub struct Repository {
@@ -375,7 +378,7 @@ impl Repository {
 
     /// All snapshots, oldest first. Damaged ones are returned as errors
     /// beside the good ones, so one bad object does not hide the rest.
-    pub fn list_snapshots(&self) -> Result<(Vec<(ObjectId, Snapshot)>, Vec<EngineError>)> {
+    pub fn list_snapshots(&self) -> Result<SnapshotList> {
         let objs = self.backend.list("snapshots/")?;
         let results: Vec<_> = objs
             .par_iter()

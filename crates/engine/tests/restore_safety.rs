@@ -1,6 +1,7 @@
 //! Restore never writes outside its target, whatever a (crafted) repository
 //! contains: `..` and `/` in names, duplicate names that would put a file
 //! behind a symlink, and symlinks already planted in the target.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::Path;
 use std::sync::Arc;

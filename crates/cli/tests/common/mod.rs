@@ -1,6 +1,6 @@
 //! Helpers for the end-to-end tests: run the real `capsule` binary, build
 //! trees with real metadata, and compare trees entry by entry.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -172,7 +172,7 @@ pub fn torture_tree(root: &Path, big_dir_entries: usize) {
     // FIFO.
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &root.join("fifo"),
+        root.join("fifo"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o640),
         0,

@@ -122,6 +122,9 @@ pub(crate) struct Counters {
     hash_ns: AtomicU64,
 }
 
+/// (device, inode) → (size, content) of hard-linked files already read.
+type HardLinkCache = std::collections::HashMap<(u64, u64), (u64, Vec<BlobId>)>;
+
 /// Everything the walkers share.
 pub(crate) struct Ctx<'a> {
     repo: &'a Repository,
@@ -134,7 +137,7 @@ pub(crate) struct Ctx<'a> {
     counters: Counters,
     warnings: Mutex<Vec<Warning>>,
     /// Content of hard-linked files already read, by (device, inode).
-    hardlinks: Mutex<std::collections::HashMap<(u64, u64), (u64, Vec<BlobId>)>>,
+    hardlinks: Mutex<HardLinkCache>,
     /// Start of the parent snapshot (Unix seconds): parent entries changed
     /// within a second of it cannot be trusted (see docs/DESIGN.md).
     parent_time: i64,
