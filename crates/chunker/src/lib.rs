@@ -21,13 +21,14 @@ pub struct ChunkSizes {
 }
 
 impl Default for ChunkSizes {
-    /// 512 KiB / 1 MiB / 8 MiB: large enough that the index stays small and
+    /// 512 KiB / 1 MiB / 4 MiB: large enough that the index stays small and
     /// per-chunk overhead is negligible, small enough to dedup edits well.
+    /// The maximum bounds each reader's look-ahead buffer (twice the max).
     fn default() -> Self {
         ChunkSizes {
             min: 512 * 1024,
             avg: 1024 * 1024,
-            max: 8 * 1024 * 1024,
+            max: 4 * 1024 * 1024,
         }
     }
 }

@@ -87,7 +87,29 @@ enum Command {
     Key(commands::KeyCommand),
 }
 
+/// Bounds the memory glibc keeps after large buffers are freed.
+///
+/// glibc raises its mmap threshold each time a large mmapped block is freed,
+/// after which 4–16 MiB pipeline buffers (pack buffers, read windows) come
+/// from the heap and are kept after use: peak RSS grew to twice what the
+/// pipeline holds at once. A fixed threshold makes such buffers mmapped and
+/// returned on free. Measured on the benchmark's initial backup: about 160
+/// MiB peak without it, about 90 MiB with it, same wall time within noise.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)]
+fn tune_allocator() {
+    // SAFETY: mallopt only changes allocator parameters; it is called once,
+    // before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn tune_allocator() {}
+
 fn main() -> ExitCode {
+    tune_allocator();
     let cli = Cli::parse();
     let out = output::Output::new(cli.global.json, cli.global.quiet);
     let result = match cli.command {

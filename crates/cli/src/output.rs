@@ -59,7 +59,11 @@ impl Output {
     pub fn error(&self, e: &anyhow::Error) {
         let mut msg = format!("capsule: {e}");
         for cause in e.chain().skip(1) {
-            msg.push_str(&format!(": {cause}"));
+            // Engine errors already include their cause in their message.
+            let c = cause.to_string();
+            if !msg.contains(&c) {
+                msg.push_str(&format!(": {c}"));
+            }
         }
         if let Some(h) = hint(e) {
             msg.push_str(&format!("\n  hint: {h}"));

@@ -129,7 +129,9 @@ impl BlobSaver {
     pub fn start(repo: Arc<Repository>, index: Arc<MasterIndex>, threads: usize) -> Self {
         let uploads = repo.backend().capabilities().concurrency.max(1);
         let (seal_tx, seal_rx) = bounded::<SealJob>(threads * 2);
-        let (upload_tx, upload_rx) = bounded::<FinishedPack>(uploads.saturating_sub(1).max(1));
+        // Packs in memory at most: one filling per type, one queued, one
+        // per uploader.
+        let (upload_tx, upload_rx) = bounded::<FinishedPack>(1);
         let shared = Arc::new(Shared {
             repo,
             index,
@@ -318,12 +320,18 @@ fn nanos_since(t: std::time::Instant) -> u64 {
 fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
     let level = s.repo.config().compression;
     let target = s.repo.config().pack_size as usize;
+    let mut zstd = zstd::bulk::Compressor::new(level)
+        .ok()
+        .filter(|_| level != 0);
     for job in rx {
         if s.failed.load(Ordering::Relaxed) {
             continue; // drain so readers never block on a dead pipeline
         }
         let t0 = std::time::Instant::now();
-        let framed = compress::frame(&job.data, level);
+        let framed = match zstd.as_mut() {
+            Some(c) => compress::frame_with(c, &job.data),
+            None => compress::frame(&job.data, 0),
+        };
         let t1 = std::time::Instant::now();
         s.stats
             .compress_ns
@@ -351,6 +359,11 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
         };
         let finished = {
             let mut p = s.packers[slot].lock().unwrap_or_else(|p| p.into_inner());
+            if p.buf.capacity() == 0 {
+                // Reserve the whole pack once: growing by doubling would
+                // briefly hold twice the pack size.
+                p.buf.reserve_exact(target + env.len());
+            }
             let offset = p.buf.len() as u32;
             p.buf.extend_from_slice(&env);
             p.entries.push(PackEntry {

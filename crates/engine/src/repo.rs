@@ -47,7 +47,7 @@ impl Default for InitOptions {
         InitOptions {
             kdf: KdfParams::default(),
             chunks: capsule_chunker::ChunkSizes::default(),
-            pack_size: 32 * 1024 * 1024,
+            pack_size: 16 * 1024 * 1024,
             compression: 3,
         }
     }

@@ -9,18 +9,31 @@ const ZSTD: u8 = 1;
 
 /// Frames `data`, compressing with zstd at `level` (0 disables) when it pays.
 pub fn frame(data: &[u8], level: i32) -> Vec<u8> {
-    if level != 0 && data.len() >= 128 {
+    match zstd::bulk::Compressor::new(level) {
+        Ok(mut c) if level != 0 => frame_with(&mut c, data),
+        _ => raw(data),
+    }
+}
+
+/// Like [`frame`], reusing a compressor (and its memory) across calls.
+pub fn frame_with(c: &mut zstd::bulk::Compressor<'_>, data: &[u8]) -> Vec<u8> {
+    if data.len() >= 128 {
         // Compress straight into the output buffer after the tag byte.
         let bound = zstd::zstd_safe::compress_bound(data.len());
         let mut out = vec![0u8; bound + 1];
         out[0] = ZSTD;
-        if let Ok(n) = zstd::bulk::compress_to_buffer(data, &mut out[1..], level) {
+        if let Ok(n) = c.compress_to_buffer(data, &mut out[1..]) {
             if n + n / 32 < data.len() {
                 out.truncate(n + 1);
+                out.shrink_to_fit();
                 return out;
             }
         }
     }
+    raw(data)
+}
+
+fn raw(data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() + 1);
     out.push(RAW);
     out.extend_from_slice(data);
