@@ -113,7 +113,7 @@ fn text_bytes(n: usize, seed: &mut u64) -> Vec<u8> {
     while v.len() < n {
         let w = WORDS[(xorshift(seed) % WORDS.len() as u64) as usize];
         v.extend_from_slice(w.as_bytes());
-        v.push(if xorshift(seed) % 12 == 0 {
+        v.push(if xorshift(seed).is_multiple_of(12) {
             b'\n'
         } else {
             b' '

@@ -10,8 +10,15 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// Committed objects in a directory (not `.tmp-*` writes in progress).
 fn count(dir: &Path) -> usize {
-    std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| !e.file_name().to_string_lossy().starts_with(".tmp-"))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 fn spawn_backup(repo: &Path, src: &Path) -> std::process::Child {

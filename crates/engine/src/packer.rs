@@ -210,12 +210,10 @@ impl BlobSaver {
                 .contains(id)
     }
 
+    /// What readers see once the pipeline failed; the real error is kept
+    /// for [`BlobSaver::finish`], which callers must still call.
     fn failure(&self) -> EngineError {
-        let g = self.shared.error.lock().unwrap_or_else(|p| p.into_inner());
-        match &*g {
-            Some(e) => EngineError::Invalid(format!("backup aborted: {e}")),
-            None => EngineError::Interrupted,
-        }
+        EngineError::Interrupted
     }
 
     /// Live counters.
@@ -259,6 +257,10 @@ impl BlobSaver {
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
+            // Index the packs that did land (best effort: the failure may
+            // be a full disk), so the next run reuses instead of re-uploading
+            // them.
+            let _ = self.shared.flush_index(true);
             return Err(e);
         }
         self.shared.flush_index(true)?;

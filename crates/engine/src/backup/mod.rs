@@ -297,8 +297,16 @@ pub fn backup(
     let Ctx {
         warnings, counters, ..
     } = ctx;
-    let root = root?;
-    let storage = saver.finish()?;
+    // Finish the saver even when the walk failed: if storage failed, its
+    // typed error (disk full, permission...) is the one to report, not the
+    // "pipeline stopped" that readers saw. No snapshot is written either way.
+    let storage = saver.finish();
+    let root = match (root, storage.as_ref()) {
+        (_, Err(_)) => return Err(storage.err().unwrap_or(EngineError::Interrupted)),
+        (Err(e), Ok(_)) => return Err(e),
+        (Ok(r), Ok(_)) => r,
+    };
+    let storage = storage?;
 
     let warnings = warnings.into_inner().unwrap_or_else(|p| p.into_inner());
     let c = &counters;
