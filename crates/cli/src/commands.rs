@@ -107,6 +107,9 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         tags: a.tags,
         hostname: a.host,
         threads: a.threads,
+        // A repository inside a source would back itself up, growing with
+        // every run (the default repository lives under $HOME).
+        skip_dirs: vec![loc.path.clone()],
         estimate: bar.is_some(),
     };
     let report = capsule_engine::backup::backup(Arc::new(repo), &opts, &progress);

@@ -425,6 +425,27 @@ fn embedded_default_repository() {
     let o = run(&["--json", "snapshots"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 2);
+    // Backing up the whole home, which holds the default repository, does
+    // not back the repository up into itself.
+    let o = run(&["backup", t.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["--json", "ls", "latest"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let paths: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.iter().any(|p| p.ends_with("/src/f")), "{paths:?}");
+    assert!(
+        paths.iter().any(|p| p.ends_with("/data/capsule")),
+        "{paths:?}"
+    );
+    assert!(
+        !paths.iter().any(|p| p.contains("/capsule/repo")),
+        "repository backed up into itself: {paths:?}"
+    );
 }
 
 #[test]
@@ -455,4 +476,62 @@ fn help_on_every_command() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
+}
+
+/// Files deleted and rewritten while the backup runs: it still commits a
+/// snapshot, names what vanished or changed, and the repository checks clean.
+#[test]
+fn files_vanishing_during_backup() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    for d in 0..20 {
+        std::fs::create_dir_all(src.join(format!("d{d:02}"))).unwrap();
+        for f in 0..250 {
+            std::fs::write(
+                src.join(format!("d{d:02}/f{f:03}")),
+                noise(20_000, d * 1000 + f),
+            )
+            .unwrap();
+        }
+    }
+    init(&repo);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s2, src2) = (stop.clone(), src.clone());
+    let churn = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut i = 0u64;
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < deadline
+        {
+            let p = src2.join(format!("d{:02}/f{:03}", i % 20, (i * 7) % 250));
+            if i % 2 == 0 {
+                let _ = std::fs::remove_file(&p);
+            } else {
+                let _ = std::fs::write(&p, noise(30_000, i));
+            }
+            i += 1;
+        }
+    });
+    let o = capsule(&repo, &["--json", "backup", src.to_str().unwrap()]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(matches!(o.status.code(), Some(0) | Some(3)), "{err}");
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for w in report["warnings"].as_array().unwrap() {
+        let m = w["message"].as_str().unwrap();
+        assert!(
+            m.contains("vanished") || m.contains("changed"),
+            "unexpected warning {w}"
+        );
+    }
+    assert_eq!(
+        o.status.code() == Some(3),
+        !report["warnings"].as_array().unwrap().is_empty()
+    );
+    ok(&repo, &["check", "--read-data"]);
+    let target = t.path().join("target");
+    ok(
+        &repo,
+        &["restore", "latest", "-t", target.to_str().unwrap()],
+    );
 }

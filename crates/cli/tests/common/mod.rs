@@ -178,6 +178,17 @@ pub fn torture_tree(root: &Path, big_dir_entries: usize) {
         0,
     )
     .unwrap();
+    // A character device (like /dev/null), when we may create one.
+    if is_root() {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            root.join("chardev"),
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::from_raw_mode(0o620),
+            rustix::fs::makedev(1, 3),
+        )
+        .unwrap();
+    }
     // xattrs on a file and a directory.
     let x = w("xattr/file", b"with attributes");
     rustix::fs::lsetxattr(
@@ -267,6 +278,8 @@ pub struct Meta {
     pub mtime: (i64, i64),
     pub atime: Option<(i64, i64)>,
     pub target: Option<Vec<u8>>,
+    /// Device number of character and block devices.
+    pub rdev: u64,
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     /// First path (in walk order) sharing this inode, for hard links.
     pub link_group: Option<Vec<u8>>,
@@ -331,6 +344,8 @@ fn walk_meta(
             "symlink"
         } else if ft.is_fifo() {
             "fifo"
+        } else if ft.is_char_device() {
+            "chardev"
         } else {
             "other"
         };
@@ -355,6 +370,7 @@ fn walk_meta(
                         .as_bytes()
                         .to_vec()
                 }),
+                rdev: if kind == "chardev" { m.rdev() } else { 0 },
                 xattrs: xattrs(&p),
                 link_group,
                 sparse: kind == "file" && m.blocks() * 512 + 4096 <= m.size(),

@@ -14,6 +14,9 @@ use crate::{EngineError, Result};
 #[derive(Clone)]
 pub struct Excludes {
     global: Arc<Gitignore>,
+    /// Directories never backed up, whatever the patterns say (the
+    /// repository itself when it lies inside a source).
+    skip_dirs: Arc<Vec<std::path::PathBuf>>,
     file_name: Option<String>,
     stack: Vec<Arc<Gitignore>>,
 }
@@ -27,7 +30,11 @@ impl std::fmt::Debug for Excludes {
 impl Excludes {
     /// Builds the global matcher. Patterns are matched against absolute
     /// paths, so `/home/me/cache` and `*.tmp` both work.
-    pub fn new(patterns: &[String], file_name: Option<String>) -> Result<Self> {
+    pub fn new(
+        patterns: &[String],
+        file_name: Option<String>,
+        skip_dirs: Vec<std::path::PathBuf>,
+    ) -> Result<Self> {
         let mut b = GitignoreBuilder::new("/");
         for p in patterns {
             b.add_line(None, p)
@@ -38,6 +45,7 @@ impl Excludes {
             .map_err(|e| EngineError::Invalid(format!("exclude patterns: {e}")))?;
         Ok(Excludes {
             global: Arc::new(global),
+            skip_dirs: Arc::new(skip_dirs),
             file_name,
             stack: Vec::new(),
         })
@@ -67,6 +75,9 @@ impl Excludes {
     /// Whether `path` is excluded. The deepest ignore file with an opinion
     /// wins; the global patterns apply last and cannot be overridden.
     pub fn is_excluded(&self, path: &Path, is_dir: bool) -> bool {
+        if is_dir && self.skip_dirs.iter().any(|d| d == path) {
+            return true;
+        }
         if let Match::Ignore(_) = self.global.matched(path, is_dir) {
             return true;
         }

@@ -49,6 +49,9 @@ pub struct BackupOptions {
     pub tags: Vec<String>,
     /// Host name to record (default: this machine's).
     pub hostname: Option<String>,
+    /// Directories skipped whatever the patterns say: the repository (and
+    /// later the local cache) when they lie inside a source.
+    pub skip_dirs: Vec<PathBuf>,
     /// Reader threads (0 = twice the cores).
     pub threads: usize,
     /// Run an estimating scan alongside so progress has totals and an ETA.
@@ -255,7 +258,12 @@ pub fn backup(
         opts.threads
     };
     let saver = BlobSaver::start(repo.clone(), index.clone(), cores);
-    let excludes = Excludes::new(&opts.excludes, opts.ignore_file.clone())?;
+    let skip: Vec<PathBuf> = opts
+        .skip_dirs
+        .iter()
+        .filter_map(|d| std::fs::canonicalize(d).ok())
+        .collect();
+    let excludes = Excludes::new(&opts.excludes, opts.ignore_file.clone(), skip)?;
 
     let estimator = if opts.estimate {
         Some(walk::spawn_estimator(
