@@ -503,7 +503,7 @@ fn files_vanishing_during_backup() {
         while !s2.load(std::sync::atomic::Ordering::Relaxed) && std::time::Instant::now() < deadline
         {
             let p = src2.join(format!("d{:02}/f{:03}", i % 20, (i * 7) % 250));
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 let _ = std::fs::remove_file(&p);
             } else {
                 let _ = std::fs::write(&p, noise(30_000, i));
