@@ -9,9 +9,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+pub mod cache;
 pub mod conformance;
 pub mod local;
 
+pub use cache::{CacheStats, CachingBackend};
 pub use local::{LocalBackend, SyncPolicy};
 
 /// What went wrong, independent of transport.

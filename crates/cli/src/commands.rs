@@ -22,6 +22,15 @@ fn open(g: &GlobalArgs) -> Result<(Repository, RepoLocation)> {
     let loc = settings::location(g)?;
     let backend = settings::backend(g, &loc, false)?;
     let pw = settings::password(g)?;
+    let (repo, _) = settings::with_cache(g, Repository::open(backend, &pw)?)?;
+    Ok((repo, loc))
+}
+
+/// Opens without the cache: for `check`, which must read the destination.
+fn open_uncached(g: &GlobalArgs) -> Result<(Repository, RepoLocation)> {
+    let loc = settings::location(g)?;
+    let backend = settings::backend(g, &loc, false)?;
+    let pw = settings::password(g)?;
     Ok((Repository::open(backend, &pw)?, loc))
 }
 
@@ -95,6 +104,11 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         let pw = settings::password(g)?;
         Repository::open(backend, &pw)?
     };
+    let (repo, cache) = settings::with_cache(g, repo)?;
+    let mut skip_dirs = vec![loc.path.clone()];
+    if let Some((_, dir)) = &cache {
+        skip_dirs.push(dir.clone());
+    }
     let progress = Arc::new(Progress::default());
     let bar = out.progress(&progress, "backup");
     let opts = BackupOptions {
@@ -107,9 +121,9 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         tags: a.tags,
         hostname: a.host,
         threads: a.threads,
-        // A repository inside a source would back itself up, growing with
-        // every run (the default repository lives under $HOME).
-        skip_dirs: vec![loc.path.clone()],
+        // A repository or cache inside a source would back itself up,
+        // growing with every run (the defaults live under $HOME).
+        skip_dirs,
         estimate: bar.is_some(),
     };
     let report = capsule_engine::backup::backup(Arc::new(repo), &opts, &progress);
@@ -118,7 +132,12 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     for w in &report.warnings {
         out.warn(format!("{}: {}", w.path, w.message));
     }
-    out.json(&report);
+    let cache_stats = cache.as_ref().map(|(c, _)| settings::cache_json(c));
+    if out.json {
+        let mut v = serde_json::to_value(&report)?;
+        v["cache"] = cache_stats.clone().unwrap_or(serde_json::Value::Null);
+        out.json(&v);
+    }
     let s = &report.summary;
     out.say(format!(
         "snapshot {} saved: {} files, {} dirs, {}",
@@ -142,6 +161,18 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         "  time {:.2}s (thread-seconds: scan {:.2}, read {:.2}, chunk+hash {:.2}, compress {:.2}, encrypt {:.2}, write {:.2})",
         report.duration_secs, st.scan, st.read, st.chunk_hash, st.compress, st.encrypt, st.write
     ));
+    if let Some(c) = &cache_stats {
+        out.say(format!(
+            "  destination: {} requests; cache: {} hits, {} objects fetched ({})",
+            c["remote_requests"],
+            c["hits"],
+            c["fetched"],
+            bytes(c["fetched_bytes"].as_u64().unwrap_or(0))
+        ));
+        if c["fetched"].as_u64().unwrap_or(0) > 0 && report.parent.is_some() {
+            out.say("  the local cache was missing or behind the repository; it has been brought up to date");
+        }
+    }
     if report.warnings.is_empty() {
         Ok(exit::OK)
     } else {
@@ -335,7 +366,7 @@ pub struct CheckArgs {
 }
 
 pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
-    let (repo, _) = open(g)?;
+    let (repo, _) = open_uncached(g)?;
     let progress = Arc::new(Progress::default());
     let bar = if a.read_data {
         out.progress(&progress, "check")

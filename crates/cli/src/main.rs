@@ -58,6 +58,12 @@ pub struct GlobalArgs {
     /// Print only errors and warnings.
     #[arg(short, long, global = true)]
     quiet: bool,
+    /// Do not use the local cache of index files, snapshots and trees.
+    #[arg(long, global = true)]
+    no_cache: bool,
+    /// Cache directory (default: the user cache directory, per repository).
+    #[arg(long, env = "CAPSULE_CACHE_DIR", global = true)]
+    cache_dir: Option<std::path::PathBuf>,
     /// Do not fsync objects on the local backend (faster on shares that
     /// force synchronous writes; a power cut may lose the newest backup).
     #[arg(long, global = true)]

@@ -79,6 +79,43 @@ pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<d
     Ok(Arc::new(b))
 }
 
+/// Puts the local cache in front of an open repository's backend, unless
+/// `--no-cache`. Returns the cache's statistics and directory.
+pub fn with_cache(
+    g: &GlobalArgs,
+    repo: capsule_engine::Repository,
+) -> Result<(
+    capsule_engine::Repository,
+    Option<(Arc<capsule_backend::CacheStats>, PathBuf)>,
+)> {
+    if g.no_cache {
+        return Ok((repo, None));
+    }
+    let dir = match &g.cache_dir {
+        Some(d) => d.join(&repo.config().id),
+        None => match dirs::cache_dir() {
+            Some(d) => d.join("capsule").join(&repo.config().id),
+            None => return Ok((repo, None)),
+        },
+    };
+    let cached = capsule_backend::CachingBackend::new(repo.backend().clone(), &dir)
+        .with_context(|| format!("creating cache directory {}", dir.display()))?;
+    let stats = cached.stats();
+    Ok((repo.with_backend(Arc::new(cached)), Some((stats, dir))))
+}
+
+/// Cache statistics as JSON.
+pub fn cache_json(s: &capsule_backend::CacheStats) -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    serde_json::json!({
+        "remote_requests": s.remote_requests.load(Relaxed),
+        "hits": s.hits.load(Relaxed),
+        "fetched": s.fetched.load(Relaxed),
+        "fetched_bytes": s.fetched_bytes.load(Relaxed),
+        "repaired": s.repaired.load(Relaxed),
+    })
+}
+
 /// Why no password could be had.
 #[derive(Debug)]
 pub struct MissingPassword;

@@ -45,20 +45,25 @@ fn setup() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf, PathBuf) {
     std::fs::write(src.join("sub/small"), b"small file").unwrap();
     init(&repo);
     ok(&repo, &["backup", src.to_str().unwrap()]);
-    let before = objects(&repo, "data");
+    let before: Vec<PathBuf> = ["data", "tree"]
+        .iter()
+        .flat_map(|d| objects(&repo, d))
+        .collect();
     std::fs::write(src.join("B"), noise(2 << 20, 2)).unwrap();
     ok(&repo, &["backup", src.to_str().unwrap()]);
-    let mut new: Vec<PathBuf> = objects(&repo, "data")
-        .into_iter()
-        .filter(|p| !before.contains(p))
-        .collect();
-    new.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let new = |d: &str| -> Vec<PathBuf> {
+        objects(&repo, d)
+            .into_iter()
+            .filter(|p| !before.contains(p))
+            .collect()
+    };
+    let (data, tree) = (new("data"), new("tree"));
     assert_eq!(
-        new.len(),
-        2,
-        "expected one data pack and one tree pack: {new:?}"
+        (data.len(), tree.len()),
+        (1, 1),
+        "expected one new data pack and one tree pack: {data:?} {tree:?}"
     );
-    let (tree_pack, b_pack) = (new[0].clone(), new[1].clone());
+    let (tree_pack, b_pack) = (tree[0].clone(), data[0].clone());
     (t, src, repo, b_pack, tree_pack)
 }
 
@@ -129,7 +134,7 @@ fn flipped_bit_in_data_pack_is_found_and_the_rest_restores() {
 #[test]
 fn any_single_bit_flip_is_detected() {
     let (t, _, repo, _, _) = setup();
-    let mut objs: Vec<PathBuf> = ["data", "index", "snapshots"]
+    let mut objs: Vec<PathBuf> = ["data", "tree", "index", "snapshots"]
         .iter()
         .flat_map(|p| objects(&repo, p))
         .collect();

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 
 use crate::index::MasterIndex;
 use crate::progress::Progress;
-use crate::repo::{pack_name, Repository};
+use crate::repo::Repository;
 use crate::{EngineError, Result};
 
 /// One damaged object and what it affects.
@@ -97,13 +97,16 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     }
 
     // Packs on storage vs packs in the index.
-    let stored: HashMap<String, u64> = repo
-        .backend()
-        .list("data/")?
-        .into_iter()
-        .map(|o| (o.name, o.size))
-        .collect();
-    let indexed: HashSet<String> = index.packs().iter().map(|(id, _)| pack_name(id)).collect();
+    let mut stored: HashMap<String, u64> = HashMap::new();
+    for prefix in ["data/", "tree/"] {
+        stored.extend(
+            repo.backend()
+                .list(prefix)?
+                .into_iter()
+                .map(|o| (o.name, o.size)),
+        );
+    }
+    let indexed: HashSet<String> = index.packs().iter().map(|p| p.name()).collect();
     // Blob -> the problem object that makes it unusable.
     let mut damaged: HashMap<BlobId, String> = HashMap::new();
     let mut blobs_by_pack: HashMap<u32, Vec<(BlobId, crate::index::BlobLoc)>> = HashMap::new();
@@ -111,8 +114,8 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         blobs_by_pack.entry(loc.pack).or_default().push((*id, *loc));
     }
     let mut intact_packs = Vec::new();
-    for (pos, (pid, size)) in index.packs().iter().enumerate() {
-        let name = pack_name(pid);
+    for (pos, pack) in index.packs().iter().enumerate() {
+        let (name, size) = (pack.name(), &pack.size);
         let issue = match stored.get(&name) {
             None => Some("missing".to_string()),
             Some(s) if s != size => Some(format!(
@@ -146,7 +149,7 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         progress.bytes_total.store(
             intact_packs
                 .iter()
-                .map(|p| index.packs()[*p as usize].1)
+                .map(|p| index.packs()[*p as usize].size)
                 .sum(),
             Ordering::Relaxed,
         );
@@ -155,9 +158,9 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         let found: Vec<(String, String, Vec<BlobId>)> = intact_packs
             .par_iter()
             .filter_map(|&pos| {
-                let (pid, _) = index.packs()[pos as usize];
+                let pack = index.packs()[pos as usize];
                 let entries = blobs_by_pack.get(&pos).map(|v| v.as_slice()).unwrap_or(&[]);
-                let r = read_pack(repo, &pid, entries, &blobs_read, progress);
+                let r = read_pack(repo, &pack, entries, &blobs_read, progress);
                 Progress::add(&progress.files_done, 1);
                 r
             })
@@ -217,12 +220,12 @@ fn describe(e: &EngineError) -> (String, String) {
 /// blobs)` if anything is wrong.
 fn read_pack(
     repo: &Repository,
-    pid: &ObjectId,
+    pack: &crate::index::PackInfo,
     entries: &[(BlobId, crate::index::BlobLoc)],
     blobs_read: &AtomicU64,
     progress: &Progress,
 ) -> Option<(String, String, Vec<BlobId>)> {
-    let name = pack_name(pid);
+    let (name, pid) = (pack.name(), &pack.id);
     let bytes = match repo.backend().get(&name, None) {
         Ok(b) => b,
         Err(e) => {

@@ -30,11 +30,29 @@ pub struct BlobLoc {
     pub raw_length: u32,
 }
 
+/// One indexed pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackInfo {
+    /// Pack object ID.
+    pub id: ObjectId,
+    /// Size in bytes.
+    pub size: u64,
+    /// What its blobs are (a pack never mixes types).
+    pub blob_type: BlobType,
+}
+
+impl PackInfo {
+    /// The pack's object name.
+    pub fn name(&self) -> String {
+        crate::repo::pack_name(&self.id, self.blob_type)
+    }
+}
+
 /// All index files merged.
 #[derive(Debug, Default)]
 pub struct MasterIndex {
     map: HashMap<BlobId, BlobLoc>,
-    packs: Vec<(ObjectId, u64)>,
+    packs: Vec<PackInfo>,
     pack_pos: HashMap<ObjectId, u32>,
     files: Vec<ObjectId>,
 }
@@ -87,7 +105,15 @@ impl MasterIndex {
             Some(&pos) => pos,
             None => {
                 let pos = self.packs.len() as u32;
-                self.packs.push((p.id, p.size));
+                self.packs.push(PackInfo {
+                    id: p.id,
+                    size: p.size,
+                    blob_type: p
+                        .entries
+                        .first()
+                        .map(|e| e.blob_type)
+                        .unwrap_or(BlobType::Data),
+                });
                 self.pack_pos.insert(p.id, pos);
                 pos
             }
@@ -115,11 +141,11 @@ impl MasterIndex {
 
     /// Pack ID at a position.
     pub fn pack_id(&self, pos: u32) -> ObjectId {
-        self.packs[pos as usize].0
+        self.packs[pos as usize].id
     }
 
-    /// Every pack with its size.
-    pub fn packs(&self) -> &[(ObjectId, u64)] {
+    /// Every pack.
+    pub fn packs(&self) -> &[PackInfo] {
         &self.packs
     }
 

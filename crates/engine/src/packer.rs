@@ -400,7 +400,12 @@ fn upload_worker(s: &Shared, rx: Receiver<FinishedPack>) {
         }
         let id = ObjectId::of(&fp.bytes);
         let t0 = std::time::Instant::now();
-        let r = put_addressed(&**s.repo.backend(), &pack_name(&id), &fp.bytes);
+        let t = fp
+            .entries
+            .first()
+            .map(|e| e.blob_type)
+            .unwrap_or(BlobType::Data);
+        let r = put_addressed(&**s.repo.backend(), &pack_name(&id, t), &fp.bytes);
         s.stats
             .upload_ns
             .fetch_add(nanos_since(t0), Ordering::Relaxed);

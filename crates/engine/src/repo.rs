@@ -68,10 +68,16 @@ pub struct KeyInfo {
     pub current: bool,
 }
 
-/// Object name of a pack.
-pub fn pack_name(id: &ObjectId) -> String {
+/// Object name of a pack: data packs live under `data/`, tree packs under
+/// `tree/`, so tree packs (small, needed by every backup) can be cached and
+/// listed without reading pack headers.
+pub fn pack_name(id: &ObjectId, t: BlobType) -> String {
     let h = id.to_hex();
-    format!("data/{}/{}", &h[..2], h)
+    let dir = match t {
+        BlobType::Data => "data",
+        BlobType::Tree => "tree",
+    };
+    format!("{dir}/{}/{}", &h[..2], h)
 }
 
 /// Host name for snapshot and key metadata.
@@ -246,6 +252,13 @@ impl Repository {
             config,
             key_id,
         })
+    }
+
+    /// Replaces the backend with a wrapper of it (a cache, a metrics or
+    /// fault-injection decorator) after the repository was opened.
+    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = backend;
+        self
     }
 
     /// The storage backend.
@@ -437,7 +450,7 @@ impl Repository {
             .filter(|l| l.blob_type == t)
             .ok_or_else(|| EngineError::MissingBlob(id.to_hex()))?;
         let pack = index.pack_id(loc.pack);
-        let name = pack_name(&pack);
+        let name = pack_name(&pack, t);
         let env = self.backend.get(
             &name,
             Some(loc.offset as u64..loc.offset as u64 + loc.length as u64),

@@ -36,7 +36,7 @@ pub fn stats(repo: &Repository, index: &MasterIndex) -> Result<RepoStats> {
     let mut s = RepoStats {
         snapshots: snaps.len() as u64,
         packs: index.packs().len() as u64,
-        pack_bytes: index.packs().iter().map(|p| p.1).sum(),
+        pack_bytes: index.packs().iter().map(|p| p.size).sum(),
         index_files: index.files().len() as u64,
         logical_bytes: snaps.iter().map(|(_, s)| s.summary.bytes).sum(),
         ..RepoStats::default()

@@ -21,7 +21,9 @@ pub fn capsule_env(repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     c.arg("--repo").arg(repo).args(args);
     c.env_remove("CAPSULE_PASSWORD")
         .env_remove("CAPSULE_PASSWORD_FILE")
-        .env_remove("CAPSULE_REPO");
+        .env_remove("CAPSULE_REPO")
+        // Each test's cache lives beside its repository, not in ~/.cache.
+        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"));
     for (k, v) in env {
         c.env(k, v);
     }

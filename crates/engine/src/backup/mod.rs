@@ -99,6 +99,8 @@ pub struct BackupReport {
     pub files_changed: u64,
     /// Files reused from the parent without reading.
     pub files_unchanged: u64,
+    /// Directories whose parent tree blob was reused without re-encoding.
+    pub trees_reused: u64,
     /// Storage-side counters.
     pub storage: SaverStatsSnapshot,
     /// Per-stage seconds.
@@ -120,6 +122,7 @@ pub(crate) struct Counters {
     files_new: AtomicU64,
     files_changed: AtomicU64,
     files_unchanged: AtomicU64,
+    trees_reused: AtomicU64,
     scan_ns: AtomicU64,
     read_ns: AtomicU64,
     hash_ns: AtomicU64,
@@ -358,6 +361,7 @@ pub fn backup(
         files_new: g(&c.files_new),
         files_changed: g(&c.files_changed),
         files_unchanged: g(&c.files_unchanged),
+        trees_reused: g(&c.trees_reused),
         stages: StageTimes {
             scan: ns(&c.scan_ns),
             read: ns(&c.read_ns),

@@ -163,6 +163,12 @@ fn save_dir(
         })
         .collect::<Result<_>>()?;
     let nodes: Vec<Node> = nodes.into_iter().flatten().collect();
+    // Every entry as the parent recorded it: reuse its tree blob as is,
+    // without encoding or hashing it again.
+    if let Some(id) = parent.filter(|_| !parent_nodes.is_empty() && nodes == parent_nodes) {
+        Progress::add(&ctx.counters.trees_reused, 1);
+        return Ok(id);
+    }
     save_tree(ctx, &nodes)
 }
 
@@ -310,23 +316,143 @@ fn read_node_xattrs(ctx: &Ctx<'_>, path: &Path, node: &mut Node) {
 }
 
 /// The parent's entry, if it can stand in for reading the file again.
-/// Rules (docs/DESIGN.md, "Change detection"): same kind, size, mtime and
-/// ctime to the nanosecond, and inode; the parent saw the file at least a
-/// second after its last change (so a same-tick rewrite cannot hide); the
-/// file's mtime is not in the future; and all its blobs are still indexed.
 fn unchanged<'p>(ctx: &Ctx<'_>, parent: Option<&'p Node>, node: &Node) -> Option<&'p Node> {
     if ctx.opts.force {
         return None;
     }
     let p = parent?;
-    let same = p.kind() == NodeKind::File
-        && p.size == node.size
-        && p.mtime == node.mtime
-        && p.ctime == node.ctime
-        && p.inode == node.inode;
-    let settled = p.ctime.secs < ctx.parent_time - 1 && p.mtime.secs < ctx.parent_time - 1;
-    let sane_clock = node.mtime.secs <= ctx.start_unix + 1;
-    (same && settled && sane_clock && p.content.iter().all(|id| ctx.saver.has(id))).then_some(p)
+    let trusted = content_unchanged(p, node, ctx.parent_time, ctx.start_unix)
+        && p.content.iter().all(|id| ctx.saver.has(id));
+    trusted.then_some(p)
+}
+
+/// The change-detection rules (docs/DESIGN.md, "Change detection"): may the
+/// content recorded in `parent` stand for the file now described by `now`?
+///
+/// 1. same kind (file), size, mtime and ctime to the nanosecond, and inode;
+/// 2. the parent saw the file settled: its ctime and mtime are more than a
+///    second before the parent snapshot started (`parent_time`), so a
+///    rewrite within the same timestamp tick after it was read cannot hide;
+/// 3. the file's mtime is not in the future (clock-skewed files are re-read).
+pub(crate) fn content_unchanged(
+    parent: &Node,
+    now: &Node,
+    parent_time: i64,
+    start_unix: i64,
+) -> bool {
+    let same = parent.kind() == NodeKind::File
+        && now.kind() == NodeKind::File
+        && parent.size == now.size
+        && parent.mtime == now.mtime
+        && parent.ctime == now.ctime
+        && parent.inode == now.inode;
+    let settled = parent.ctime.secs < parent_time - 1 && parent.mtime.secs < parent_time - 1;
+    let sane_clock = now.mtime.secs <= start_unix + 1;
+    same && settled && sane_clock
+}
+
+#[cfg(test)]
+mod tests {
+    use super::content_unchanged;
+    use capsule_format::tree::{Node, NodeKind, Timestamp};
+
+    const PARENT_TIME: i64 = 1_000_000;
+    const NOW: i64 = 1_003_600;
+
+    fn file() -> Node {
+        Node {
+            name: b"f".to_vec(),
+            kind: Some(NodeKind::File),
+            size: 100,
+            mtime: Timestamp {
+                secs: PARENT_TIME - 100,
+                nanos: 5,
+            },
+            ctime: Timestamp {
+                secs: PARENT_TIME - 100,
+                nanos: 7,
+            },
+            inode: 42,
+            device: 1,
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn identical_settled_file_is_unchanged() {
+        assert!(content_unchanged(&file(), &file(), PARENT_TIME, NOW));
+        // Device numbers may change across reboots; they are not compared.
+        let mut n = file();
+        n.device = 2;
+        assert!(content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn same_size_rewrite_in_the_same_second_is_caught() {
+        // Only the nanoseconds differ.
+        let mut n = file();
+        n.mtime.nanos += 1;
+        n.ctime.nanos += 1;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+        let mut n = file();
+        n.mtime.nanos += 1;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn ctime_only_change_is_caught() {
+        // chmod, chown, xattr changes, or mtime set back with utimensat.
+        let mut n = file();
+        n.ctime.secs += 5;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn inode_reuse_is_caught() {
+        // Deleted and recreated with the same size and times, new inode.
+        let mut n = file();
+        n.inode = 43;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn size_change_is_caught() {
+        let mut n = file();
+        n.size = 101;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn racy_parent_entry_is_not_trusted() {
+        // Changed within a second of the parent snapshot: a same-tick rewrite
+        // after the parent read it would leave every field equal.
+        let mut p = file();
+        p.ctime.secs = PARENT_TIME - 1;
+        assert!(!content_unchanged(&p, &p.clone(), PARENT_TIME, NOW));
+        let mut p = file();
+        p.mtime.secs = PARENT_TIME;
+        assert!(!content_unchanged(&p, &p.clone(), PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn clock_skewed_file_is_reread() {
+        // mtime in the future: whatever produced it, its times cannot be trusted.
+        let mut p = file();
+        p.mtime.secs = NOW + 86_400;
+        assert!(!content_unchanged(
+            &p,
+            &p.clone(),
+            PARENT_TIME + 200_000,
+            NOW
+        ));
+    }
+
+    #[test]
+    fn kind_change_is_caught() {
+        let mut n = file();
+        n.kind = Some(NodeKind::Symlink);
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
 }
 
 fn open_source(path: &Path) -> std::io::Result<File> {

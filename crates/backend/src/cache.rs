@@ -1,0 +1,288 @@
+//! A local cache in front of any backend, for the objects every backup
+//! needs: index files, snapshots and tree packs. They are immutable and named
+//! by the BLAKE3 of their bytes, so a cached copy never goes stale; it can
+//! only be missing (fetched on first use) or damaged (checked against its
+//! name once per process, and fetched again if wrong).
+//!
+//! With a current cache, a backup reads none of these from the destination:
+//! it lists `index/` and `snapshots/`, and that is all. Data packs are never
+//! cached. Every call that reaches the wrapped backend is counted, which is
+//! how runs report their remote requests.
+
+use std::collections::HashSet;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::{Backend, BackendError, Capabilities, ErrorKind, ObjectInfo};
+
+const CACHED_PREFIXES: [&str; 3] = ["index/", "snapshots/", "tree/"];
+
+/// What the cache did during this process.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    /// Reads served from the cache.
+    pub hits: AtomicU64,
+    /// Objects fetched from the destination because the cache lacked them.
+    pub fetched: AtomicU64,
+    /// Bytes fetched for those.
+    pub fetched_bytes: AtomicU64,
+    /// Cached copies found damaged and replaced.
+    pub repaired: AtomicU64,
+    /// Calls that reached the destination (all operations).
+    pub remote_requests: AtomicU64,
+}
+
+/// A backend with a local cache directory in front of it.
+#[derive(Debug)]
+pub struct CachingBackend {
+    inner: Arc<dyn Backend>,
+    dir: PathBuf,
+    verified: Mutex<HashSet<String>>,
+    stats: Arc<CacheStats>,
+}
+
+fn cacheable(name: &str) -> bool {
+    CACHED_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The object ID in a content-addressed name (its last segment).
+fn expected_hash(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+fn matches_name(name: &str, bytes: &[u8]) -> bool {
+    blake3::hash(bytes).to_hex().as_str() == expected_hash(name)
+}
+
+impl CachingBackend {
+    /// Wraps `inner`, caching in `dir` (created if missing, with a
+    /// `CACHEDIR.TAG` so other backup tools skip it).
+    pub fn new(inner: Arc<dyn Backend>, dir: impl Into<PathBuf>) -> std::io::Result<Self> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)?;
+        let tag = dir.join("CACHEDIR.TAG");
+        if !tag.exists() {
+            std::fs::write(
+                &tag,
+                "Signature: 8a477f597d28d172789f06886806bc55\n# capsule cache: index files, snapshots and tree packs.\n",
+            )?;
+        }
+        Ok(CachingBackend {
+            inner,
+            dir,
+            verified: Mutex::new(HashSet::new()),
+            stats: Arc::new(CacheStats::default()),
+        })
+    }
+
+    /// Live statistics.
+    pub fn stats(&self) -> Arc<CacheStats> {
+        self.stats.clone()
+    }
+
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn remote(&self) {
+        self.stats.remote_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn local(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Stores a copy. Failures only cost a later re-fetch, so they are ignored.
+    fn store(&self, name: &str, data: &[u8]) {
+        let p = self.local(name);
+        let Some(parent) = p.parent() else { return };
+        if std::fs::create_dir_all(parent).is_err() {
+            return;
+        }
+        let tmp = parent.join(format!(
+            ".tmp-{}-{}",
+            std::process::id(),
+            expected_hash(name)
+        ));
+        let ok = std::fs::File::create(&tmp)
+            .and_then(|mut f| f.write_all(data))
+            .and_then(|_| std::fs::rename(&tmp, &p));
+        if ok.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        } else if let Ok(mut v) = self.verified.lock() {
+            v.insert(name.to_string());
+        }
+    }
+
+    /// Returns the cached file if present and (checked once) intact.
+    fn open_cached(&self, name: &str) -> Option<std::fs::File> {
+        let p = self.local(name);
+        let mut f = std::fs::File::open(&p).ok()?;
+        let checked = self
+            .verified
+            .lock()
+            .map(|v| v.contains(name))
+            .unwrap_or(false);
+        if !checked {
+            let mut all = Vec::new();
+            f.read_to_end(&mut all).ok()?;
+            if !matches_name(name, &all) {
+                let _ = std::fs::remove_file(&p);
+                self.stats.repaired.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            if let Ok(mut v) = self.verified.lock() {
+                v.insert(name.to_string());
+            }
+        }
+        Some(f)
+    }
+}
+
+fn read_range(
+    f: &mut std::fs::File,
+    name: &str,
+    range: Option<Range<u64>>,
+) -> Result<Vec<u8>, BackendError> {
+    let io =
+        |e: std::io::Error| BackendError::new(ErrorKind::Io, "get (cache)", name, e.to_string());
+    let size = f.metadata().map_err(io)?.len();
+    let r = range.unwrap_or(0..size);
+    if r.start > r.end || r.end > size {
+        return Err(BackendError::new(
+            ErrorKind::InvalidRange,
+            "get",
+            name,
+            format!(
+                "range {}..{} outside object of {size} bytes",
+                r.start, r.end
+            ),
+        ));
+    }
+    let mut v = vec![0u8; (r.end - r.start) as usize];
+    f.seek(SeekFrom::Start(r.start)).map_err(io)?;
+    f.read_exact(&mut v).map_err(io)?;
+    Ok(v)
+}
+
+impl Backend for CachingBackend {
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        self.remote();
+        let r = self.inner.put(name, data);
+        let stored = r.is_ok()
+            || r.as_ref()
+                .is_err_and(|e| e.kind == ErrorKind::AlreadyExists);
+        if stored && cacheable(name) && matches_name(name, data) {
+            self.store(name, data);
+        }
+        r
+    }
+
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        if !cacheable(name) {
+            self.remote();
+            return self.inner.get(name, range);
+        }
+        if let Some(mut f) = self.open_cached(name) {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            return read_range(&mut f, name, range);
+        }
+        // Miss: fetch the whole object once, keep it, serve the range.
+        self.remote();
+        let all = self.inner.get(name, None)?;
+        self.stats.fetched.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .fetched_bytes
+            .fetch_add(all.len() as u64, Ordering::Relaxed);
+        if matches_name(name, &all) {
+            self.store(name, &all);
+        }
+        match range {
+            None => Ok(all),
+            Some(r) if r.start <= r.end && r.end <= all.len() as u64 => {
+                Ok(all[r.start as usize..r.end as usize].to_vec())
+            }
+            Some(r) => Err(BackendError::new(
+                ErrorKind::InvalidRange,
+                "get",
+                name,
+                format!(
+                    "range {}..{} outside object of {} bytes",
+                    r.start,
+                    r.end,
+                    all.len()
+                ),
+            )),
+        }
+    }
+
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        self.remote();
+        self.inner.stat(name)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.remote();
+        self.inner.list(prefix)
+    }
+
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        self.remote();
+        self.inner.delete(name)?;
+        if cacheable(name) {
+            let _ = std::fs::remove_file(self.local(name));
+        }
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LocalBackend, SyncPolicy};
+
+    #[test]
+    fn conformance_through_the_cache() {
+        let d = tempfile::tempdir().unwrap();
+        let inner = Arc::new(LocalBackend::open(d.path(), SyncPolicy::NoSync).unwrap());
+        let c = CachingBackend::new(inner, d.path().join("..cache-not-in-repo")).unwrap();
+        crate::conformance::run_all(&c);
+    }
+
+    #[test]
+    fn serves_from_cache_and_repairs_damage() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = d.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        let inner = Arc::new(LocalBackend::open(&repo, SyncPolicy::NoSync).unwrap());
+        let data = b"an index file".to_vec();
+        let name = format!("index/{}", blake3::hash(&data).to_hex());
+        inner.put(&name, &data).unwrap();
+        let cache = d.path().join("cache");
+
+        let c = CachingBackend::new(inner.clone(), &cache).unwrap();
+        assert_eq!(c.get(&name, Some(3..8)).unwrap(), b"index");
+        assert_eq!(c.stats().fetched.load(Ordering::Relaxed), 1);
+        assert_eq!(c.get(&name, None).unwrap(), data);
+        assert_eq!(c.stats().hits.load(Ordering::Relaxed), 1);
+
+        // A new process with a damaged cached copy fetches it again.
+        std::fs::write(cache.join(&name), b"garbage").unwrap();
+        let c = CachingBackend::new(inner, &cache).unwrap();
+        assert_eq!(c.get(&name, None).unwrap(), data);
+        assert_eq!(c.stats().repaired.load(Ordering::Relaxed), 1);
+        assert_eq!(std::fs::read(cache.join(&name)).unwrap(), data);
+    }
+}
