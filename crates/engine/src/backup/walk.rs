@@ -351,110 +351,6 @@ pub(crate) fn content_unchanged(
     same && settled && sane_clock
 }
 
-#[cfg(test)]
-mod tests {
-    use super::content_unchanged;
-    use capsule_format::tree::{Node, NodeKind, Timestamp};
-
-    const PARENT_TIME: i64 = 1_000_000;
-    const NOW: i64 = 1_003_600;
-
-    fn file() -> Node {
-        Node {
-            name: b"f".to_vec(),
-            kind: Some(NodeKind::File),
-            size: 100,
-            mtime: Timestamp {
-                secs: PARENT_TIME - 100,
-                nanos: 5,
-            },
-            ctime: Timestamp {
-                secs: PARENT_TIME - 100,
-                nanos: 7,
-            },
-            inode: 42,
-            device: 1,
-            ..Node::default()
-        }
-    }
-
-    #[test]
-    fn identical_settled_file_is_unchanged() {
-        assert!(content_unchanged(&file(), &file(), PARENT_TIME, NOW));
-        // Device numbers may change across reboots; they are not compared.
-        let mut n = file();
-        n.device = 2;
-        assert!(content_unchanged(&file(), &n, PARENT_TIME, NOW));
-    }
-
-    #[test]
-    fn same_size_rewrite_in_the_same_second_is_caught() {
-        // Only the nanoseconds differ.
-        let mut n = file();
-        n.mtime.nanos += 1;
-        n.ctime.nanos += 1;
-        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
-        let mut n = file();
-        n.mtime.nanos += 1;
-        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
-    }
-
-    #[test]
-    fn ctime_only_change_is_caught() {
-        // chmod, chown, xattr changes, or mtime set back with utimensat.
-        let mut n = file();
-        n.ctime.secs += 5;
-        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
-    }
-
-    #[test]
-    fn inode_reuse_is_caught() {
-        // Deleted and recreated with the same size and times, new inode.
-        let mut n = file();
-        n.inode = 43;
-        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
-    }
-
-    #[test]
-    fn size_change_is_caught() {
-        let mut n = file();
-        n.size = 101;
-        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
-    }
-
-    #[test]
-    fn racy_parent_entry_is_not_trusted() {
-        // Changed within a second of the parent snapshot: a same-tick rewrite
-        // after the parent read it would leave every field equal.
-        let mut p = file();
-        p.ctime.secs = PARENT_TIME - 1;
-        assert!(!content_unchanged(&p, &p.clone(), PARENT_TIME, NOW));
-        let mut p = file();
-        p.mtime.secs = PARENT_TIME;
-        assert!(!content_unchanged(&p, &p.clone(), PARENT_TIME, NOW));
-    }
-
-    #[test]
-    fn clock_skewed_file_is_reread() {
-        // mtime in the future: whatever produced it, its times cannot be trusted.
-        let mut p = file();
-        p.mtime.secs = NOW + 86_400;
-        assert!(!content_unchanged(
-            &p,
-            &p.clone(),
-            PARENT_TIME + 200_000,
-            NOW
-        ));
-    }
-
-    #[test]
-    fn kind_change_is_caught() {
-        let mut n = file();
-        n.kind = Some(NodeKind::Symlink);
-        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
-    }
-}
-
 fn open_source(path: &Path) -> std::io::Result<File> {
     // O_NOATIME keeps backups from touching access times; it needs file
     // ownership (or CAP_FOWNER), so fall back without it.
@@ -659,5 +555,109 @@ pub(super) fn spawn_estimator(
     Estimator {
         stop,
         handle: Some(handle),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::content_unchanged;
+    use capsule_format::tree::{Node, NodeKind, Timestamp};
+
+    const PARENT_TIME: i64 = 1_000_000;
+    const NOW: i64 = 1_003_600;
+
+    fn file() -> Node {
+        Node {
+            name: b"f".to_vec(),
+            kind: Some(NodeKind::File),
+            size: 100,
+            mtime: Timestamp {
+                secs: PARENT_TIME - 100,
+                nanos: 5,
+            },
+            ctime: Timestamp {
+                secs: PARENT_TIME - 100,
+                nanos: 7,
+            },
+            inode: 42,
+            device: 1,
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn identical_settled_file_is_unchanged() {
+        assert!(content_unchanged(&file(), &file(), PARENT_TIME, NOW));
+        // Device numbers may change across reboots; they are not compared.
+        let mut n = file();
+        n.device = 2;
+        assert!(content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn same_size_rewrite_in_the_same_second_is_caught() {
+        // Only the nanoseconds differ.
+        let mut n = file();
+        n.mtime.nanos += 1;
+        n.ctime.nanos += 1;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+        let mut n = file();
+        n.mtime.nanos += 1;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn ctime_only_change_is_caught() {
+        // chmod, chown, xattr changes, or mtime set back with utimensat.
+        let mut n = file();
+        n.ctime.secs += 5;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn inode_reuse_is_caught() {
+        // Deleted and recreated with the same size and times, new inode.
+        let mut n = file();
+        n.inode = 43;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn size_change_is_caught() {
+        let mut n = file();
+        n.size = 101;
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn racy_parent_entry_is_not_trusted() {
+        // Changed within a second of the parent snapshot: a same-tick rewrite
+        // after the parent read it would leave every field equal.
+        let mut p = file();
+        p.ctime.secs = PARENT_TIME - 1;
+        assert!(!content_unchanged(&p, &p.clone(), PARENT_TIME, NOW));
+        let mut p = file();
+        p.mtime.secs = PARENT_TIME;
+        assert!(!content_unchanged(&p, &p.clone(), PARENT_TIME, NOW));
+    }
+
+    #[test]
+    fn clock_skewed_file_is_reread() {
+        // mtime in the future: whatever produced it, its times cannot be trusted.
+        let mut p = file();
+        p.mtime.secs = NOW + 86_400;
+        assert!(!content_unchanged(
+            &p,
+            &p.clone(),
+            PARENT_TIME + 200_000,
+            NOW
+        ));
+    }
+
+    #[test]
+    fn kind_change_is_caught() {
+        let mut n = file();
+        n.kind = Some(NodeKind::Symlink);
+        assert!(!content_unchanged(&file(), &n, PARENT_TIME, NOW));
     }
 }
