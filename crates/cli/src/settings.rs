@@ -79,15 +79,15 @@ pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<d
     Ok(Arc::new(b))
 }
 
+/// Statistics and directory of the cache in use.
+pub type CacheHandle = (Arc<capsule_backend::CacheStats>, PathBuf);
+
 /// Puts the local cache in front of an open repository's backend, unless
 /// `--no-cache`. Returns the cache's statistics and directory.
 pub fn with_cache(
     g: &GlobalArgs,
     repo: capsule_engine::Repository,
-) -> Result<(
-    capsule_engine::Repository,
-    Option<(Arc<capsule_backend::CacheStats>, PathBuf)>,
-)> {
+) -> Result<(capsule_engine::Repository, Option<CacheHandle>)> {
     if g.no_cache {
         return Ok((repo, None));
     }
