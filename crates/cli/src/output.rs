@@ -83,7 +83,7 @@ impl Output {
         let bar = ProgressBar::new(0);
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} {prefix} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+                "{spinner} {prefix} [{bar:30}] {binary_bytes}/{binary_total_bytes} {msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
@@ -95,20 +95,11 @@ impl Output {
         let h = std::thread::spawn(move || {
             while !s2.load(Ordering::Relaxed) {
                 let total = Progress::get(&p2.bytes_total);
-                b2.set_length(total.max(Progress::get(&p2.bytes_done)));
-                b2.set_position(Progress::get(&p2.bytes_done));
-                let files = Progress::get(&p2.files_done);
+                let done = Progress::get(&p2.bytes_done);
+                b2.set_length(total.max(done));
+                b2.set_position(done);
                 let secs = started.elapsed().as_secs_f64().max(0.001);
-                let est = if p2.totals_final.load(Ordering::Relaxed) {
-                    ""
-                } else {
-                    " (counting)"
-                };
-                b2.set_message(format!(
-                    "{files}/{} files, {:.0} files/s{est}",
-                    Progress::get(&p2.files_total),
-                    files as f64 / secs
-                ));
+                b2.set_message(status_line(&p2, secs));
                 b2.tick();
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -118,6 +109,52 @@ impl Output {
             stop,
             thread: Some(h),
         })
+    }
+}
+
+/// The progress message: rates, the unchanged/new split, and an ETA that
+/// models the three kinds of data separately. Unchanged files cost a stat,
+/// deduplicated data costs a read and a hash, new data costs everything: so
+/// the bytes still to *read* are the remaining bytes times the share that
+/// needed reading so far, at the observed read rate; when nothing needed
+/// reading yet, the ETA follows the file rate instead.
+fn status_line(p: &Progress, secs: f64) -> String {
+    let g = Progress::get;
+    let (files, files_total) = (g(&p.files_done), g(&p.files_total));
+    let (done, total) = (g(&p.bytes_done), g(&p.bytes_total));
+    let (read, new, unchanged_files) = (g(&p.bytes_read), g(&p.bytes_new), g(&p.files_unchanged));
+    let rate = read as f64 / secs;
+    let eta = if !p.totals_final.load(Ordering::Relaxed) || total == 0 {
+        None
+    } else if read > 0 && done > 0 {
+        let to_read_share = read as f64 / done as f64;
+        let remaining = total.saturating_sub(done) as f64 * to_read_share.min(1.0);
+        Some(remaining / rate.max(1.0))
+    } else if files > 0 {
+        Some(files_total.saturating_sub(files) as f64 / (files as f64 / secs))
+    } else {
+        None
+    };
+    let eta = match eta {
+        Some(e) if e.is_finite() => format!("ETA {}", fmt_secs(e)),
+        _ => "ETA …".to_string(),
+    };
+    format!(
+        "{files}/{files_total} files ({unchanged_files} unchanged) {:.0} files/s, read {}/s, new {} {eta}",
+        files as f64 / secs,
+        bytes(rate as u64),
+        bytes(new),
+    )
+}
+
+fn fmt_secs(s: f64) -> String {
+    let s = s.round() as u64;
+    if s >= 3600 {
+        format!("{}h{:02}m", s / 3600, (s / 60) % 60)
+    } else if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
     }
 }
 
