@@ -27,13 +27,22 @@ struct Args {
     /// Tools to run, comma-separated.
     #[arg(
         long,
-        default_value = "capsule,restic,borg,rsync",
+        default_value = "capsule,restic,borg,rustic,rsync",
         value_delimiter = ','
     )]
     tools: Vec<String>,
     /// Use this directory as the base data set (copied) instead of generating one.
     #[arg(long)]
     source: Option<PathBuf>,
+    /// Use the Rust toolchains under ~/.rustup/toolchains (about 120,000
+    /// real files) as the base data set.
+    #[arg(long, conflicts_with = "source")]
+    toolchain: bool,
+    /// Install missing peers first: restic, borg, rsync from Debian
+    /// (apt-get, as root) and rustic with `cargo install rustic-rs` into
+    /// ~/.cache/capsule-bench (built once, reused).
+    #[arg(long)]
+    install: bool,
     /// Size of the generated base data set in MiB.
     #[arg(long, default_value_t = 512)]
     size_mib: u64,
@@ -51,10 +60,11 @@ struct Args {
     output: Option<PathBuf>,
 }
 
-const STEPS: [&str; 4] = [
+const STEPS: [&str; 5] = [
     "initial backup",
     "no-change run",
     "+10k small files",
+    "1% of files modified",
     "full restore",
 ];
 const PASSWORD: &str = "benchmark password";
@@ -281,6 +291,7 @@ fn tool_version(tool: &str, capsule: &Path) -> String {
         "restic" => Command::new("restic").arg("version").output(),
         "borg" => Command::new("borg").arg("--version").output(),
         "rsync" => Command::new("rsync").arg("--version").output(),
+        "rustic" => Command::new(rustic_bin()).arg("--version").output(),
         _ => return "?".into(),
     };
     out.ok()
@@ -293,6 +304,62 @@ fn tool_version(tool: &str, capsule: &Path) -> String {
                 .to_string()
         })
         .unwrap_or_else(|| "not installed".into())
+}
+
+/// Where `--install` puts rustic; used when rustic is not on PATH.
+fn rustic_root() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join(".cache/capsule-bench")
+}
+
+fn rustic_bin() -> PathBuf {
+    let local = rustic_root().join("bin/rustic");
+    if local.exists() {
+        local
+    } else {
+        PathBuf::from("rustic")
+    }
+}
+
+fn works(cmd: &mut Command) -> bool {
+    cmd.output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+fn install_peers() -> Result<()> {
+    let missing: Vec<&str> = [
+        ("restic", "restic"),
+        ("borg", "borgbackup"),
+        ("rsync", "rsync"),
+    ]
+    .iter()
+    .filter(|(bin, _)| !works(Command::new(bin).arg("--version")))
+    .map(|(_, pkg)| *pkg)
+    .collect();
+    if !missing.is_empty() {
+        eprintln!("installing {missing:?} with apt-get ...");
+        let _ = Command::new("apt-get").args(["update", "-qq"]).status();
+        let st = Command::new("apt-get")
+            .args(["install", "-y", "-qq"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()?;
+        if !st.success() {
+            bail!("apt-get install {missing:?} failed");
+        }
+    }
+    if !works(Command::new(rustic_bin()).arg("--version")) {
+        eprintln!("building rustic with cargo install rustic-rs (slow on 2 cores) ...");
+        let st = Command::new("cargo")
+            .args(["install", "--locked", "rustic-rs", "--root"])
+            .arg(rustic_root())
+            .status()?;
+        if !st.success() {
+            bail!("cargo install rustic-rs failed");
+        }
+    }
+    Ok(())
 }
 
 /// One tool's commands.
@@ -309,6 +376,8 @@ impl Tool<'_> {
         c.env("CAPSULE_PASSWORD", PASSWORD)
             .env("RESTIC_PASSWORD", PASSWORD)
             .env("BORG_PASSPHRASE", PASSWORD)
+            .env("RUSTIC_PASSWORD", PASSWORD)
+            .env("RUSTIC_NO_PROGRESS", "true")
             .env("BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK", "yes")
             .env("BORG_RELOCATED_REPO_ACCESS_IS_OK", "yes");
         c
@@ -329,6 +398,14 @@ impl Tool<'_> {
                 .arg(&self.repo)
                 .arg("init")
                 .stdout(std::process::Stdio::null())
+                .status()?,
+            "rustic" => self
+                .cmd(&rustic_bin().display().to_string())
+                .arg("-r")
+                .arg(&self.repo)
+                .arg("init")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
                 .status()?,
             "borg" => self
                 .cmd("borg")
@@ -359,6 +436,11 @@ impl Tool<'_> {
             "restic" => {
                 let mut c = self.cmd("restic");
                 c.arg("-r").arg(&self.repo).args(["backup", "-q"]).arg(src);
+                c
+            }
+            "rustic" => {
+                let mut c = self.cmd(&rustic_bin().display().to_string());
+                c.arg("-r").arg(&self.repo).arg("backup").arg(src);
                 c
             }
             "borg" => {
@@ -406,6 +488,14 @@ impl Tool<'_> {
                     .arg(target);
                 c
             }
+            "rustic" => {
+                let mut c = self.cmd(&rustic_bin().display().to_string());
+                c.arg("-r")
+                    .arg(&self.repo)
+                    .args(["restore", "latest"])
+                    .arg(target);
+                c
+            }
             "borg" => {
                 let mut c = self.cmd("borg");
                 c.current_dir(target).arg("extract").arg(format!(
@@ -450,6 +540,18 @@ fn count_files(dir: &Path) -> (u64, u64) {
     (n, b)
 }
 
+fn list_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => list_files(&e.path(), out),
+                Ok(t) if t.is_file() => out.push(e.path()),
+                _ => {}
+            }
+        }
+    }
+}
+
 fn du(dir: &Path) -> u64 {
     count_files(dir).1
 }
@@ -464,13 +566,24 @@ fn main() -> Result<()> {
             capsule.display()
         );
     }
+    if args.install {
+        install_peers()?;
+    }
+    let source = if args.toolchain {
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        Some(home.join(".rustup/toolchains"))
+    } else {
+        args.source.clone()
+    };
     let _ = std::fs::remove_dir_all(&work);
     let src = work.join("data/src");
     let small = work.join("data/small");
     std::fs::create_dir_all(&src)?;
     std::fs::create_dir_all(&small)?;
     eprintln!("generating data in {} ...", work.display());
-    let (files, bytes) = match &args.source {
+    let (files, bytes) = match &source {
         Some(s) => {
             let st = Command::new("cp")
                 .arg("-a")
@@ -505,6 +618,19 @@ fn main() -> Result<()> {
     let mut results: Vec<Vec<Measure>> = vec![vec![Measure::default(); tools.len()]; STEPS.len()];
     let mut sizes = vec![0u64; tools.len()];
     let added = src.join("added-small-files");
+    // Every 100th file of the base set (sorted): 1% of the files.
+    let mut all_files = Vec::new();
+    list_files(&src, &mut all_files);
+    all_files.sort();
+    let modify: Vec<(PathBuf, u64)> = all_files
+        .iter()
+        .step_by(100)
+        .filter_map(|p| {
+            std::fs::symlink_metadata(p)
+                .ok()
+                .map(|m| (p.clone(), m.len()))
+        })
+        .collect();
     for (ti, name) in tools.iter().enumerate() {
         eprintln!("== {name}");
         let mut tool = Tool {
@@ -521,23 +647,42 @@ fn main() -> Result<()> {
         results[1][ti] = tool.backup(&src)?;
         eprintln!("  no-change {:.2}s", results[1][ti].wall);
         std::fs::rename(&small, &added)?;
-        drop_caches(args.drop_caches);
-        let r = tool.backup(&src);
-        std::fs::rename(&added, &small)?;
-        results[2][ti] = r?;
-        eprintln!("  +small    {:.2}s", results[2][ti].wall);
-        sizes[ti] = du(&tool.repo);
-        let target = work.join("restore").join(name);
-        drop_caches(args.drop_caches);
-        results[3][ti] = tool.restore(&target)?;
-        let (rf, _) = count_files(&target);
-        let want = files + args.small_files as u64;
-        if rf != want {
-            eprintln!("  ! restore produced {rf} files, expected {want}");
-            results[3][ti].ok = false;
+        let steps = (|| -> Result<()> {
+            drop_caches(args.drop_caches);
+            results[2][ti] = tool.backup(&src)?;
+            eprintln!("  +small    {:.2}s", results[2][ti].wall);
+            // Modify 1% of the files: append a line (undone after this tool,
+            // so every tool sees the same data).
+            for (p, _) in &modify {
+                let mut f = std::fs::OpenOptions::new().append(true).open(p)?;
+                f.write_all(b"\n# modified by capsule-bench\n")?;
+            }
+            drop_caches(args.drop_caches);
+            results[3][ti] = tool.backup(&src)?;
+            eprintln!("  modify 1% {:.2}s", results[3][ti].wall);
+            sizes[ti] = du(&tool.repo);
+            let target = work.join("restore").join(name);
+            drop_caches(args.drop_caches);
+            results[4][ti] = tool.restore(&target)?;
+            let (rf, _) = count_files(&target);
+            let want = files + args.small_files as u64;
+            if rf < want {
+                eprintln!("  ! restore produced {rf} files, expected {want}");
+                results[4][ti].ok = false;
+            }
+            eprintln!("  restore   {:.2}s", results[4][ti].wall);
+            let _ = std::fs::remove_dir_all(&target);
+            Ok(())
+        })();
+        for (p, len) in &modify {
+            if let Ok(f) = std::fs::OpenOptions::new().write(true).open(p) {
+                let _ = f.set_len(*len);
+            }
         }
-        eprintln!("  restore   {:.2}s", results[3][ti].wall);
-        let _ = std::fs::remove_dir_all(&target);
+        std::fs::rename(&added, &small)?;
+        steps?;
+        // Ctimes of the truncated files must age before the next tool runs.
+        std::thread::sleep(std::time::Duration::from_secs(2));
     }
 
     let mut md = String::new();
@@ -554,7 +699,6 @@ fn main() -> Result<()> {
     for (si, step) in STEPS.iter().enumerate() {
         let items = match si {
             0 | 1 => files,
-            2 => files + args.small_files as u64,
             _ => files + args.small_files as u64,
         };
         let _ = writeln!(md, "### {step}\n");
@@ -584,7 +728,7 @@ fn main() -> Result<()> {
         }
         let _ = writeln!(md);
     }
-    let _ = writeln!(md, "### repository size after the third run\n");
+    let _ = writeln!(md, "### repository size after the fourth run\n");
     let _ = writeln!(md, "| tool | MiB |\n|---|---:|");
     for (ti, t) in tools.iter().enumerate() {
         let _ = writeln!(md, "| {t} | {:.0} |", sizes[ti] as f64 / 1048576.0);
