@@ -36,13 +36,25 @@ fn open_uncached(g: &GlobalArgs) -> Result<(Repository, RepoLocation)> {
 
 /// Arguments of `init`.
 #[derive(Args, Debug)]
-pub struct InitArgs {}
+pub struct InitArgs {
+    /// zstd level for new data (0 stores uncompressed; 1 is fastest; up to 19).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(0..=19))]
+    compression: i32,
+    /// Target pack size in MiB.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(4..=512))]
+    pack_size_mib: u32,
+}
 
-pub fn init(g: &GlobalArgs, out: &Output, _a: InitArgs) -> Result<u8> {
+pub fn init(g: &GlobalArgs, out: &Output, a: InitArgs) -> Result<u8> {
     let loc = settings::location(g)?;
     let backend = settings::backend(g, &loc, true)?;
     let pw = settings::new_password(g, "new repository password")?;
-    let repo = Repository::init(backend, &pw, &InitOptions::default())?;
+    let opts = InitOptions {
+        compression: a.compression,
+        pack_size: a.pack_size_mib << 20,
+        ..InitOptions::default()
+    };
+    let repo = Repository::init(backend, &pw, &opts)?;
     out.json(&serde_json::json!({ "repository": loc.path, "id": repo.config().id }));
     out.say(format!(
         "created repository {} at {}",

@@ -98,8 +98,17 @@ pub fn with_cache(
             None => return Ok((repo, None)),
         },
     };
-    let cached = capsule_backend::CachingBackend::new(repo.backend().clone(), &dir)
-        .with_context(|| format!("creating cache directory {}", dir.display()))?;
+    // The cache only saves time: if it cannot be created, work without it.
+    let cached = match capsule_backend::CachingBackend::new(repo.backend().clone(), &dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "warning: running without a local cache: cannot create {}: {e} (set CAPSULE_CACHE_DIR to a writable directory)",
+                dir.display()
+            );
+            return Ok((repo, None));
+        }
+    };
     let stats = cached.stats();
     Ok((repo.with_backend(Arc::new(cached)), Some((stats, dir))))
 }

@@ -48,7 +48,7 @@ impl Default for InitOptions {
             kdf: KdfParams::default(),
             chunks: capsule_chunker::ChunkSizes::default(),
             pack_size: 16 * 1024 * 1024,
-            compression: 3,
+            compression: 1,
         }
     }
 }
