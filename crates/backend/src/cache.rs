@@ -152,17 +152,7 @@ fn read_range(
         |e: std::io::Error| BackendError::new(ErrorKind::Io, "get (cache)", name, e.to_string());
     let size = f.metadata().map_err(io)?.len();
     let r = range.unwrap_or(0..size);
-    if r.start > r.end || r.end > size {
-        return Err(BackendError::new(
-            ErrorKind::InvalidRange,
-            "get",
-            name,
-            format!(
-                "range {}..{} outside object of {size} bytes",
-                r.start, r.end
-            ),
-        ));
-    }
+    crate::check_range(name, &r, size)?;
     let mut v = vec![0u8; (r.end - r.start) as usize];
     f.seek(SeekFrom::Start(r.start)).map_err(io)?;
     f.read_exact(&mut v).map_err(io)?;
@@ -203,20 +193,10 @@ impl Backend for CachingBackend {
         }
         match range {
             None => Ok(all),
-            Some(r) if r.start <= r.end && r.end <= all.len() as u64 => {
+            Some(r) => {
+                crate::check_range(name, &r, all.len() as u64)?;
                 Ok(all[r.start as usize..r.end as usize].to_vec())
             }
-            Some(r) => Err(BackendError::new(
-                ErrorKind::InvalidRange,
-                "get",
-                name,
-                format!(
-                    "range {}..{} outside object of {} bytes",
-                    r.start,
-                    r.end,
-                    all.len()
-                ),
-            )),
         }
     }
 

@@ -144,6 +144,23 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
 }
 
+/// Checks that `range` lies within an object of `size` bytes; the error every
+/// backend returns for a range past the end.
+pub fn check_range(name: &str, range: &Range<u64>, size: u64) -> Result<(), BackendError> {
+    if range.start > range.end || range.end > size {
+        return Err(BackendError::new(
+            ErrorKind::InvalidRange,
+            "get",
+            name,
+            format!(
+                "range {}..{} outside object of {size} bytes",
+                range.start, range.end
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a name against the allowed alphabet and shape.
 pub fn validate_name(name: &str) -> Result<(), BackendError> {
     let ok = !name.is_empty()

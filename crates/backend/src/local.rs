@@ -205,17 +205,7 @@ impl Backend for LocalBackend {
             }
             Some(r) => {
                 let size = f.metadata().map_err(|e| io_err("get", name, e))?.len();
-                if r.start > r.end || r.end > size {
-                    return Err(BackendError::new(
-                        ErrorKind::InvalidRange,
-                        "get",
-                        name,
-                        format!(
-                            "range {}..{} outside object of {} bytes",
-                            r.start, r.end, size
-                        ),
-                    ));
-                }
+                crate::check_range(name, &r, size)?;
                 let mut v = vec![0u8; (r.end - r.start) as usize];
                 f.read_exact_at(&mut v, r.start)
                     .map_err(|e| io_err("get", name, e))?;
