@@ -47,7 +47,9 @@ fn torture_tree_roundtrip() {
 /// only the snapshot object is new.
 #[test]
 fn no_change_backup_reads_nothing() {
-    let t = tempfile::tempdir().unwrap();
+    // Snapshots record the source's ancestor directories; /tmp changes all
+    // the time while other tests run, which would add a root tree per run.
+    let t = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (src, repo) = (t.path().join("src"), t.path().join("repo"));
     torture_tree(&src, 1000);
     // Let ctimes settle: entries changed within a second of a backup are

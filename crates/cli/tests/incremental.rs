@@ -76,7 +76,9 @@ fn sneaky_changes_are_detected() {
 /// it needs from the repository, says so, and is correct.
 #[test]
 fn deleted_cache_is_rebuilt() {
-    let t = tempfile::tempdir().unwrap();
+    // Snapshots record the source's ancestor directories; /tmp changes all
+    // the time while other tests run, which would add a root tree per run.
+    let t = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (src, repo) = (t.path().join("src"), t.path().join("repo"));
     std::fs::create_dir_all(src.join("d")).unwrap();
     for i in 0..100 {
