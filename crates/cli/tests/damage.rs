@@ -234,3 +234,40 @@ fn damaged_tree_names_the_directory() {
     let first = snaps[0]["id"].as_str().unwrap();
     ok(&repo, &["ls", first]);
 }
+
+/// A missing tree pack loses the directories it held, not the restore: the
+/// rest of the snapshot is restored and the loss is reported.
+#[test]
+fn missing_tree_pack_loses_only_its_directories() {
+    let (t, src, repo, _, tree_pack) = setup();
+    // The first backup's tree pack holds `sub`, which snapshot 2 reuses.
+    for p in objects(&repo, "tree") {
+        if p != tree_pack {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
+    let target = t.path().join("target");
+    let o = capsule(
+        &repo,
+        &[
+            "--no-cache",
+            "restore",
+            "latest",
+            "-t",
+            target.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("directory contents lost"), "{err}");
+    let r = restored(&target, &src);
+    assert_eq!(
+        std::fs::read(r.join("A")).unwrap(),
+        std::fs::read(src.join("A")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(r.join("B")).unwrap(),
+        std::fs::read(src.join("B")).unwrap()
+    );
+    assert!(!r.join("sub/small").exists());
+}

@@ -73,14 +73,7 @@ impl MasterIndex {
                 Ok((id, load_index_file(repo, &id)?))
             })
             .collect();
-        let mut good = Vec::new();
-        let mut bad = Vec::new();
-        for r in loaded {
-            match r {
-                Ok(x) => good.push(x),
-                Err(e) => bad.push(e),
-            }
-        }
+        let (good, bad) = crate::partition(loaded);
         let superseded: HashSet<ObjectId> = good
             .iter()
             .flat_map(|(_, f)| f.supersedes.iter().copied())

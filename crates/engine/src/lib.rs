@@ -21,3 +21,17 @@ pub use repo::Repository;
 
 /// Result alias for engine operations.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Splits per-object results into the good ones and the errors, so one
+/// damaged object is reported without hiding the rest.
+pub(crate) fn partition<T>(results: Vec<Result<T>>) -> (Vec<T>, Vec<EngineError>) {
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for r in results {
+        match r {
+            Ok(x) => good.push(x),
+            Err(e) => bad.push(e),
+        }
+    }
+    (good, bad)
+}

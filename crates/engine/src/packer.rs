@@ -224,7 +224,7 @@ impl BlobSaver {
     /// Flushes everything: remaining packs are uploaded and indexed. After
     /// `Ok`, every blob passed to `save` is durable and indexed, so a snapshot
     /// referencing them may be written.
-    pub fn finish(mut self) -> Result<Arc<SaverStatsSnapshot>> {
+    pub fn finish(mut self) -> Result<SaverStatsSnapshot> {
         drop(self.seal_tx.take());
         for h in self.seal_threads.drain(..) {
             let _ = h.join();
@@ -265,7 +265,7 @@ impl BlobSaver {
         }
         self.shared.flush_index(true)?;
         let s = &self.shared.stats;
-        Ok(Arc::new(SaverStatsSnapshot {
+        Ok(SaverStatsSnapshot {
             blobs_added: s.blobs_added.load(Ordering::Relaxed),
             raw_bytes_added: s.raw_bytes_added.load(Ordering::Relaxed),
             stored_bytes_added: s.stored_bytes_added.load(Ordering::Relaxed),
@@ -274,7 +274,7 @@ impl BlobSaver {
             compress_secs: s.compress_ns.load(Ordering::Relaxed) as f64 / 1e9,
             encrypt_secs: s.encrypt_ns.load(Ordering::Relaxed) as f64 / 1e9,
             upload_secs: s.upload_ns.load(Ordering::Relaxed) as f64 / 1e9,
-        }))
+        })
     }
 }
 

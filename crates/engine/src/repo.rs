@@ -404,14 +404,7 @@ impl Repository {
                 self.load_snapshot(&id).map(|s| (id, s))
             })
             .collect();
-        let mut good = Vec::new();
-        let mut bad = Vec::new();
-        for r in results {
-            match r {
-                Ok(x) => good.push(x),
-                Err(e) => bad.push(e),
-            }
-        }
+        let (mut good, bad) = crate::partition(results);
         good.sort_by_key(|(id, s)| (s.time_unix, s.time_nanos, *id));
         Ok((good, bad))
     }

@@ -306,7 +306,11 @@ fn plan(
 ) -> Result<()> {
     let nodes = match repo.load_tree(index, tree) {
         Ok(n) => n,
-        Err(e @ EngineError::Backend(_)) => return Err(e),
+        // Storage that cannot be reached stops the restore; a missing or
+        // damaged tree only loses that directory.
+        Err(EngineError::Backend(b)) if b.kind != capsule_backend::ErrorKind::NotFound => {
+            return Err(EngineError::Backend(b))
+        }
         Err(e) => {
             errors.push(Warning {
                 path: target_dir.display().to_string(),

@@ -370,7 +370,7 @@ pub fn backup(
             encrypt: storage.encrypt_secs,
             write: storage.upload_secs,
         },
-        storage: (*storage).clone(),
+        storage,
         duration_secs: started.elapsed().as_secs_f64(),
         warnings,
     })

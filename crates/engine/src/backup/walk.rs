@@ -172,6 +172,17 @@ fn save_dir(
     save_tree(ctx, &nodes)
 }
 
+/// Records a source entry that could not be read; the entry is skipped.
+/// A missing entry is told apart because it is normal churn, not a fault.
+fn source_error<T>(ctx: &Ctx<'_>, path: &Path, doing: &str, e: std::io::Error) -> Option<T> {
+    if e.kind() == ErrorKind::NotFound {
+        ctx.warn(path, "vanished before it could be read");
+    } else {
+        ctx.warn(path, format!("{doing}: {e}"));
+    }
+    None
+}
+
 /// Lists a directory's entry names. Opens it with `O_NOATIME` where allowed:
 /// listing would otherwise update the directory's atime (relatime does so
 /// whenever atime is older than ctime), and the next run would record a
@@ -212,14 +223,7 @@ fn save_entry(
     let t0 = Instant::now();
     let m = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            ctx.warn(path, "vanished before it could be read");
-            return Ok(None);
-        }
-        Err(e) => {
-            ctx.warn(path, format!("cannot read metadata: {e}"));
-            return Ok(None);
-        }
+        Err(e) => return Ok(source_error(ctx, path, "cannot read metadata", e)),
     };
     Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
     if ex.is_excluded(path, m.is_dir()) {
@@ -385,14 +389,7 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
     let t0 = Instant::now();
     let mut f = match open_source(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            ctx.warn(path, "vanished before it could be read");
-            return Ok(None);
-        }
-        Err(e) => {
-            ctx.warn(path, format!("cannot open: {e}"));
-            return Ok(None);
-        }
+        Err(e) => return Ok(source_error(ctx, path, "cannot open", e)),
     };
     let before = match f.metadata() {
         Ok(m) => m,
