@@ -210,6 +210,28 @@ impl Backend for CachingBackend {
         self.inner.list(prefix)
     }
 
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        self.remote();
+        self.inner.put_stream(name, size, data)
+    }
+
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<u64, BackendError> {
+        if cacheable(name) {
+            let v = self.get(name, range)?;
+            out.write_all(&v).map_err(|e| {
+                BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
+            })?;
+            return Ok(v.len() as u64);
+        }
+        self.remote();
+        self.inner.get_stream(name, range, out)
+    }
+
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.remote();
         self.inner.delete(name)?;

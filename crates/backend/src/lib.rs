@@ -6,15 +6,20 @@
 //! `[0-9a-z._-]` segments, e.g. `data/3f/3f9a…`, `index/…`, `config`.
 //! Objects are never modified in place: the engine writes each name once.
 
+use std::io::{Read, Write};
 use std::ops::Range;
 use std::sync::Arc;
 
 pub mod cache;
 pub mod conformance;
 pub mod local;
+pub mod metered;
+pub mod retry;
 
 pub use cache::{CacheStats, CachingBackend};
 pub use local::{LocalBackend, SyncPolicy};
+pub use metered::{MeteredBackend, RequestStats};
+pub use retry::{RetryBackend, RetryPolicy};
 
 /// What went wrong, independent of transport.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +38,15 @@ pub enum ErrorKind {
     Io,
     /// The range asked for lies outside the object.
     InvalidRange,
+    /// The destination cannot be reached or stopped answering (connection
+    /// refused or reset, timeout, server gone).
+    Unreachable,
+    /// The destination refused the credentials (wrong password, key or
+    /// secret), as opposed to a permission on one object.
+    AuthFailed,
+    /// The container itself is missing: the SMB share, the S3 bucket or the
+    /// SFTP base directory.
+    NoContainer,
 }
 
 /// A backend failure: kind, whether retrying may help, and what failed.
@@ -60,6 +74,19 @@ impl BackendError {
             op,
             name: name.to_string(),
             message: message.into(),
+        }
+    }
+
+    /// Builds an error that a retry may cure.
+    pub fn transient(
+        kind: ErrorKind,
+        op: &'static str,
+        name: &str,
+        message: impl Into<String>,
+    ) -> Self {
+        BackendError {
+            transient: true,
+            ..BackendError::new(kind, op, name, message)
         }
     }
 }
@@ -113,6 +140,34 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Removes an object. Idempotent: deleting a missing object succeeds.
     fn delete(&self, name: &str) -> Result<(), BackendError>;
 
+    /// Stores `size` bytes read from `data` under `name`, with the guarantees
+    /// of [`Backend::put`], without holding the whole object in memory
+    /// (objects may exceed 4 GiB). Fails if `data` ends before `size` bytes.
+    ///
+    /// The default buffers the object and calls `put`; backends override it.
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        let mut buf = Vec::new();
+        read_exact_len(data, size, &mut buf, name)?;
+        self.put(name, &buf)
+    }
+
+    /// Writes the object (or `range` of it) to `out` without holding it in
+    /// memory; returns the number of bytes written. Errors as [`Backend::get`].
+    ///
+    /// The default calls `get`; backends override it.
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        let data = self.get(name, range)?;
+        out.write_all(&data).map_err(|e| {
+            BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
+        })?;
+        Ok(data.len() as u64)
+    }
+
     /// Static facts about this backend.
     fn capabilities(&self) -> Capabilities;
 
@@ -136,12 +191,46 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         (**self).delete(name)
     }
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        (**self).put_stream(name, size, data)
+    }
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        (**self).get_stream(name, range, out)
+    }
     fn capabilities(&self) -> Capabilities {
         (**self).capabilities()
     }
     fn location(&self) -> String {
         (**self).location()
     }
+}
+
+/// Reads exactly `size` bytes from `data` into `buf` (for `put_stream`
+/// implementations that need a chunk, or the whole object, in memory).
+pub fn read_exact_len(
+    data: &mut dyn Read,
+    size: u64,
+    buf: &mut Vec<u8>,
+    name: &str,
+) -> Result<(), BackendError> {
+    buf.clear();
+    let got = data.take(size).read_to_end(buf).map_err(|e| {
+        BackendError::new(ErrorKind::Io, "put", name, format!("reading source: {e}"))
+    })?;
+    if (got as u64) < size {
+        return Err(BackendError::new(
+            ErrorKind::Io,
+            "put",
+            name,
+            format!("source ended after {got} of {size} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks that `range` lies within an object of `size` bytes; the error every

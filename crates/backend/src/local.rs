@@ -117,7 +117,40 @@ impl LocalBackend {
         Ok(n)
     }
 
-    fn write_tmp(&self, dir: &Path, data: &[u8]) -> std::io::Result<PathBuf> {
+    /// The shared body of `put` and `put_stream`: `fill` writes the bytes
+    /// into a fresh temporary, which then takes the name unless it exists.
+    fn put_with(
+        &self,
+        name: &str,
+        fill: &mut dyn FnMut(&mut File) -> std::io::Result<()>,
+    ) -> Result<(), BackendError> {
+        validate_name(name)?;
+        let dst = self.path(name);
+        let dir = dst.parent().unwrap_or(&self.root).to_path_buf();
+        let tmp = match self.write_tmp_with(&dir, fill) {
+            Ok(t) => t,
+            Err(e) if e.kind() == IoKind::NotFound => {
+                fs::create_dir_all(&dir).map_err(|e| io_err("put", name, e))?;
+                if let Some(parent) = dir.parent() {
+                    self.sync_dir(parent).map_err(|e| io_err("put", name, e))?;
+                }
+                self.write_tmp_with(&dir, fill)
+                    .map_err(|e| io_err("put", name, e))?
+            }
+            Err(e) => return Err(io_err("put", name, e)),
+        };
+        if let Err(e) = place_no_replace(&tmp, &dst) {
+            let _ = fs::remove_file(&tmp);
+            return Err(io_err("put", name, e));
+        }
+        self.sync_dir(&dir).map_err(|e| io_err("put", name, e))
+    }
+
+    fn write_tmp_with(
+        &self,
+        dir: &Path,
+        fill: &mut dyn FnMut(&mut File) -> std::io::Result<()>,
+    ) -> std::io::Result<PathBuf> {
         let mut rnd = [0u8; 8];
         getrandom::fill(&mut rnd).map_err(|e| std::io::Error::other(e.to_string()))?;
         let tmp = dir.join(format!(".tmp-{}", hex::encode(rnd)));
@@ -126,7 +159,7 @@ impl LocalBackend {
             .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
-        let res = f.write_all(data).and_then(|_| {
+        let res = fill(&mut f).and_then(|_| {
             if self.sync == SyncPolicy::Sync {
                 f.sync_all()
             } else {
@@ -172,26 +205,36 @@ fn place_no_replace(tmp: &Path, dst: &Path) -> std::io::Result<()> {
 
 impl Backend for LocalBackend {
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
-        validate_name(name)?;
-        let dst = self.path(name);
-        let dir = dst.parent().unwrap_or(&self.root).to_path_buf();
-        let tmp = match self.write_tmp(&dir, data) {
-            Ok(t) => t,
-            Err(e) if e.kind() == IoKind::NotFound => {
-                fs::create_dir_all(&dir).map_err(|e| io_err("put", name, e))?;
-                if let Some(parent) = dir.parent() {
-                    self.sync_dir(parent).map_err(|e| io_err("put", name, e))?;
-                }
-                self.write_tmp(&dir, data)
-                    .map_err(|e| io_err("put", name, e))?
+        self.put_with(name, &mut |f| f.write_all(data))
+    }
+
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        self.put_with(name, &mut |f| {
+            let n = std::io::copy(&mut data.take(size), f)?;
+            if n < size {
+                return Err(std::io::Error::new(
+                    IoKind::UnexpectedEof,
+                    format!("source ended after {n} of {size} bytes"),
+                ));
             }
-            Err(e) => return Err(io_err("put", name, e)),
-        };
-        if let Err(e) = place_no_replace(&tmp, &dst) {
-            let _ = fs::remove_file(&tmp);
-            return Err(io_err("put", name, e));
-        }
-        self.sync_dir(&dir).map_err(|e| io_err("put", name, e))
+            Ok(())
+        })
+    }
+
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        validate_name(name)?;
+        let mut f = File::open(self.path(name)).map_err(|e| io_err("get", name, e))?;
+        let size = f.metadata().map_err(|e| io_err("get", name, e))?.len();
+        let r = range.unwrap_or(0..size);
+        crate::check_range(name, &r, size)?;
+        f.seek(SeekFrom::Start(r.start))
+            .map_err(|e| io_err("get", name, e))?;
+        std::io::copy(&mut f.take(r.end - r.start), out).map_err(|e| io_err("get", name, e))
     }
 
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
@@ -291,6 +334,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = LocalBackend::open(dir.path(), SyncPolicy::Sync).unwrap();
         crate::conformance::run_all(&b);
+        crate::conformance::large_object(&b, 64 << 20);
     }
 
     #[test]

@@ -1,0 +1,236 @@
+//! Retries with exponential backoff for transient failures only: a reset
+//! connection, a timeout, a server that restarts. Permanent errors (not
+//! found, already exists, no space, bad credentials) pass through at once.
+//!
+//! Retrying a `put` is safe because a failed put leaves no visible object
+//! (the contract makes puts atomic). If an earlier attempt did land and only
+//! its answer was lost, the retry reports `AlreadyExists`, which callers of
+//! content-addressed names treat as success.
+
+use std::io::{Read, Write};
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{Backend, BackendError, Capabilities, ObjectInfo};
+
+/// How often and how patiently to retry.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Attempts in all, including the first.
+    pub attempts: u32,
+    /// Delay before the first retry; doubles each time.
+    pub initial: Duration,
+    /// Upper bound of one delay.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// Six attempts over about 15 s: long enough for a NAS or a Wi-Fi link
+    /// to come back, short enough that a dead server is reported promptly.
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 6,
+            initial: Duration::from_millis(250),
+            max_delay: Duration::from_secs(8),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay before retry number `n` (1-based), with up to 25% jitter so
+    /// that parallel uploaders do not retry in lockstep.
+    fn delay(&self, n: u32) -> Duration {
+        let base = self
+            .initial
+            .saturating_mul(1u32 << (n - 1).min(16))
+            .min(self.max_delay);
+        let mut r = [0u8; 2];
+        let _ = getrandom::fill(&mut r);
+        let jitter = u16::from_le_bytes(r) as f64 / u16::MAX as f64 * 0.25;
+        base.mul_f64(1.0 + jitter)
+    }
+}
+
+/// A backend that retries transient failures of the one it wraps.
+#[derive(Debug)]
+pub struct RetryBackend {
+    inner: Arc<dyn Backend>,
+    policy: RetryPolicy,
+    retries: Arc<AtomicU64>,
+}
+
+impl RetryBackend {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Backend>, policy: RetryPolicy) -> Self {
+        RetryBackend {
+            inner,
+            policy,
+            retries: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Count of retries made so far (shared, for reports).
+    pub fn retries(&self) -> Arc<AtomicU64> {
+        self.retries.clone()
+    }
+
+    fn run<T>(&self, mut f: impl FnMut() -> Result<T, BackendError>) -> Result<T, BackendError> {
+        let mut n = 0;
+        loop {
+            match f() {
+                Err(e) if e.transient && n + 1 < self.policy.attempts => {
+                    n += 1;
+                    self.retries.fetch_add(1, Relaxed);
+                    std::thread::sleep(self.policy.delay(n));
+                }
+                Err(mut e) if e.transient && n > 0 => {
+                    e.message = format!("{} (gave up after {} attempts)", e.message, n + 1);
+                    return Err(e);
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+impl Backend for RetryBackend {
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        self.run(|| self.inner.put(name, data))
+    }
+
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        self.run(|| self.inner.get(name, range.clone()))
+    }
+
+    /// Not retried: the source cannot be rewound. Callers with a seekable
+    /// source retry themselves.
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        self.inner.put_stream(name, size, data)
+    }
+
+    /// Not retried: part of the object may already have been written out.
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        self.inner.get_stream(name, range, out)
+    }
+
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        self.run(|| self.inner.stat(name))
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.run(|| self.inner.list(prefix))
+    }
+
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        self.run(|| self.inner.delete(name))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+    use std::sync::Mutex;
+
+    /// Fails the first `fail` calls with the given error, then succeeds.
+    #[derive(Debug)]
+    struct Flaky {
+        fail: Mutex<u32>,
+        transient: bool,
+    }
+
+    impl Backend for Flaky {
+        fn put(&self, name: &str, _: &[u8]) -> Result<(), BackendError> {
+            let mut f = self.fail.lock().unwrap();
+            if *f > 0 {
+                *f -= 1;
+                let mut e = BackendError::new(ErrorKind::Unreachable, "put", name, "reset");
+                e.transient = self.transient;
+                return Err(e);
+            }
+            Ok(())
+        }
+        fn get(&self, _: &str, _: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+            Ok(vec![])
+        }
+        fn stat(&self, n: &str) -> Result<ObjectInfo, BackendError> {
+            Err(BackendError::new(ErrorKind::NotFound, "stat", n, "no"))
+        }
+        fn list(&self, _: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+            Ok(vec![])
+        }
+        fn delete(&self, _: &str) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                concurrency: 1,
+                durable_put: true,
+                local: false,
+            }
+        }
+        fn location(&self) -> String {
+            "flaky".into()
+        }
+    }
+
+    fn quick() -> RetryPolicy {
+        RetryPolicy {
+            attempts: 3,
+            initial: Duration::from_millis(1),
+            max_delay: Duration::from_millis(2),
+        }
+    }
+
+    #[test]
+    fn transient_errors_are_retried_until_the_budget_ends() {
+        let ok = RetryBackend::new(
+            Arc::new(Flaky {
+                fail: Mutex::new(2),
+                transient: true,
+            }),
+            quick(),
+        );
+        ok.put("x", b"").unwrap();
+        assert_eq!(ok.retries().load(Relaxed), 2);
+
+        let gives_up = RetryBackend::new(
+            Arc::new(Flaky {
+                fail: Mutex::new(5),
+                transient: true,
+            }),
+            quick(),
+        );
+        let e = gives_up.put("x", b"").unwrap_err();
+        assert!(e.message.contains("gave up after 3 attempts"), "{e}");
+    }
+
+    #[test]
+    fn permanent_errors_are_not_retried() {
+        let b = RetryBackend::new(
+            Arc::new(Flaky {
+                fail: Mutex::new(1),
+                transient: false,
+            }),
+            quick(),
+        );
+        assert!(b.put("x", b"").is_err());
+        assert_eq!(b.retries().load(Relaxed), 0);
+        assert_eq!(b.stat("y").unwrap_err().kind, ErrorKind::NotFound);
+    }
+}

@@ -1,0 +1,469 @@
+//! S3-compatible object stores (AWS, MinIO, Ceph RGW, Garage, R2) through
+//! the `object_store` crate.
+//!
+//! * No overwrite: a single PUT with `If-None-Match: *`, which the store
+//!   decides atomically. Objects above [`MULTIPART_ABOVE`] go up as a
+//!   multipart upload, invisible until completed; for those the check is a
+//!   HEAD before the upload (a narrower guarantee, documented in
+//!   docs/DESIGN.md; capsule's packs are far below the threshold).
+//! * Credentials: `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` /
+//!   `AWS_SESSION_TOKEN`, else the `AWS_PROFILE` (or `default`) section of
+//!   `~/.aws/credentials`; the region from `AWS_REGION`,
+//!   `AWS_DEFAULT_REGION` or `~/.aws/config`, else `us-east-1`.
+//! * Retries are left to capsule's retry layer (so each attempt is counted
+//!   as one request); the client's own retries are off.
+
+use std::io::{Read, Write};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capsule_backend::{
+    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo,
+};
+use futures::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
+use object_store::path::Path;
+use object_store::{
+    ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutOptions,
+    PutPayload, RetryConfig,
+};
+
+use crate::rt::block_on;
+use crate::url::S3Target;
+use crate::Options;
+
+/// Objects larger than this are uploaded in parts.
+pub const MULTIPART_ABOVE: u64 = 64 << 20;
+const PART_SIZE: usize = 16 << 20;
+
+/// An S3 bucket (and key prefix) as a capsule backend.
+#[derive(Debug)]
+pub struct S3Backend {
+    store: Arc<AmazonS3>,
+    prefix: String,
+    location: String,
+    concurrency: usize,
+}
+
+/// Reads `key` from the `[section]` of an AWS-style ini file.
+fn ini_value(path: &std::path::Path, section: &str, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut inside = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            inside = name.trim() == section;
+        } else if inside {
+            if let Some((k, v)) = line.split_once('=') {
+                if k.trim() == key {
+                    return Some(v.trim().to_string());
+                }
+            }
+        }
+    }
+    None
+}
+
+fn aws_file(env: &str, default: &str) -> Option<PathBuf> {
+    std::env::var_os(env)
+        .map(PathBuf::from)
+        .or_else(|| dirs::home_dir().map(|h| h.join(".aws").join(default)))
+}
+
+fn classify(op: &'static str, name: &str, e: object_store::Error) -> BackendError {
+    use object_store::Error as E;
+    let text = e.to_string();
+    // The full cause chain: the store's own error code is often only there.
+    let mut chain = text.clone();
+    let mut src = std::error::Error::source(&e);
+    while let Some(s) = src {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        src = s.source();
+    }
+    let has = |needle: &str| chain.contains(needle);
+    let (kind, transient) = match &e {
+        _ if has("NoSuchBucket") => (ErrorKind::NoContainer, false),
+        E::NotFound { .. } => (ErrorKind::NotFound, false),
+        E::AlreadyExists { .. } | E::Precondition { .. } | E::NotModified { .. } => {
+            (ErrorKind::AlreadyExists, false)
+        }
+        _ if has("InvalidAccessKeyId")
+            || has("SignatureDoesNotMatch")
+            || has("InvalidToken")
+            || has("ExpiredToken") =>
+        {
+            (ErrorKind::AuthFailed, false)
+        }
+        E::Unauthenticated { .. } => (ErrorKind::AuthFailed, false),
+        E::PermissionDenied { .. } => (ErrorKind::PermissionDenied, false),
+        _ if has("XMinioStorageFull")
+            || has("Storage reached its minimum free drive threshold")
+            || has("EntityTooLarge")
+            || has("QuotaExceeded") =>
+        {
+            (ErrorKind::NoSpace, false)
+        }
+        _ if has("error sending request")
+            || has("connection")
+            || has("Connection")
+            || has("timed out")
+            || has("operation timed out")
+            || has("error decoding response body")
+            || has("HTTP error")
+            || has("reset")
+            || has("broken pipe")
+            || has("500 Internal Server Error")
+            || has("502 Bad Gateway")
+            || has("503 Service Unavailable")
+            || has("504 Gateway")
+            || has("SlowDown") =>
+        {
+            (ErrorKind::Unreachable, true)
+        }
+        _ => (ErrorKind::Io, false),
+    };
+    BackendError {
+        kind,
+        transient,
+        op,
+        name: name.to_string(),
+        message: chain,
+    }
+}
+
+impl S3Backend {
+    /// Builds the client. Does not contact the store (the first request
+    /// does), so that a no-change backup pays no extra round trip.
+    pub fn connect(t: &S3Target, opts: &Options) -> Result<Self, BackendError> {
+        let scheme = if t.https { "https" } else { "http" };
+        let location = crate::Destination::S3(t.clone()).to_string();
+        let mut b = AmazonS3Builder::from_env()
+            .with_endpoint(format!("{scheme}://{}", t.endpoint))
+            .with_bucket_name(&t.bucket)
+            .with_allow_http(!t.https)
+            .with_virtual_hosted_style_request(false)
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .with_retry(RetryConfig {
+                max_retries: 0,
+                retry_timeout: Duration::from_secs(60),
+                ..Default::default()
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_allow_http(!t.https)
+                    .with_connect_timeout(Duration::from_secs(10))
+                    .with_timeout(Duration::from_secs(120))
+                    .with_pool_max_idle_per_host(32),
+            );
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if env("AWS_ACCESS_KEY_ID").is_none() {
+            let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
+            if let Some(creds) = aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials") {
+                if let Some(k) = ini_value(&creds, &profile, "aws_access_key_id") {
+                    b = b.with_access_key_id(k);
+                }
+                if let Some(s) = ini_value(&creds, &profile, "aws_secret_access_key") {
+                    b = b.with_secret_access_key(s);
+                }
+                if let Some(s) = ini_value(&creds, &profile, "aws_session_token") {
+                    b = b.with_token(s);
+                }
+            }
+        }
+        if env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none() {
+            let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
+            let section = if profile == "default" {
+                profile
+            } else {
+                format!("profile {profile}")
+            };
+            let region = aws_file("AWS_CONFIG_FILE", "config")
+                .and_then(|c| ini_value(&c, &section, "region"))
+                .unwrap_or_else(|| "us-east-1".into());
+            b = b.with_region(region);
+        }
+        let store = b.build().map_err(|e| {
+            let mut err = classify("connect", &location, e);
+            if err.message.contains("Missing") || err.message.contains("credential") {
+                err.kind = ErrorKind::AuthFailed;
+                err.message = format!(
+                    "{}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or an ~/.aws/credentials profile",
+                    err.message
+                );
+            }
+            err
+        })?;
+        Ok(S3Backend {
+            store: Arc::new(store),
+            prefix: t.prefix.clone(),
+            location,
+            concurrency: opts.concurrency.unwrap_or(8).max(1),
+        })
+    }
+
+    fn key(&self, name: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(name)
+        } else {
+            Path::from(format!("{}/{name}", self.prefix))
+        }
+    }
+
+    fn strip(&self, key: &Path) -> String {
+        let k = key.as_ref();
+        if self.prefix.is_empty() {
+            k.to_string()
+        } else {
+            k.strip_prefix(&self.prefix)
+                .map(|r| r.trim_start_matches('/'))
+                .unwrap_or(k)
+                .to_string()
+        }
+    }
+
+    async fn put_multipart(
+        &self,
+        name: &str,
+        size: u64,
+        data: &mut dyn Read,
+    ) -> Result<(), BackendError> {
+        let key = self.key(name);
+        match self.store.head(&key).await {
+            Ok(_) => {
+                return Err(BackendError::new(
+                    ErrorKind::AlreadyExists,
+                    "put",
+                    name,
+                    "object exists",
+                ))
+            }
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(classify("put", name, e)),
+        }
+        let mut up = self
+            .store
+            .put_multipart(&key)
+            .await
+            .map_err(|e| classify("put", name, e))?;
+        let result = async {
+            let mut left = size;
+            let mut in_flight = futures::stream::FuturesUnordered::new();
+            while left > 0 {
+                let n = left.min(PART_SIZE as u64);
+                let mut buf = Vec::with_capacity(n as usize);
+                capsule_backend::read_exact_len(data, n, &mut buf, name)?;
+                left -= n;
+                in_flight.push(up.put_part(PutPayload::from(buf)));
+                // Bounded: at most four parts (64 MiB) in memory at once.
+                while in_flight.len() >= 4 {
+                    if let Some(r) = in_flight.next().await {
+                        r.map_err(|e| classify("put", name, e))?;
+                    }
+                }
+            }
+            while let Some(r) = in_flight.next().await {
+                r.map_err(|e| classify("put", name, e))?;
+            }
+            up.complete().await.map_err(|e| classify("put", name, e))?;
+            Ok::<(), BackendError>(())
+        }
+        .await;
+        if result.is_err() {
+            let _ = up.abort().await;
+        }
+        result
+    }
+
+    async fn get_bounded(&self, name: &str, r: Range<u64>) -> Result<bytes::Bytes, BackendError> {
+        if r.start == r.end {
+            // S3 cannot serve an empty range; check the bounds with a HEAD.
+            let meta = self
+                .store
+                .head(&self.key(name))
+                .await
+                .map_err(|e| classify("get", name, e))?;
+            check_range(name, &r, meta.size)?;
+            return Ok(bytes::Bytes::new());
+        }
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(r.clone())),
+            ..Default::default()
+        };
+        let res = self
+            .store
+            .get_opts(&self.key(name), opts)
+            .await
+            .map_err(|e| range_error(classify("get", name, e), name, &r))?;
+        let size = res.meta.size;
+        check_range(name, &r, size)?;
+        res.bytes().await.map_err(|e| classify("get", name, e))
+    }
+}
+
+/// S3 answers a range past the end with 416 or a short body; both are the
+/// contract's `InvalidRange`.
+fn range_error(e: BackendError, name: &str, r: &Range<u64>) -> BackendError {
+    if e.message.contains("416") || e.message.contains("Range") || e.message.contains("range") {
+        BackendError::new(
+            ErrorKind::InvalidRange,
+            "get",
+            name,
+            format!("range {}..{} outside object", r.start, r.end),
+        )
+    } else {
+        e
+    }
+}
+
+impl Backend for S3Backend {
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        validate_name(name)?;
+        if data.len() as u64 > MULTIPART_ABOVE {
+            return self.put_stream(name, data.len() as u64, &mut &data[..]);
+        }
+        let payload = PutPayload::from(bytes::Bytes::copy_from_slice(data));
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        block_on(self.store.put_opts(&self.key(name), payload, opts))
+            .map(|_| ())
+            .map_err(|e| classify("put", name, e))
+    }
+
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        validate_name(name)?;
+        if size <= MULTIPART_ABOVE {
+            let mut buf = Vec::new();
+            capsule_backend::read_exact_len(data, size, &mut buf, name)?;
+            return self.put(name, &buf);
+        }
+        block_on(self.put_multipart(name, size, data))
+    }
+
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        validate_name(name)?;
+        block_on(async {
+            match range {
+                Some(r) => self.get_bounded(name, r).await.map(|b| b.to_vec()),
+                None => {
+                    let res = self
+                        .store
+                        .get(&self.key(name))
+                        .await
+                        .map_err(|e| classify("get", name, e))?;
+                    res.bytes()
+                        .await
+                        .map(|b| b.to_vec())
+                        .map_err(|e| classify("get", name, e))
+                }
+            }
+        })
+    }
+
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        validate_name(name)?;
+        block_on(async {
+            let opts = GetOptions {
+                range: range
+                    .clone()
+                    .filter(|r| r.start < r.end)
+                    .map(GetRange::Bounded),
+                ..Default::default()
+            };
+            if let Some(r) = range.as_ref().filter(|r| r.start == r.end) {
+                self.get_bounded(name, r.clone()).await?;
+                return Ok(0);
+            }
+            let res =
+                self.store
+                    .get_opts(&self.key(name), opts)
+                    .await
+                    .map_err(|e| match &range {
+                        Some(r) => range_error(classify("get", name, e), name, r),
+                        None => classify("get", name, e),
+                    })?;
+            if let Some(r) = &range {
+                check_range(name, r, res.meta.size)?;
+            }
+            let mut stream = res.into_stream();
+            let mut n = 0u64;
+            while let Some(chunk) = stream
+                .try_next()
+                .await
+                .map_err(|e| classify("get", name, e))?
+            {
+                out.write_all(&chunk).map_err(|e| {
+                    BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
+                })?;
+                n += chunk.len() as u64;
+            }
+            Ok(n)
+        })
+    }
+
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        validate_name(name)?;
+        let meta =
+            block_on(self.store.head(&self.key(name))).map_err(|e| classify("stat", name, e))?;
+        Ok(ObjectInfo {
+            name: name.to_string(),
+            size: meta.size,
+        })
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        let p = self.key(prefix.trim_end_matches('/'));
+        let p = if p.as_ref().is_empty() {
+            None
+        } else {
+            Some(&p)
+        };
+        block_on(async {
+            let mut out = Vec::new();
+            let mut s = self.store.list(p);
+            while let Some(meta) = s
+                .try_next()
+                .await
+                .map_err(|e| classify("list", prefix, e))?
+            {
+                let name = self.strip(&meta.location);
+                if name.starts_with(prefix) {
+                    out.push(ObjectInfo {
+                        name,
+                        size: meta.size,
+                    });
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        validate_name(name)?;
+        match block_on(self.store.delete(&self.key(name))) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(classify("delete", name, e)),
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            concurrency: self.concurrency,
+            durable_put: true,
+            local: false,
+        }
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+}

@@ -1,0 +1,825 @@
+//! SFTP over SSH (the `russh` and `russh-sftp` crates; pure Rust).
+//!
+//! * Authentication: a private key (`CAPSULE_SFTP_KEY`, else the usual
+//!   `~/.ssh/id_*`), then a password (`CAPSULE_SFTP_PASSWORD`). The server's
+//!   host key must already be in known_hosts; an unknown or changed key is
+//!   refused with the fingerprint and the command that records it.
+//! * No overwrite, atomically: the object is written to `.tmp-<random>` in
+//!   its directory, fsynced (`fsync@openssh.com`), then renamed. SFTP v3's
+//!   RENAME refuses an existing target (OpenSSH implements it with link(2)),
+//!   so the rename decides the race.
+//! * Latency: writes and reads are pipelined (many requests in flight per
+//!   object), and a small pool of SSH connections carries concurrent
+//!   requests, since one sshd process serves one connection on one core.
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use capsule_backend::{
+    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo,
+};
+use futures::stream::{FuturesOrdered, FuturesUnordered};
+use futures::StreamExt;
+use russh::client;
+use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
+use russh_sftp::client::error::Error as SftpError;
+use russh_sftp::client::RawSftpSession;
+use russh_sftp::protocol::{FileAttributes, OpenFlags, StatusCode};
+
+use crate::rt::block_on;
+use crate::url::SftpTarget;
+use crate::Options;
+
+/// Requests in flight per object being written or read.
+const PIPELINE: usize = 32;
+/// Chunk size when the server does not announce its limits.
+const DEFAULT_CHUNK: u64 = 32 * 1024;
+/// Seconds a request may wait for its answer.
+const REQUEST_TIMEOUT: u64 = 60;
+
+/// An SFTP directory as a capsule backend.
+#[derive(Debug)]
+pub struct SftpBackend {
+    target: SftpTarget,
+    location: String,
+    auth: Auth,
+    base: String,
+    pool: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    next: AtomicUsize,
+    dirs: Mutex<HashSet<String>>,
+    concurrency: usize,
+}
+
+#[derive(Clone)]
+struct Auth {
+    key: Option<Arc<russh::keys::PrivateKey>>,
+    key_path: Option<PathBuf>,
+    password: Option<String>,
+    known_hosts: PathBuf,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("key_path", &self.key_path)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("known_hosts", &self.known_hosts)
+            .finish()
+    }
+}
+
+struct Conn {
+    // Kept so the SSH connection lives as long as the SFTP session.
+    _ssh: client::Handle<HostCheck>,
+    sftp: RawSftpSession,
+    read_len: u64,
+    write_len: u64,
+    fsync: bool,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Conn")
+    }
+}
+
+/// What the host-key check found, read after a failed connect.
+#[derive(Debug, Clone)]
+enum HostKeyProblem {
+    Unknown(String),
+    Changed { line: usize, fingerprint: String },
+    Certificate,
+    Unreadable(String),
+}
+
+struct HostCheck {
+    host: String,
+    port: u16,
+    known_hosts: PathBuf,
+    problem: Arc<Mutex<Option<HostKeyProblem>>>,
+}
+
+impl client::Handler for HostCheck {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        key: &PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        let PublicKeyOrCertificate::PublicKey { key, .. } = key else {
+            *lock(&self.problem) = Some(HostKeyProblem::Certificate);
+            return Ok(false);
+        };
+        let fp = key.fingerprint(HashAlg::Sha256).to_string();
+        let verdict =
+            russh::keys::check_known_hosts_path(&self.host, self.port, key, &self.known_hosts);
+        let problem = match verdict {
+            Ok(true) => return Ok(true),
+            Ok(false) => HostKeyProblem::Unknown(fp),
+            Err(russh::keys::Error::KeyChanged { line }) => HostKeyProblem::Changed {
+                line,
+                fingerprint: fp,
+            },
+            Err(e) => HostKeyProblem::Unreadable(e.to_string()),
+        };
+        *lock(&self.problem) = Some(problem);
+        Ok(false)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn sftp_err(op: &'static str, name: &str, e: SftpError) -> BackendError {
+    match e {
+        SftpError::Status(s) => {
+            let kind = match s.status_code {
+                StatusCode::NoSuchFile => ErrorKind::NotFound,
+                StatusCode::PermissionDenied => ErrorKind::PermissionDenied,
+                StatusCode::NoConnection | StatusCode::ConnectionLost => ErrorKind::Unreachable,
+                _ => ErrorKind::Io,
+            };
+            let transient = kind == ErrorKind::Unreachable;
+            BackendError {
+                kind,
+                transient,
+                op,
+                name: name.to_string(),
+                message: format!("{}: {}", s.status_code, s.error_message),
+            }
+        }
+        SftpError::Timeout => BackendError::transient(
+            ErrorKind::Unreachable,
+            op,
+            name,
+            "the SFTP server did not answer in time",
+        ),
+        other => BackendError::transient(
+            ErrorKind::Unreachable,
+            op,
+            name,
+            format!("SFTP session lost: {other}"),
+        ),
+    }
+}
+
+fn is_missing(e: &SftpError) -> bool {
+    matches!(e, SftpError::Status(s) if s.status_code == StatusCode::NoSuchFile)
+}
+
+fn default_key() -> Option<PathBuf> {
+    let ssh = dirs::home_dir()?.join(".ssh");
+    ["id_ed25519", "id_ecdsa", "id_rsa"]
+        .iter()
+        .map(|n| ssh.join(n))
+        .find(|p| p.exists())
+}
+
+impl SftpBackend {
+    /// Connects (one SSH connection now, more on demand) and checks that the
+    /// base directory exists.
+    pub fn connect(t: &SftpTarget, opts: &Options) -> Result<Self, BackendError> {
+        let location = crate::Destination::Sftp(t.clone()).to_string();
+        let key_path = opts.ssh_key.clone().or_else(default_key);
+        let key = match &key_path {
+            Some(p) => Some(Arc::new(russh::keys::load_secret_key(p, None).map_err(|e| {
+                BackendError::new(
+                    ErrorKind::AuthFailed,
+                    "connect",
+                    &location,
+                    format!(
+                        "cannot load the SSH key {}: {e} (keys with a passphrase are not supported; use an agent-free key or a password)",
+                        p.display()
+                    ),
+                )
+            })?)),
+            None => None,
+        };
+        if key.is_none() && opts.password.is_none() {
+            return Err(BackendError::new(
+                ErrorKind::AuthFailed,
+                "connect",
+                &location,
+                "no SSH key found and no password given: set CAPSULE_SFTP_KEY or CAPSULE_SFTP_PASSWORD",
+            ));
+        }
+        let known_hosts = opts
+            .known_hosts
+            .clone()
+            .or_else(|| dirs::home_dir().map(|h| h.join(".ssh/known_hosts")))
+            .unwrap_or_else(|| PathBuf::from("/etc/ssh/ssh_known_hosts"));
+        let conns = opts.concurrency.unwrap_or(8).clamp(1, 64);
+        let mut b = SftpBackend {
+            target: t.clone(),
+            location,
+            auth: Auth {
+                key,
+                key_path,
+                password: opts.password.clone(),
+                known_hosts,
+            },
+            base: String::new(),
+            // A few SSH connections carry all requests: each has its own
+            // sshd process (a core on the server) and its own TCP window.
+            pool: (0..conns.div_ceil(2).min(4))
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
+            next: AtomicUsize::new(0),
+            dirs: Mutex::new(HashSet::new()),
+            concurrency: conns,
+        };
+        let first = block_on(b.open_conn())?;
+        let base = block_on(first.sftp.realpath(t.path.clone()))
+            .map_err(|e| b.base_error(e))?
+            .files
+            .into_iter()
+            .next()
+            .map(|f| f.filename)
+            .unwrap_or_else(|| t.path.clone());
+        match block_on(first.sftp.stat(base.clone())) {
+            Ok(a) if a.attrs.is_dir() => {}
+            Ok(_) => {
+                return Err(BackendError::new(
+                    ErrorKind::NoContainer,
+                    "connect",
+                    &b.location,
+                    format!("{base} on the server is not a directory"),
+                ))
+            }
+            Err(e) => return Err(b.base_error(e)),
+        }
+        b.base = base.trim_end_matches('/').to_string();
+        if b.base.is_empty() {
+            b.base = "/".into();
+        }
+        *b.pool[0].get_mut() = Some(first);
+        Ok(b)
+    }
+
+    fn base_error(&self, e: SftpError) -> BackendError {
+        if is_missing(&e) {
+            BackendError::new(
+                ErrorKind::NoContainer,
+                "connect",
+                &self.location,
+                format!(
+                    "the directory {} does not exist on the server; create it first",
+                    self.target.path
+                ),
+            )
+        } else {
+            sftp_err("connect", &self.location, e)
+        }
+    }
+
+    async fn open_conn(&self) -> Result<Arc<Conn>, BackendError> {
+        let t = &self.target;
+        let config = Arc::new(client::Config {
+            nodelay: true,
+            inactivity_timeout: Some(Duration::from_secs(300)),
+            keepalive_interval: Some(Duration::from_secs(30)),
+            window_size: 16 << 20,
+            ..Default::default()
+        });
+        let problem = Arc::new(Mutex::new(None));
+        let handler = HostCheck {
+            host: t.host.clone(),
+            port: t.port,
+            known_hosts: self.auth.known_hosts.clone(),
+            problem: problem.clone(),
+        };
+        let fail = |kind, msg: String| BackendError::new(kind, "connect", &self.location, msg);
+        let connect = tokio::time::timeout(
+            Duration::from_secs(20),
+            client::connect(config, (t.host.as_str(), t.port), handler),
+        )
+        .await
+        .map_err(|_| {
+            BackendError::transient(
+                ErrorKind::Unreachable,
+                "connect",
+                &self.location,
+                "no SSH handshake within 20 s",
+            )
+        })?;
+        let mut ssh = match connect {
+            Ok(h) => h,
+            Err(e) => {
+                let p = lock(&problem).clone();
+                return Err(match p {
+                    Some(HostKeyProblem::Unknown(fp)) => fail(
+                        ErrorKind::AuthFailed,
+                        format!(
+                            "the server's host key ({fp}) is not in {}; if it is the right server, record it with: ssh-keyscan -p {} {} >> {}",
+                            self.auth.known_hosts.display(),
+                            t.port,
+                            t.host,
+                            self.auth.known_hosts.display()
+                        ),
+                    ),
+                    Some(HostKeyProblem::Changed { line, fingerprint }) => fail(
+                        ErrorKind::AuthFailed,
+                        format!(
+                            "the server's host key changed (now {fingerprint}; {} line {line} has another): possible man-in-the-middle; refusing to connect",
+                            self.auth.known_hosts.display()
+                        ),
+                    ),
+                    Some(HostKeyProblem::Certificate) => fail(
+                        ErrorKind::AuthFailed,
+                        "the server presents an SSH certificate; only plain host keys are supported".into(),
+                    ),
+                    Some(HostKeyProblem::Unreadable(m)) => fail(
+                        ErrorKind::AuthFailed,
+                        format!("cannot check the host key against {}: {m}", self.auth.known_hosts.display()),
+                    ),
+                    None => BackendError::transient(
+                        ErrorKind::Unreachable,
+                        "connect",
+                        &self.location,
+                        format!("cannot connect to {}:{}: {e}", t.host, t.port),
+                    ),
+                });
+            }
+        };
+        let mut authed = false;
+        if let Some(key) = &self.auth.key {
+            let hash = ssh.best_supported_rsa_hash().await.ok().flatten().flatten();
+            let r = ssh
+                .authenticate_publickey(&t.user, PrivateKeyWithHashAlg::new(key.clone(), hash))
+                .await
+                .map_err(|e| unreachable_err(&self.location, e))?;
+            authed = r.success();
+        }
+        if !authed {
+            if let Some(pw) = &self.auth.password {
+                let r = ssh
+                    .authenticate_password(&t.user, pw)
+                    .await
+                    .map_err(|e| unreachable_err(&self.location, e))?;
+                authed = r.success();
+            }
+        }
+        if !authed {
+            let tried = match (&self.auth.key_path, &self.auth.password) {
+                (Some(k), Some(_)) => format!("key {} and password", k.display()),
+                (Some(k), None) => format!("key {}", k.display()),
+                _ => "password".into(),
+            };
+            return Err(fail(
+                ErrorKind::AuthFailed,
+                format!(
+                    "the server refused {} for user {} ({tried})",
+                    t.host, t.user
+                ),
+            ));
+        }
+        let channel = ssh
+            .channel_open_session()
+            .await
+            .map_err(|e| unreachable_err(&self.location, e))?;
+        channel
+            .request_subsystem(true, "sftp")
+            .await
+            .map_err(|e| unreachable_err(&self.location, e))?;
+        let sftp = RawSftpSession::new(channel.into_stream());
+        sftp.set_timeout(REQUEST_TIMEOUT);
+        let version = sftp
+            .init()
+            .await
+            .map_err(|e| sftp_err("connect", &self.location, e))?;
+        let (mut read_len, mut write_len) = (DEFAULT_CHUNK, DEFAULT_CHUNK);
+        if version.extensions.contains_key("limits@openssh.com") {
+            if let Ok(l) = sftp.limits().await {
+                // Leave room for the packet header inside max_packet_len.
+                let cap = l.max_packet_len.saturating_sub(1024).max(DEFAULT_CHUNK);
+                if l.max_read_len > 0 {
+                    read_len = l.max_read_len.min(cap);
+                }
+                if l.max_write_len > 0 {
+                    write_len = l.max_write_len.min(cap);
+                }
+            }
+        }
+        Ok(Arc::new(Conn {
+            _ssh: ssh,
+            sftp,
+            read_len: read_len.min(256 * 1024),
+            write_len: write_len.min(256 * 1024),
+            fsync: version.extensions.contains_key("fsync@openssh.com"),
+        }))
+    }
+
+    /// A live connection from the pool, round robin; dead ones are replaced.
+    async fn conn(&self) -> Result<Arc<Conn>, BackendError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
+        let mut slot = self.pool[i].lock().await;
+        if let Some(c) = slot.as_ref() {
+            if !c._ssh.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let c = self.open_conn().await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Forgets a connection after an error that may have killed it.
+    async fn drop_conn(&self, c: &Arc<Conn>) {
+        for s in &self.pool {
+            let mut slot = s.lock().await;
+            if slot.as_ref().is_some_and(|x| Arc::ptr_eq(x, c)) {
+                *slot = None;
+            }
+        }
+    }
+
+    fn path(&self, name: &str) -> String {
+        format!("{}/{name}", self.base.trim_end_matches('/'))
+    }
+
+    async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, BackendError>
+    where
+        F: FnOnce(Arc<Conn>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, BackendError>>,
+    {
+        let c = self.conn().await?;
+        let r = f(c.clone()).await;
+        if let Err(e) = &r {
+            if e.kind == ErrorKind::Unreachable {
+                self.drop_conn(&c).await;
+            }
+        }
+        r
+    }
+
+    /// Creates `dir` and its missing parents under the base.
+    async fn make_dirs(&self, c: &Conn, rel_dir: &str) -> Result<(), BackendError> {
+        let mut cur = String::new();
+        for seg in rel_dir.split('/') {
+            if !cur.is_empty() {
+                cur.push('/');
+            }
+            cur.push_str(seg);
+            if lock(&self.dirs).contains(&cur) {
+                continue;
+            }
+            match c
+                .sftp
+                .mkdir(self.path(&cur), FileAttributes::default())
+                .await
+            {
+                Ok(_) => {}
+                // Exists already (SFTP v3 has no code for that): check.
+                Err(e) => {
+                    if c.sftp.stat(self.path(&cur)).await.is_err() {
+                        return Err(sftp_err("put", &cur, e));
+                    }
+                }
+            }
+            lock(&self.dirs).insert(cur.clone());
+        }
+        Ok(())
+    }
+
+    /// Writes `size` bytes from `next_chunk` into a new temporary next to
+    /// `name`, then renames it into place.
+    async fn put_inner(
+        &self,
+        c: &Conn,
+        name: &str,
+        size: u64,
+        source: &mut dyn Read,
+    ) -> Result<(), BackendError> {
+        let dir = name.rsplit_once('/').map(|(d, _)| d);
+        let tmp_rel = match dir {
+            Some(d) => format!("{d}/.tmp-{}", crate::random_suffix()),
+            None => format!(".tmp-{}", crate::random_suffix()),
+        };
+        let tmp = self.path(&tmp_rel);
+        let flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;
+        let handle = match c
+            .sftp
+            .open(tmp.clone(), flags, FileAttributes::default())
+            .await
+        {
+            Ok(h) => h.handle,
+            Err(e) if is_missing(&e) && dir.is_some() => {
+                self.make_dirs(c, dir.unwrap_or_default()).await?;
+                c.sftp
+                    .open(tmp.clone(), flags, FileAttributes::default())
+                    .await
+                    .map_err(|e| sftp_err("put", name, e))?
+                    .handle
+            }
+            Err(e) => return Err(sftp_err("put", name, e)),
+        };
+        let written = async {
+            let mut in_flight = FuturesUnordered::new();
+            let mut off = 0u64;
+            let mut buf = Vec::new();
+            while off < size {
+                let n = (size - off).min(c.write_len);
+                capsule_backend::read_exact_len(source, n, &mut buf, name)?;
+                in_flight.push(c.sftp.write(handle.clone(), off, std::mem::take(&mut buf)));
+                off += n;
+                while in_flight.len() >= PIPELINE {
+                    if let Some(r) = in_flight.next().await {
+                        r.map_err(|e| sftp_err("put", name, e))?;
+                    }
+                }
+            }
+            while let Some(r) = in_flight.next().await {
+                r.map_err(|e| sftp_err("put", name, e))?;
+            }
+            if c.fsync {
+                c.sftp
+                    .fsync(handle.clone())
+                    .await
+                    .map_err(|e| sftp_err("put", name, e))?;
+            }
+            Ok::<(), BackendError>(())
+        }
+        .await;
+        let closed = c.sftp.close(handle).await;
+        if let Err(mut e) =
+            written.and_then(|_| closed.map(|_| ()).map_err(|e| sftp_err("put", name, e)))
+        {
+            let _ = c.sftp.remove(tmp).await;
+            if e.kind == ErrorKind::Io {
+                e = self.explain_failure(c, e).await;
+            }
+            return Err(e);
+        }
+        match c.sftp.rename(tmp.clone(), self.path(name)).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let _ = c.sftp.remove(tmp).await;
+                match c.sftp.stat(self.path(name)).await {
+                    Ok(_) => Err(BackendError::new(
+                        ErrorKind::AlreadyExists,
+                        "put",
+                        name,
+                        "object exists",
+                    )),
+                    Err(_) => Err(sftp_err("put", name, e)),
+                }
+            }
+        }
+    }
+
+    /// SFTP v3 reports a full disk as a generic failure; ask the server for
+    /// its free space to tell the user what actually happened.
+    async fn explain_failure(&self, c: &Conn, e: BackendError) -> BackendError {
+        if let Ok(v) = c.sftp.statvfs(self.base.clone()).await {
+            let free = v.blocks_avail.saturating_mul(v.fragment_size.max(1));
+            if free < (1 << 20) {
+                return BackendError::new(
+                    ErrorKind::NoSpace,
+                    e.op,
+                    &e.name,
+                    format!("{} (the server reports {free} bytes free)", e.message),
+                );
+            }
+        }
+        e
+    }
+
+    async fn read_range(
+        &self,
+        c: &Conn,
+        name: &str,
+        range: Option<Range<u64>>,
+        sink: &mut dyn FnMut(&[u8]) -> Result<(), BackendError>,
+    ) -> Result<u64, BackendError> {
+        let handle = c
+            .sftp
+            .open(self.path(name), OpenFlags::READ, FileAttributes::default())
+            .await
+            .map_err(|e| sftp_err("get", name, e))?
+            .handle;
+        let res = async {
+            let size = c
+                .sftp
+                .fstat(handle.clone())
+                .await
+                .map_err(|e| sftp_err("get", name, e))?
+                .attrs
+                .size
+                .unwrap_or(0);
+            let r = range.clone().unwrap_or(0..size);
+            check_range(name, &r, size)?;
+            // Ordered, so chunks reach the sink in file order.
+            let mut in_flight = FuturesOrdered::new();
+            let mut next = r.start;
+            let mut done = 0u64;
+            loop {
+                while next < r.end && in_flight.len() < PIPELINE {
+                    let n = (r.end - next).min(c.read_len);
+                    in_flight.push_back(c.sftp.read(handle.clone(), next, n as u32));
+                    next += n;
+                }
+                let Some(d) = in_flight.next().await else {
+                    break;
+                };
+                let d = d.map_err(|e| sftp_err("get", name, e))?;
+                if d.data.is_empty() {
+                    return Err(BackendError::new(
+                        ErrorKind::Io,
+                        "get",
+                        name,
+                        "the object shrank while being read",
+                    ));
+                }
+                sink(&d.data)?;
+                done += d.data.len() as u64;
+            }
+            if done != r.end - r.start {
+                return Err(BackendError::new(
+                    ErrorKind::Io,
+                    "get",
+                    name,
+                    format!(
+                        "short read: {done} of {} bytes (server sent partial chunks)",
+                        r.end - r.start
+                    ),
+                ));
+            }
+            Ok(done)
+        }
+        .await;
+        let _ = c.sftp.close(handle).await;
+        res
+    }
+
+    async fn list_dir(
+        &self,
+        c: &Conn,
+        rel: &str,
+    ) -> Result<(Vec<ObjectInfo>, Vec<String>), SftpError> {
+        let handle = c.sftp.opendir(self.path(rel)).await?.handle;
+        let mut files = Vec::new();
+        let mut dirs = Vec::new();
+        let res = loop {
+            match c.sftp.readdir(handle.clone()).await {
+                Ok(name) => {
+                    for f in name.files {
+                        if f.filename == "."
+                            || f.filename == ".."
+                            || f.filename.starts_with(".tmp-")
+                        {
+                            continue;
+                        }
+                        let child = format!("{rel}/{}", f.filename);
+                        if f.attrs.is_dir() {
+                            dirs.push(child);
+                        } else if f.attrs.is_regular() {
+                            files.push(ObjectInfo {
+                                name: child,
+                                size: f.attrs.size.unwrap_or(0),
+                            });
+                        }
+                    }
+                }
+                Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        let _ = c.sftp.close(handle).await;
+        res.map(|_| (files, dirs))
+    }
+}
+
+fn unreachable_err(location: &str, e: russh::Error) -> BackendError {
+    BackendError::transient(
+        ErrorKind::Unreachable,
+        "connect",
+        location,
+        format!("SSH: {e}"),
+    )
+}
+
+impl Backend for SftpBackend {
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        self.put_stream(name, data.len() as u64, &mut &data[..])
+    }
+
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        validate_name(name)?;
+        block_on(self.with_conn(|c| async move { self.put_inner(&c, name, size, data).await }))
+    }
+
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        validate_name(name)?;
+        let mut out = Vec::new();
+        block_on(self.with_conn(|c| {
+            let out = &mut out;
+            async move {
+                self.read_range(&c, name, range, &mut |b| {
+                    out.extend_from_slice(b);
+                    Ok(())
+                })
+                .await
+            }
+        }))?;
+        Ok(out)
+    }
+
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        validate_name(name)?;
+        block_on(self.with_conn(|c| async move {
+            self.read_range(&c, name, range, &mut |b| {
+                out.write_all(b).map_err(|e| {
+                    BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
+                })
+            })
+            .await
+        }))
+    }
+
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        validate_name(name)?;
+        let a = block_on(self.with_conn(|c| async move {
+            c.sftp
+                .stat(self.path(name))
+                .await
+                .map_err(|e| sftp_err("stat", name, e))
+        }))?;
+        Ok(ObjectInfo {
+            name: name.to_string(),
+            size: a.attrs.size.unwrap_or(0),
+        })
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        let start = prefix.trim_end_matches('/').to_string();
+        block_on(self.with_conn(|c| async move {
+            let mut out = Vec::new();
+            let mut pending = vec![start];
+            // Directories are read several at a time: a repository's data/
+            // has 256 subdirectories, and one at a time would cost 256 round
+            // trips in a row.
+            while !pending.is_empty() {
+                let batch: Vec<String> = pending.drain(..pending.len().min(16)).collect();
+                let results = futures::future::join_all(batch.iter().map(|d| {
+                    let c = &c;
+                    async move {
+                        let rel = if d.is_empty() { "." } else { d.as_str() };
+                        (d.clone(), self.list_dir(c, rel).await)
+                    }
+                }))
+                .await;
+                for (d, r) in results {
+                    match r {
+                        Ok((files, dirs)) => {
+                            let fix =
+                                |n: String| n.strip_prefix("./").map(str::to_string).unwrap_or(n);
+                            out.extend(files.into_iter().map(|mut f| {
+                                f.name = fix(f.name);
+                                f
+                            }));
+                            pending.extend(dirs.into_iter().map(fix));
+                        }
+                        Err(e) if is_missing(&e) => {}
+                        Err(e) => return Err(sftp_err("list", &d, e)),
+                    }
+                }
+            }
+            out.retain(|o| o.name.starts_with(prefix));
+            Ok(out)
+        }))
+    }
+
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        validate_name(name)?;
+        block_on(self.with_conn(|c| async move {
+            match c.sftp.remove(self.path(name)).await {
+                Ok(_) => Ok(()),
+                Err(e) if is_missing(&e) => Ok(()),
+                Err(e) => Err(sftp_err("delete", name, e)),
+            }
+        }))
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            concurrency: self.concurrency,
+            durable_put: true,
+            local: false,
+        }
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+}
