@@ -6,8 +6,8 @@
 //!
 //! With a current cache, a backup reads none of these from the destination:
 //! it lists `index/` and `snapshots/`, and that is all. Data packs are never
-//! cached. Every call that reaches the wrapped backend is counted, which is
-//! how runs report their remote requests.
+//! cached. Requests that reach the destination are counted below this layer
+//! (see [`crate::MeteredBackend`]).
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -31,8 +31,6 @@ pub struct CacheStats {
     pub fetched_bytes: AtomicU64,
     /// Cached copies found damaged and replaced.
     pub repaired: AtomicU64,
-    /// Calls that reached the destination (all operations).
-    pub remote_requests: AtomicU64,
 }
 
 /// A backend with a local cache directory in front of it.
@@ -86,10 +84,6 @@ impl CachingBackend {
     /// The cache directory.
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    fn remote(&self) {
-        self.stats.remote_requests.fetch_add(1, Ordering::Relaxed);
     }
 
     fn local(&self, name: &str) -> PathBuf {
@@ -161,7 +155,6 @@ fn read_range(
 
 impl Backend for CachingBackend {
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
-        self.remote();
         let r = self.inner.put(name, data);
         let stored = r.is_ok()
             || r.as_ref()
@@ -174,7 +167,6 @@ impl Backend for CachingBackend {
 
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
         if !cacheable(name) {
-            self.remote();
             return self.inner.get(name, range);
         }
         if let Some(mut f) = self.open_cached(name) {
@@ -182,7 +174,6 @@ impl Backend for CachingBackend {
             return read_range(&mut f, name, range);
         }
         // Miss: fetch the whole object once, keep it, serve the range.
-        self.remote();
         let all = self.inner.get(name, None)?;
         self.stats.fetched.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -201,17 +192,14 @@ impl Backend for CachingBackend {
     }
 
     fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
-        self.remote();
         self.inner.stat(name)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        self.remote();
         self.inner.list(prefix)
     }
 
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
-        self.remote();
         self.inner.put_stream(name, size, data)
     }
 
@@ -228,12 +216,10 @@ impl Backend for CachingBackend {
             })?;
             return Ok(v.len() as u64);
         }
-        self.remote();
         self.inner.get_stream(name, range, out)
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
-        self.remote();
         self.inner.delete(name)?;
         if cacheable(name) {
             let _ = std::fs::remove_file(self.local(name));

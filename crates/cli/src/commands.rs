@@ -55,11 +55,11 @@ pub fn init(g: &GlobalArgs, out: &Output, a: InitArgs) -> Result<u8> {
         ..InitOptions::default()
     };
     let repo = Repository::init(backend, &pw, &opts)?;
-    out.json(&serde_json::json!({ "repository": loc.path, "id": repo.config().id }));
+    out.json(&serde_json::json!({ "repository": loc.display(), "id": repo.config().id }));
     out.say(format!(
         "created repository {} at {}",
         &repo.config().id[..8],
-        loc.path.display()
+        loc.display()
     ));
     out.say("keep the password safe: without it the backups cannot be read");
     Ok(exit::OK)
@@ -102,13 +102,15 @@ pub struct BackupArgs {
 
 pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     let loc = settings::location(g)?;
-    let repo = if loc.is_default && !loc.path.join("config").exists() {
+    let new_default =
+        loc.is_default && loc.local_path().is_some_and(|p| !p.join("config").exists());
+    let repo = if new_default {
         // The embedded default: created on first use.
         let backend = settings::backend(g, &loc, true)?;
         let pw = settings::new_password(g, "password for the new default repository")?;
         let r = Repository::init(backend, &pw, &InitOptions::default())?;
         if !out.json {
-            eprintln!("created a new repository at {}", loc.path.display());
+            eprintln!("created a new repository at {}", loc.display());
         }
         r
     } else {
@@ -117,7 +119,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         Repository::open(backend, &pw)?
     };
     let (repo, cache) = settings::with_cache(g, repo)?;
-    let mut skip_dirs = vec![loc.path.clone()];
+    let mut skip_dirs: Vec<PathBuf> = loc.local_path().map(PathBuf::from).into_iter().collect();
     if let Some((_, dir)) = &cache {
         skip_dirs.push(dir.clone());
     }
@@ -148,6 +150,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     if out.json {
         let mut v = serde_json::to_value(&report)?;
         v["cache"] = cache_stats.clone().unwrap_or(serde_json::Value::Null);
+        v["destination"] = settings::destination_json();
         out.json(&v);
     }
     let s = &report.summary;
@@ -173,10 +176,18 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         "  time {:.2}s (thread-seconds: scan {:.2}, read {:.2}, chunk+hash {:.2}, compress {:.2}, encrypt {:.2}, write {:.2})",
         report.duration_secs, st.scan, st.read, st.chunk_hash, st.compress, st.encrypt, st.write
     ));
+    let d = settings::destination_json();
+    out.say(format!(
+        "  destination: {} requests ({} retried), waited {:.2}s, up to {} in flight, sent {}",
+        d["requests"],
+        d["retries"],
+        d["wait_secs"].as_f64().unwrap_or(0.0),
+        d["max_in_flight"],
+        bytes(d["bytes_up"].as_u64().unwrap_or(0))
+    ));
     if let Some(c) = &cache_stats {
         out.say(format!(
-            "  destination: {} requests; cache: {} hits, {} objects fetched ({})",
-            c["remote_requests"],
+            "  cache: {} hits, {} objects fetched ({})",
             c["hits"],
             c["fetched"],
             bytes(c["fetched_bytes"].as_u64().unwrap_or(0))
@@ -347,7 +358,11 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
     for w in &r.errors {
         out.warn(format!("{}: {}", w.path, w.message));
     }
-    out.json(&r);
+    if out.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["destination"] = settings::destination_json();
+        out.json(&v);
+    }
     out.say(format!(
         "restored snapshot {} to {}: {} files, {} dirs, {} others, {} in {:.2}s",
         id.short(),
@@ -388,7 +403,7 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
     let r = capsule_engine::check::check(&repo, a.read_data, &progress);
     drop(bar);
     let r = r?;
-    out.json(&serde_json::json!({ "ok": r.ok(), "report": r }));
+    out.json(&serde_json::json!({ "ok": r.ok(), "report": r, "destination": settings::destination_json() }));
     out.say(format!(
         "checked {} snapshots, {} trees, {} packs{}",
         r.snapshots,
@@ -464,7 +479,7 @@ pub fn stats(g: &GlobalArgs, out: &Output) -> Result<u8> {
     let (index, _) = repo.load_index()?;
     let s = capsule_engine::stats::stats(&repo, &index)?;
     out.json(&s);
-    out.result(format!("repository      {}", loc.path.display()));
+    out.result(format!("repository      {}", loc.display()));
     out.result(format!("snapshots       {}", s.snapshots));
     out.result(format!(
         "stored          {} in {} packs, {} index files",

@@ -28,6 +28,15 @@ pub mod exit {
     pub const DAMAGED: u8 = 12;
     /// Snapshot or path not found.
     pub const NOT_FOUND: u8 = 13;
+    /// The destination cannot be reached or stopped answering.
+    pub const UNREACHABLE: u8 = 14;
+    /// The destination refused the credentials, the host key did not match,
+    /// or access was denied.
+    pub const ACCESS: u8 = 15;
+    /// The destination is full.
+    pub const FULL: u8 = 16;
+    /// The share, bucket or base directory does not exist.
+    pub const NO_CONTAINER: u8 = 17;
     /// Interrupted by a signal.
     pub const INTERRUPTED: u8 = 130;
 }
@@ -45,8 +54,12 @@ pub struct Cli {
 /// Options every command takes.
 #[derive(Args, Debug, Clone)]
 pub struct GlobalArgs {
-    /// Repository location: a directory path (default: a repository in your
-    /// data directory, e.g. ~/.local/share/capsule/repo).
+    /// Repository location: a directory, smb://user@host[:port]/share/path,
+    /// sftp://user@host[:port]/path, s3://host[:port]/bucket/prefix or
+    /// s3+http://… (default: a repository in your data directory, e.g.
+    /// ~/.local/share/capsule/repo). Credentials: CAPSULE_SMB_PASSWORD[_FILE],
+    /// CAPSULE_SFTP_KEY / CAPSULE_SFTP_PASSWORD[_FILE] / CAPSULE_SFTP_KNOWN_HOSTS,
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials.
     #[arg(short = 'r', long, env = "CAPSULE_REPO", global = true)]
     repo: Option<String>,
     /// Read the password from this file (CAPSULE_PASSWORD is also honoured).
@@ -66,8 +79,16 @@ pub struct GlobalArgs {
     cache_dir: Option<std::path::PathBuf>,
     /// Do not fsync objects on the local backend (faster on shares that
     /// force synchronous writes; a power cut may lose the newest backup).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "sync")]
     no_fsync: bool,
+    /// Fsync every object on the local backend before it counts as stored
+    /// (the default; say it explicitly in scripts for mounted shares).
+    #[arg(long, global = true)]
+    sync: bool,
+    /// Requests in flight to a network destination (default 8).
+    #[arg(long, env = "CAPSULE_CONNECTIONS", global = true, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    connections: Option<u32>,
 }
 
 #[derive(Subcommand, Debug)]

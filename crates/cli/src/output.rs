@@ -180,6 +180,12 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<MissingPassword>().is_some() {
         return exit::PASSWORD;
     }
+    if e.downcast_ref::<crate::settings::UsageError>().is_some() {
+        return exit::USAGE;
+    }
+    if let Some(code) = backend_error(e).and_then(destination_exit_code) {
+        return code;
+    }
     match e.downcast_ref::<EngineError>() {
         Some(EngineError::WrongPassword { .. }) => exit::PASSWORD,
         Some(EngineError::NotARepository { .. } | EngineError::AlreadyInitialized { .. }) => {
@@ -196,7 +202,40 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     }
 }
 
+/// The backend error behind `e`, whether the engine wrapped it or not.
+fn backend_error(e: &anyhow::Error) -> Option<&capsule_backend::BackendError> {
+    match e.downcast_ref::<EngineError>() {
+        Some(EngineError::Backend(b)) => Some(b),
+        _ => e.downcast_ref::<capsule_backend::BackendError>(),
+    }
+}
+
+/// Exit codes that say what is wrong with the destination.
+fn destination_exit_code(b: &capsule_backend::BackendError) -> Option<u8> {
+    use capsule_backend::ErrorKind as K;
+    match b.kind {
+        K::Unreachable => Some(exit::UNREACHABLE),
+        K::AuthFailed | K::PermissionDenied => Some(exit::ACCESS),
+        K::NoSpace => Some(exit::FULL),
+        K::NoContainer => Some(exit::NO_CONTAINER),
+        _ => None,
+    }
+}
+
 fn hint(e: &anyhow::Error) -> Option<&'static str> {
+    if let Some(b) = backend_error(e) {
+        use capsule_backend::ErrorKind as K;
+        match b.kind {
+            K::Unreachable => {
+                return Some("check that the server is up and reachable; the next run resumes where this one stopped")
+            }
+            K::AuthFailed => return Some("check the user name and credentials in the repository URL and environment"),
+            K::NoContainer => {
+                return Some("create the share, bucket or directory first, or check the repository URL")
+            }
+            _ => {}
+        }
+    }
     match e.downcast_ref::<EngineError>()? {
         EngineError::WrongPassword { .. } => {
             Some("check CAPSULE_PASSWORD / CAPSULE_PASSWORD_FILE; nothing was written")

@@ -2,20 +2,39 @@
 //! environment and, on a terminal, a prompt.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
-use capsule_backend::{Backend, LocalBackend, SyncPolicy};
+use capsule_backend::{
+    Backend, LocalBackend, MeteredBackend, RequestStats, RetryBackend, RetryPolicy, SyncPolicy,
+};
+use capsule_net::Destination;
 
 use crate::GlobalArgs;
 
 /// The repository a command should use.
 pub struct RepoLocation {
-    /// Local directory.
-    pub path: PathBuf,
+    /// Where it is.
+    pub dest: Destination,
     /// True when no repository was configured and the built-in default is used.
     pub is_default: bool,
+}
+
+impl RepoLocation {
+    /// The directory, for a local repository.
+    pub fn local_path(&self) -> Option<&Path> {
+        match &self.dest {
+            Destination::Local(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// For messages and JSON.
+    pub fn display(&self) -> String {
+        self.dest.to_string()
+    }
 }
 
 /// The built-in default repository: `<data dir>/capsule/repo`.
@@ -32,51 +51,109 @@ pub fn default_repo() -> Result<PathBuf> {
 pub fn location(g: &GlobalArgs) -> Result<RepoLocation> {
     let Some(r) = g.repo.as_deref().filter(|r| !r.is_empty()) else {
         return Ok(RepoLocation {
-            path: default_repo()?,
+            dest: Destination::Local(default_repo()?),
             is_default: true,
         });
     };
-    if let Some(rest) = r
-        .strip_prefix("file://")
-        .or_else(|| r.strip_prefix("local:"))
-    {
-        return Ok(RepoLocation {
-            path: PathBuf::from(rest),
-            is_default: false,
-        });
-    }
-    if let Some((scheme, _)) = r.split_once("://") {
-        bail!(
-            "repository URL scheme {scheme}:// is not supported by this build yet (only local paths); \
-             mount the share and give its path, or use a local directory"
-        );
-    }
+    let r = r.strip_prefix("local:").unwrap_or(r);
     Ok(RepoLocation {
-        path: PathBuf::from(r),
+        dest: Destination::parse(r).map_err(|e| anyhow::Error::new(UsageError(e.to_string())))?,
         is_default: false,
     })
 }
 
-/// Opens the backend for a location. With `create`, makes the directory.
+/// A mistake in how capsule was called (exit code 2).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+/// Counters of the destination this process talks to (one per process).
+struct DestinationStats {
+    requests: Arc<RequestStats>,
+    retries: Arc<AtomicU64>,
+    remote: bool,
+}
+
+static STATS: OnceLock<DestinationStats> = OnceLock::new();
+
+/// Opens the backend for a location. With `create`, makes the directory
+/// (and, on SMB and SFTP, the base directory on the server).
+///
+/// The stack, bottom up: the destination, request accounting (each attempt
+/// on the wire counts), retries of transient failures. The cache goes on
+/// top in [`with_cache`].
 pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<dyn Backend>> {
-    let sync = if g.no_fsync {
-        SyncPolicy::NoSync
-    } else {
-        SyncPolicy::Sync
-    };
-    let b = if create {
-        LocalBackend::create(&loc.path, sync)?
-    } else {
-        LocalBackend::open(&loc.path, sync).map_err(|e| match e.kind {
-            capsule_backend::ErrorKind::NotFound => {
-                anyhow::Error::new(capsule_engine::EngineError::NotARepository {
-                    location: loc.path.display().to_string(),
-                })
+    let raw: Arc<dyn Backend> = match &loc.dest {
+        Destination::Local(path) => {
+            let sync = if g.no_fsync {
+                SyncPolicy::NoSync
+            } else {
+                SyncPolicy::Sync
+            };
+            let b = if create {
+                LocalBackend::create(path, sync)?
+            } else {
+                LocalBackend::open(path, sync).map_err(|e| match e.kind {
+                    capsule_backend::ErrorKind::NotFound => {
+                        anyhow::Error::new(capsule_engine::EngineError::NotARepository {
+                            location: path.display().to_string(),
+                        })
+                    }
+                    _ => e.into(),
+                })?
+            };
+            Arc::new(b)
+        }
+        remote => {
+            let mut opts = capsule_net::Options::from_env(remote);
+            if let Some(n) = g.connections {
+                opts.concurrency = Some(n as usize);
             }
-            _ => e.into(),
-        })?
+            opts.create = create;
+            capsule_net::connect(remote, &opts)?
+        }
     };
-    Ok(Arc::new(b))
+    let metered = MeteredBackend::new(raw);
+    let requests = metered.stats();
+    let retry = RetryBackend::new(Arc::new(metered), RetryPolicy::default());
+    let _ = STATS.set(DestinationStats {
+        requests,
+        retries: retry.retries(),
+        remote: loc.dest.is_remote(),
+    });
+    Ok(Arc::new(retry))
+}
+
+/// What this process asked of the destination, as JSON (`null` before any
+/// backend was opened).
+pub fn destination_json() -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(d) = STATS.get() else {
+        return serde_json::Value::Null;
+    };
+    let s = &d.requests;
+    serde_json::json!({
+        "remote": d.remote,
+        "requests": s.requests(),
+        "puts": s.puts.load(Relaxed),
+        "gets": s.gets.load(Relaxed),
+        "stats": s.stats.load(Relaxed),
+        "lists": s.lists.load(Relaxed),
+        "deletes": s.deletes.load(Relaxed),
+        "errors": s.errors.load(Relaxed),
+        "retries": d.retries.load(Relaxed),
+        "bytes_up": s.bytes_up.load(Relaxed),
+        "bytes_down": s.bytes_down.load(Relaxed),
+        "wait_secs": s.busy_micros.load(Relaxed) as f64 / 1e6,
+        "request_secs": s.wait_micros.load(Relaxed) as f64 / 1e6,
+        "max_in_flight": s.max_in_flight.load(Relaxed),
+    })
 }
 
 /// Statistics and directory of the cache in use.
@@ -117,7 +194,6 @@ pub fn with_cache(
 pub fn cache_json(s: &capsule_backend::CacheStats) -> serde_json::Value {
     use std::sync::atomic::Ordering::Relaxed;
     serde_json::json!({
-        "remote_requests": s.remote_requests.load(Relaxed),
         "hits": s.hits.load(Relaxed),
         "fetched": s.fetched.load(Relaxed),
         "fetched_bytes": s.fetched_bytes.load(Relaxed),

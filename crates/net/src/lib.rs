@@ -44,6 +44,9 @@ pub struct Options {
     /// Requests in flight at once (`CAPSULE_CONNECTIONS`); `None` picks the
     /// backend's default.
     pub concurrency: Option<usize>,
+    /// Create the base directory on SMB and SFTP if it is missing (for
+    /// `init`). Buckets are never created.
+    pub create: bool,
 }
 
 impl Options {
@@ -71,6 +74,7 @@ impl Options {
             ssh_key: var("CAPSULE_SFTP_KEY").map(Into::into),
             known_hosts: var("CAPSULE_SFTP_KNOWN_HOSTS").map(Into::into),
             concurrency: var("CAPSULE_CONNECTIONS").and_then(|v| v.parse().ok()),
+            create: false,
         }
     }
 }

@@ -235,6 +235,24 @@ impl SftpBackend {
             concurrency: conns,
         };
         let first = block_on(b.open_conn())?;
+        if opts.create {
+            block_on(async {
+                // mkdir -p, from the root down; failures for levels that
+                // exist are expected and ignored, the final stat decides.
+                let mut cur = if t.path.starts_with('/') {
+                    String::new()
+                } else {
+                    ".".to_string()
+                };
+                for seg in t.path.split('/').filter(|s| !s.is_empty()) {
+                    cur = format!("{cur}/{seg}");
+                    let _ = first
+                        .sftp
+                        .mkdir(cur.clone(), FileAttributes::default())
+                        .await;
+                }
+            });
+        }
         let base = block_on(first.sftp.realpath(t.path.clone()))
             .map_err(|e| b.base_error(e))?
             .files

@@ -143,6 +143,20 @@ impl SmbBackend {
                             format!("{} on the share is not a directory", t.path),
                         ))
                     }
+                    Err(e) if e.kind() == smb2::ErrorKind::NotFound && opts.create => {
+                        let mut cur = String::new();
+                        for seg in t.path.split('/') {
+                            if !cur.is_empty() {
+                                cur.push('/');
+                            }
+                            cur.push_str(seg);
+                            match tree.create_directory(&mut conn, &cur).await {
+                                Ok(()) => {}
+                                Err(e) if e.kind() == smb2::ErrorKind::AlreadyExists => {}
+                                Err(e) => return Err(smb_err("connect", &location, e)),
+                            }
+                        }
+                    }
                     Err(e) if e.kind() == smb2::ErrorKind::NotFound => {
                         return Err(BackendError::new(
                             ErrorKind::NoContainer,
