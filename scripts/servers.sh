@@ -119,8 +119,11 @@ start_sshd() {
   mkdir -p "$s/home"
   cp "$s/client_key.pub" "$s/authorized_keys"
   chmod 600 "$s/authorized_keys"
-  # A user with a password for password authentication tests.
-  echo "root:$PASSWORD" >/dev/null
+  # The same account as Samba's, with a password, for password logins.
+  id "$USER_NAME" >/dev/null 2>&1 || useradd -M "$USER_NAME"
+  echo "$USER_NAME:$PASSWORD" | chpasswd
+  mkdir -p "$s/pwhome"
+  chown "$USER_NAME" "$s/pwhome"
   cat >"$s/sshd_config" <<EOF
 Port $SSH_PORT
 ListenAddress 127.0.0.1
@@ -187,6 +190,7 @@ export CAPSULE_TEST_SMB_PASSWORD=$PASSWORD
 export CAPSULE_TEST_SFTP=sftp://root@127.0.0.1:$SSH_PORT$dir/ssh/home
 export CAPSULE_TEST_SFTP_KEY=$dir/ssh/client_key
 export CAPSULE_TEST_SFTP_PASSWORD=$PASSWORD
+export CAPSULE_TEST_SFTP_PASSWORD_URL=sftp://$USER_NAME@127.0.0.1:$SSH_PORT$dir/ssh/pwhome
 export CAPSULE_TEST_KNOWN_HOSTS=$dir/ssh/known_hosts
 export CAPSULE_TEST_S3=s3+http://127.0.0.1:$S3_PORT/capsule-test
 export CAPSULE_TEST_S3_KEY=$S3_KEY

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (the README's, and what CI runs).
-# Needs only the Rust toolchain; installs any missing system tool it uses.
+# Needs only the Rust and Go toolchains; installs any missing system tool it
+# uses (util-linux, Samba, OpenSSH, curl from Debian; MinIO and Toxiproxy
+# with `go install`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,9 +16,18 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -q -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked -q
 
-echo "== tests"
+echo "== servers (Samba, OpenSSH, MinIO, Toxiproxy on loopback)"
+# Installed on first use (apt-get, go install); stopped by PID on exit.
+servers=$(mktemp -d /tmp/capsule-servers.XXXXXX)
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'scripts/servers.sh stop "$servers"; rm -rf "$log" "$servers"' EXIT
+scripts/servers.sh start "$servers"
+# shellcheck disable=SC1091
+source "$servers/env"
+# With the servers up, a test that cannot find them is a failure.
+export CAPSULE_REQUIRE_SERVERS=1
+
+echo "== tests"
 cargo test --workspace --locked 2>&1 | tee "$log"
 # One closing line with the totals of every test binary (the last binary
 # cargo runs is an empty doc-test pass, which would otherwise close the log).

@@ -570,7 +570,7 @@ impl SftpBackend {
         {
             let _ = c.sftp.remove(tmp).await;
             if e.kind == ErrorKind::Io {
-                e = self.explain_failure(c, e).await;
+                e = self.explain_failure(c, e, size).await;
             }
             return Err(e);
         }
@@ -593,10 +593,12 @@ impl SftpBackend {
 
     /// SFTP v3 reports a full disk as a generic failure; ask the server for
     /// its free space to tell the user what actually happened.
-    async fn explain_failure(&self, c: &Conn, e: BackendError) -> BackendError {
+    async fn explain_failure(&self, c: &Conn, e: BackendError, size: u64) -> BackendError {
         if let Ok(v) = c.sftp.statvfs(self.base.clone()).await {
             let free = v.blocks_avail.saturating_mul(v.fragment_size.max(1));
-            if free < (1 << 20) {
+            // The partial temporary is already removed, so this is the room
+            // the object had: too little means the disk filled up.
+            if free < size.saturating_add(1 << 20) {
                 return BackendError::new(
                     ErrorKind::NoSpace,
                     e.op,

@@ -185,3 +185,41 @@ fn sftp_large_object() {
 fn s3_large_object() {
     large(Kind::S3);
 }
+
+/// Password login (no key), and a wrong password refused as such.
+#[test]
+fn sftp_password_login() {
+    let Some(url) = env("CAPSULE_TEST_SFTP_PASSWORD_URL") else { return };
+    let dest = Destination::parse(&url).unwrap();
+    let mut opts = Options {
+        password: env("CAPSULE_TEST_SFTP_PASSWORD"),
+        known_hosts: env("CAPSULE_TEST_KNOWN_HOSTS").map(Into::into),
+        // A key file that does not exist would be an error; point at none.
+        ssh_key: None,
+        ..Options::default()
+    };
+    // No default key may be picked up from ~/.ssh for this test.
+    std::env::set_var("HOME", "/nonexistent");
+    let b = capsule_net::connect(&dest, &opts).unwrap();
+    b.put("pw/one", b"hello").unwrap();
+    assert_eq!(b.get("pw/one", None).unwrap(), b"hello");
+    b.delete("pw/one").unwrap();
+    opts.password = Some("wrong".into());
+    let e = capsule_net::connect(&dest, &opts).unwrap_err();
+    assert_eq!(e.kind, capsule_backend::ErrorKind::AuthFailed, "{e}");
+}
+
+/// An unknown host key is refused with its fingerprint and the fix.
+#[test]
+fn sftp_unknown_host_key() {
+    let Some(url) = env("CAPSULE_TEST_SFTP") else { return };
+    let empty = tempfile::NamedTempFile::new().unwrap();
+    let opts = Options {
+        ssh_key: env("CAPSULE_TEST_SFTP_KEY").map(Into::into),
+        known_hosts: Some(empty.path().to_path_buf()),
+        ..Options::default()
+    };
+    let e = capsule_net::connect(&Destination::parse(&url).unwrap(), &opts).unwrap_err();
+    assert_eq!(e.kind, capsule_backend::ErrorKind::AuthFailed, "{e}");
+    assert!(e.message.contains("SHA256:") && e.message.contains("ssh-keyscan"), "{e}");
+}
