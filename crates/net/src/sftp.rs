@@ -467,7 +467,18 @@ impl SftpBackend {
         Fut: std::future::Future<Output = Result<T, BackendError>>,
     {
         let c = self.conn().await?;
-        let r = f(c.clone()).await;
+        // A connection cut mid-request leaves its SFTP requests waiting for
+        // their timeout; watching the SSH session ends them as soon as it
+        // closes, so the retry layer can reconnect promptly.
+        let r = tokio::select! {
+            r = f(c.clone()) => r,
+            _ = closed(&c) => Err(BackendError::transient(
+                ErrorKind::Unreachable,
+                "request",
+                &self.location,
+                "the SSH connection was closed",
+            )),
+        };
         if let Err(e) = &r {
             if e.kind == ErrorKind::Unreachable {
                 self.drop_conn(&c).await;
@@ -712,6 +723,13 @@ impl SftpBackend {
         };
         let _ = c.sftp.close(handle).await;
         res.map(|_| (files, dirs))
+    }
+}
+
+/// Resolves once the SSH session behind `c` has closed.
+async fn closed(c: &Conn) {
+    while !c._ssh.is_closed() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

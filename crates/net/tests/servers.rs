@@ -189,7 +189,9 @@ fn s3_large_object() {
 /// Password login (no key), and a wrong password refused as such.
 #[test]
 fn sftp_password_login() {
-    let Some(url) = env("CAPSULE_TEST_SFTP_PASSWORD_URL") else { return };
+    let Some(url) = env("CAPSULE_TEST_SFTP_PASSWORD_URL") else {
+        return;
+    };
     let dest = Destination::parse(&url).unwrap();
     let mut opts = Options {
         password: env("CAPSULE_TEST_SFTP_PASSWORD"),
@@ -212,7 +214,9 @@ fn sftp_password_login() {
 /// An unknown host key is refused with its fingerprint and the fix.
 #[test]
 fn sftp_unknown_host_key() {
-    let Some(url) = env("CAPSULE_TEST_SFTP") else { return };
+    let Some(url) = env("CAPSULE_TEST_SFTP") else {
+        return;
+    };
     let empty = tempfile::NamedTempFile::new().unwrap();
     let opts = Options {
         ssh_key: env("CAPSULE_TEST_SFTP_KEY").map(Into::into),
@@ -221,5 +225,8 @@ fn sftp_unknown_host_key() {
     };
     let e = capsule_net::connect(&Destination::parse(&url).unwrap(), &opts).unwrap_err();
     assert_eq!(e.kind, capsule_backend::ErrorKind::AuthFailed, "{e}");
-    assert!(e.message.contains("SHA256:") && e.message.contains("ssh-keyscan"), "{e}");
+    assert!(
+        e.message.contains("SHA256:") && e.message.contains("ssh-keyscan"),
+        "{e}"
+    );
 }
