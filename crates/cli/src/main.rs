@@ -54,11 +54,11 @@ pub struct Cli {
 /// Options every command takes.
 #[derive(Args, Debug, Clone)]
 pub struct GlobalArgs {
-    /// Repository location: a directory, smb://user@host[:port]/share/path,
-    /// sftp://user@host[:port]/path, s3://host[:port]/bucket/prefix or
+    /// Repository location: a directory, smb://user@host:port/share/path,
+    /// sftp://user@host:port/path, s3://host:port/bucket/prefix (ports optional) or
     /// s3+http://… (default: a repository in your data directory, e.g.
-    /// ~/.local/share/capsule/repo). Credentials: CAPSULE_SMB_PASSWORD[_FILE],
-    /// CAPSULE_SFTP_KEY / CAPSULE_SFTP_PASSWORD[_FILE] / CAPSULE_SFTP_KNOWN_HOSTS,
+    /// ~/.local/share/capsule/repo). Credentials: CAPSULE_SMB_PASSWORD or _FILE,
+    /// CAPSULE_SFTP_KEY, CAPSULE_SFTP_PASSWORD or _FILE, CAPSULE_SFTP_KNOWN_HOSTS,
     /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials.
     #[arg(short = 'r', long, env = "CAPSULE_REPO", global = true)]
     repo: Option<String>,
