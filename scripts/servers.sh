@@ -113,7 +113,9 @@ EOF
 start_sshd() {
   local s="$dir/ssh"
   mkdir -p "$s"
-  chmod 700 "$s"
+  # The password-login account must reach its home below; the private keys
+  # themselves stay 0600.
+  chmod 755 "$dir" "$s"
   [ -f "$s/host_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$s/host_key"
   [ -f "$s/client_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$s/client_key"
   mkdir -p "$s/home"
