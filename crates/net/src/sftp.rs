@@ -607,9 +607,11 @@ impl SftpBackend {
     async fn explain_failure(&self, c: &Conn, e: BackendError, size: u64) -> BackendError {
         if let Ok(v) = c.sftp.statvfs(self.base.clone()).await {
             let free = v.blocks_avail.saturating_mul(v.fragment_size.max(1));
-            // The partial temporary is already removed, so this is the room
-            // the object had: too little means the disk filled up.
-            if free < size.saturating_add(1 << 20) {
+            // Less room than the uploads in flight need means the disk
+            // filled up (the other uploads' temporaries come and go, so
+            // compare with all of them, not just this one).
+            let needed = size.max(1 << 20).saturating_mul(self.concurrency as u64);
+            if free < needed {
                 return BackendError::new(
                     ErrorKind::NoSpace,
                     e.op,
