@@ -40,9 +40,15 @@ fi
 cargo build --release -q -p capsule
 capsule=$PWD/target/release/capsule
 work=$(mktemp -d /tmp/capsule-netbench.XXXXXX)
-servers=$work/servers
-trap 'scripts/servers.sh stop "$servers"; rm -rf "$work"' EXIT
-scripts/servers.sh start "$servers"
+if [ -n "${CAPSULE_TEST_SERVERS:-}" ] && [ -f "$CAPSULE_TEST_SERVERS/env" ]; then
+  # Reuse servers already started with scripts/servers.sh (left running).
+  servers=$CAPSULE_TEST_SERVERS
+  trap 'rm -rf "$work"' EXIT
+else
+  servers=$work/servers
+  trap 'scripts/servers.sh stop "$servers"; rm -rf "$work"' EXIT
+  scripts/servers.sh start "$servers"
+fi
 # shellcheck disable=SC1091
 source "$servers/env"
 api=$CAPSULE_TEST_PROXY_API
