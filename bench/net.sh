@@ -113,7 +113,7 @@ rows=()
 record() { rows+=("$1|$2|$3|$4|$5|$6"); echo "  $1 $2 $3 $4: $5 s" >&2; }
 
 n=0
-fresh() { n=$((n + 1)); echo "r$n"; }
+fresh() { n=$((n + 1)); r="r$n"; }
 
 capsule_run() { # url data
   "$capsule" -r "$1" -q init && "$capsule" -r "$1" -q backup "$2"
@@ -122,7 +122,7 @@ capsule_run() { # url data
 run_dataset() { # label dir files
   local label=$1 data=$2 files=$3
   # capsule on the local disk: the reference for the targets.
-  local r; r=$(fresh)
+  local r; fresh
   timed "$capsule" -r "$work/local-$r" -q init
   timed "$capsule" -r "$work/local-$r" -q backup "$data"; record "$label" local 0 capsule "$last" "$files"
   timed "$capsule" -r "$work/local-$r" -q backup "$data"; record "$label-nochange" local 0 capsule "$last" "$files"
@@ -137,19 +137,19 @@ run_dataset() { # label dir files
     export CAPSULE_SFTP_KNOWN_HOSTS=$kh
 
     # SMB
-    r=$(fresh); local u="smb://backup@$smb/backup/$r"
+    fresh; local u="smb://backup@$smb/backup/$r"
     mkdir -p "$smb_dir/$r"; "$capsule" -r "$u" -q init
     timed "$capsule" -r "$u" -q backup "$data"; record "$label" SMB "$rtt" capsule "$last" "$files"
     timed "$capsule" -r "$u" -q backup "$data"; record "$label-nochange" SMB "$rtt" capsule "$last" "$files"
     rm -rf "${smb_dir:?}/$r"
-    r=$(fresh); mkdir -p "$smb_dir/$r"
+    fresh; mkdir -p "$smb_dir/$r"
     export RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${smb%:*} RCLONE_CONFIG_NAS_PORT=${smb#*:} \
       RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD")
     restic -r "rclone:nas:backup/$r" init -q >/dev/null 2>&1
     timed restic -r "rclone:nas:backup/$r" backup -q "$data"; record "$label" SMB "$rtt" "restic (rclone)" "$last" "$files"
     rm -rf "${smb_dir:?}/$r"
     if [ "$label" = small ]; then
-      r=$(fresh); mkdir -p "$smb_dir/$r"
+      fresh; mkdir -p "$smb_dir/$r"
       timed smbclient -p "${smb#*:}" "//${smb%:*}/backup" -U "backup%$CAPSULE_TEST_SMB_PASSWORD" \
         -c "prompt OFF; recurse ON; cd $r; lcd $data; mput *"
       record "$label" SMB "$rtt" "smbclient mput (per file)" "$last" "$files"
@@ -157,35 +157,35 @@ run_dataset() { # label dir files
     fi
 
     # SFTP
-    r=$(fresh); u="sftp://root@$sftp$sftp_dir/$r"
+    fresh; u="sftp://root@$sftp$sftp_dir/$r"
     mkdir -p "$sftp_dir/$r"; "$capsule" -r "$u" -q init
     timed "$capsule" -r "$u" -q backup "$data"; record "$label" SFTP "$rtt" capsule "$last" "$files"
     timed "$capsule" -r "$u" -q backup "$data"; record "$label-nochange" SFTP "$rtt" capsule "$last" "$files"
     rm -rf "${sftp_dir:?}/$r"
-    r=$(fresh)
+    fresh
     restic -o sftp.command="ssh $ssh_opts -p ${sftp#*:} root@${sftp%:*} -s sftp" -r "sftp:root@${sftp%:*}:$sftp_dir/$r" init -q >/dev/null 2>&1
     timed restic -o sftp.command="ssh $ssh_opts -p ${sftp#*:} root@${sftp%:*} -s sftp" -r "sftp:root@${sftp%:*}:$sftp_dir/$r" backup -q "$data"
     record "$label" SFTP "$rtt" restic "$last" "$files"
     timed restic -o sftp.command="ssh $ssh_opts -p ${sftp#*:} root@${sftp%:*} -s sftp" -r "sftp:root@${sftp%:*}:$sftp_dir/$r" backup -q "$data"
     record "$label-nochange" SFTP "$rtt" restic "$last" "$files"
     rm -rf "${sftp_dir:?}/$r"
-    r=$(fresh)
+    fresh
     export BORG_RSH="ssh $ssh_opts"
     borg init -e repokey-blake2 "ssh://root@$sftp$sftp_dir/$r" 2>/dev/null
     timed borg create "ssh://root@$sftp$sftp_dir/$r::a" "$data"; record "$label" SFTP "$rtt" "borg (ssh)" "$last" "$files"
     timed borg create "ssh://root@$sftp$sftp_dir/$r::b" "$data"; record "$label-nochange" SFTP "$rtt" "borg (ssh)" "$last" "$files"
     rm -rf "${sftp_dir:?}/$r"
-    r=$(fresh)
+    fresh
     timed rsync -a -e "ssh $ssh_opts -p ${sftp#*:}" "$data/" "root@${sftp%:*}:$sftp_dir/$r/"
     record "$label" SFTP "$rtt" "rsync over ssh (per file)" "$last" "$files"
     rm -rf "${sftp_dir:?}/$r"
 
     # S3
-    r=$(fresh); u="s3+http://$s3/capsule-test/$r"
+    fresh; u="s3+http://$s3/capsule-test/$r"
     "$capsule" -r "$u" -q init
     timed "$capsule" -r "$u" -q backup "$data"; record "$label" S3 "$rtt" capsule "$last" "$files"
     timed "$capsule" -r "$u" -q backup "$data"; record "$label-nochange" S3 "$rtt" capsule "$last" "$files"
-    r=$(fresh)
+    fresh
     restic -r "s3:http://$s3/capsule-test/$r" init -q >/dev/null 2>&1
     timed restic -r "s3:http://$s3/capsule-test/$r" backup -q "$data"; record "$label" S3 "$rtt" restic "$last" "$files"
     timed restic -r "s3:http://$s3/capsule-test/$r" backup -q "$data"; record "$label-nochange" S3 "$rtt" restic "$last" "$files"
