@@ -50,6 +50,7 @@ pub struct SftpBackend {
     auth: Auth,
     base: String,
     pool: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    /// Requests active right now (picks the pool slot).
     next: AtomicUsize,
     dirs: Mutex<HashSet<String>>,
     concurrency: usize,
@@ -433,9 +434,12 @@ impl SftpBackend {
         }))
     }
 
-    /// A live connection from the pool, round robin; dead ones are replaced.
-    async fn conn(&self) -> Result<Arc<Conn>, BackendError> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.pool.len();
+    /// A live connection from the pool; dead ones are replaced. The slot
+    /// follows the number of requests already active, so a run that makes
+    /// one request at a time (a no-change backup) uses one connection and
+    /// pays for one SSH handshake, while parallel uploads spread out.
+    async fn conn(&self, active: usize) -> Result<Arc<Conn>, BackendError> {
+        let i = active % self.pool.len();
         let mut slot = self.pool[i].lock().await;
         if let Some(c) = slot.as_ref() {
             if !c._ssh.is_closed() {
@@ -466,7 +470,15 @@ impl SftpBackend {
         F: FnOnce(Arc<Conn>) -> Fut,
         Fut: std::future::Future<Output = Result<T, BackendError>>,
     {
-        let c = self.conn().await?;
+        let active = self.next.fetch_add(1, Ordering::Relaxed);
+        let c = self.conn(active).await;
+        let c = match c {
+            Ok(c) => c,
+            Err(e) => {
+                self.next.fetch_sub(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         // A connection cut mid-request leaves its SFTP requests waiting for
         // their timeout; watching the SSH session ends them as soon as it
         // closes, so the retry layer can reconnect promptly.
@@ -479,6 +491,7 @@ impl SftpBackend {
                 "the SSH connection was closed",
             )),
         };
+        self.next.fetch_sub(1, Ordering::Relaxed);
         if let Err(e) = &r {
             if e.kind == ErrorKind::Unreachable {
                 self.drop_conn(&c).await;
