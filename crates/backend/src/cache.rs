@@ -211,9 +211,8 @@ impl Backend for CachingBackend {
     ) -> Result<u64, BackendError> {
         if cacheable(name) {
             let v = self.get(name, range)?;
-            out.write_all(&v).map_err(|e| {
-                BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
-            })?;
+            out.write_all(&v)
+                .map_err(|e| crate::write_out_error(name, e))?;
             return Ok(v.len() as u64);
         }
         self.inner.get_stream(name, range, out)

@@ -162,9 +162,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         out: &mut dyn Write,
     ) -> Result<u64, BackendError> {
         let data = self.get(name, range)?;
-        out.write_all(&data).map_err(|e| {
-            BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
-        })?;
+        out.write_all(&data).map_err(|e| write_out_error(name, e))?;
         Ok(data.len() as u64)
     }
 
@@ -208,6 +206,12 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn location(&self) -> String {
         (**self).location()
     }
+}
+
+/// The error of a `get_stream` whose caller-side writer failed (the object
+/// itself was fine).
+pub fn write_out_error(name: &str, e: std::io::Error) -> BackendError {
+    BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
 }
 
 /// Reads exactly `size` bytes from `data` into `buf` (for `put_stream`

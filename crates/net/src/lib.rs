@@ -102,3 +102,53 @@ pub(crate) fn random_suffix() -> String {
     let _ = getrandom::fill(&mut r);
     hex::encode(r)
 }
+
+/// One entry of a directory listing on a file-like destination.
+pub(crate) struct DirEntry {
+    pub(crate) name: String,
+    pub(crate) is_dir: bool,
+    pub(crate) size: u64,
+}
+
+/// Lists every object under `prefix` on a destination made of directories
+/// (SMB, SFTP). `read_dir(rel)` lists one directory relative to the base
+/// (`""` is the base), or `None` if it does not exist. Directories are read
+/// 16 at a time: a repository's `data/` has 256 subdirectories, and one at
+/// a time would cost 256 round trips in a row. Temporaries are skipped.
+pub(crate) async fn walk_tree<F, Fut>(
+    prefix: &str,
+    read_dir: F,
+) -> Result<Vec<capsule_backend::ObjectInfo>, BackendError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Vec<DirEntry>>, BackendError>>,
+{
+    let mut out = Vec::new();
+    let mut pending = vec![prefix.trim_end_matches('/').to_string()];
+    while !pending.is_empty() {
+        let batch: Vec<String> = pending.drain(..pending.len().min(16)).collect();
+        let listed = futures::future::join_all(batch.iter().map(|d| read_dir(d.clone()))).await;
+        for (dir, entries) in batch.iter().zip(listed) {
+            for e in entries?.unwrap_or_default() {
+                if e.name == "." || e.name == ".." || e.name.starts_with(".tmp-") {
+                    continue;
+                }
+                let child = if dir.is_empty() {
+                    e.name
+                } else {
+                    format!("{dir}/{}", e.name)
+                };
+                if e.is_dir {
+                    pending.push(child);
+                } else {
+                    out.push(capsule_backend::ObjectInfo {
+                        name: child,
+                        size: e.size,
+                    });
+                }
+            }
+        }
+    }
+    out.retain(|o| o.name.starts_with(prefix));
+    Ok(out)
+}

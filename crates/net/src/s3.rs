@@ -401,9 +401,8 @@ impl Backend for S3Backend {
                 .await
                 .map_err(|e| classify("get", name, e))?
             {
-                out.write_all(&chunk).map_err(|e| {
-                    BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
-                })?;
+                out.write_all(&chunk)
+                    .map_err(|e| capsule_backend::write_out_error(name, e))?;
                 n += chunk.len() as u64;
             }
             Ok(n)

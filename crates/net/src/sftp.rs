@@ -51,7 +51,7 @@ pub struct SftpBackend {
     base: String,
     pool: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
     /// Requests active right now (picks the pool slot).
-    next: AtomicUsize,
+    active: AtomicUsize,
     dirs: Mutex<HashSet<String>>,
     concurrency: usize,
 }
@@ -231,7 +231,7 @@ impl SftpBackend {
             pool: (0..conns.div_ceil(2).min(4))
                 .map(|_| tokio::sync::Mutex::new(None))
                 .collect(),
-            next: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
             dirs: Mutex::new(HashSet::new()),
             concurrency: conns,
         };
@@ -462,6 +462,9 @@ impl SftpBackend {
     }
 
     fn path(&self, name: &str) -> String {
+        if name.is_empty() {
+            return self.base.clone();
+        }
         format!("{}/{name}", self.base.trim_end_matches('/'))
     }
 
@@ -470,12 +473,12 @@ impl SftpBackend {
         F: FnOnce(Arc<Conn>) -> Fut,
         Fut: std::future::Future<Output = Result<T, BackendError>>,
     {
-        let active = self.next.fetch_add(1, Ordering::Relaxed);
+        let active = self.active.fetch_add(1, Ordering::Relaxed);
         let c = self.conn(active).await;
         let c = match c {
             Ok(c) => c,
             Err(e) => {
-                self.next.fetch_sub(1, Ordering::Relaxed);
+                self.active.fetch_sub(1, Ordering::Relaxed);
                 return Err(e);
             }
         };
@@ -491,7 +494,7 @@ impl SftpBackend {
                 "the SSH connection was closed",
             )),
         };
-        self.next.fetch_sub(1, Ordering::Relaxed);
+        self.active.fetch_sub(1, Ordering::Relaxed);
         if let Err(e) = &r {
             if e.kind == ErrorKind::Unreachable {
                 self.drop_conn(&c).await;
@@ -703,41 +706,26 @@ impl SftpBackend {
         res
     }
 
-    async fn list_dir(
-        &self,
-        c: &Conn,
-        rel: &str,
-    ) -> Result<(Vec<ObjectInfo>, Vec<String>), SftpError> {
+    async fn list_dir(&self, c: &Conn, rel: &str) -> Result<Vec<crate::DirEntry>, SftpError> {
         let handle = c.sftp.opendir(self.path(rel)).await?.handle;
-        let mut files = Vec::new();
-        let mut dirs = Vec::new();
+        let mut entries = Vec::new();
         let res = loop {
             match c.sftp.readdir(handle.clone()).await {
-                Ok(name) => {
-                    for f in name.files {
-                        if f.filename == "."
-                            || f.filename == ".."
-                            || f.filename.starts_with(".tmp-")
-                        {
-                            continue;
-                        }
-                        let child = format!("{rel}/{}", f.filename);
-                        if f.attrs.is_dir() {
-                            dirs.push(child);
-                        } else if f.attrs.is_regular() {
-                            files.push(ObjectInfo {
-                                name: child,
-                                size: f.attrs.size.unwrap_or(0),
-                            });
-                        }
-                    }
-                }
+                Ok(name) => entries.extend(name.files.into_iter().filter_map(|f| {
+                    let is_dir = f.attrs.is_dir();
+                    // Symlinks, sockets and the like are not objects.
+                    (is_dir || f.attrs.is_regular()).then(|| crate::DirEntry {
+                        name: f.filename,
+                        is_dir,
+                        size: f.attrs.size.unwrap_or(0),
+                    })
+                })),
                 Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(()),
                 Err(e) => break Err(e),
             }
         };
         let _ = c.sftp.close(handle).await;
-        res.map(|_| (files, dirs))
+        res.map(|_| entries)
     }
 }
 
@@ -792,9 +780,8 @@ impl Backend for SftpBackend {
         validate_name(name)?;
         block_on(self.with_conn(|c| async move {
             self.read_range(&c, name, range, &mut |b| {
-                out.write_all(b).map_err(|e| {
-                    BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
-                })
+                out.write_all(b)
+                    .map_err(|e| capsule_backend::write_out_error(name, e))
             })
             .await
         }))
@@ -815,41 +802,18 @@ impl Backend for SftpBackend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        let start = prefix.trim_end_matches('/').to_string();
         block_on(self.with_conn(|c| async move {
-            let mut out = Vec::new();
-            let mut pending = vec![start];
-            // Directories are read several at a time: a repository's data/
-            // has 256 subdirectories, and one at a time would cost 256 round
-            // trips in a row.
-            while !pending.is_empty() {
-                let batch: Vec<String> = pending.drain(..pending.len().min(16)).collect();
-                let results = futures::future::join_all(batch.iter().map(|d| {
-                    let c = &c;
-                    async move {
-                        let rel = if d.is_empty() { "." } else { d.as_str() };
-                        (d.clone(), self.list_dir(c, rel).await)
-                    }
-                }))
-                .await;
-                for (d, r) in results {
-                    match r {
-                        Ok((files, dirs)) => {
-                            let fix =
-                                |n: String| n.strip_prefix("./").map(str::to_string).unwrap_or(n);
-                            out.extend(files.into_iter().map(|mut f| {
-                                f.name = fix(f.name);
-                                f
-                            }));
-                            pending.extend(dirs.into_iter().map(fix));
-                        }
-                        Err(e) if is_missing(&e) => {}
-                        Err(e) => return Err(sftp_err("list", &d, e)),
+            crate::walk_tree(prefix, |d| {
+                let c = &c;
+                async move {
+                    match self.list_dir(c, &d).await {
+                        Ok(entries) => Ok(Some(entries)),
+                        Err(e) if is_missing(&e) => Ok(None),
+                        Err(e) => Err(sftp_err("list", &d, e)),
                     }
                 }
-            }
-            out.retain(|o| o.name.starts_with(prefix));
-            Ok(out)
+            })
+            .await
         }))
     }
 

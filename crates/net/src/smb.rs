@@ -407,9 +407,8 @@ impl Backend for SmbBackend {
     ) -> Result<u64, BackendError> {
         validate_name(name)?;
         block_on(self.read_ranges(name, range, &mut |b| {
-            out.write_all(b).map_err(|e| {
-                BackendError::new(ErrorKind::Io, "get", name, format!("writing out: {e}"))
-            })
+            out.write_all(b)
+                .map_err(|e| capsule_backend::write_out_error(name, e))
         }))
     }
 
@@ -432,50 +431,26 @@ impl Backend for SmbBackend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        let start = prefix.trim_end_matches('/').to_string();
-        block_on(async {
-            let mut out = Vec::new();
-            let mut pending = vec![start];
-            // Several directories at a time (data/ has 256 of them).
-            while !pending.is_empty() {
-                let batch: Vec<String> = pending.drain(..pending.len().min(16)).collect();
-                let results = futures::future::join_all(batch.iter().map(|d| async move {
-                    let mut conn = self.conn();
-                    (
-                        d.clone(),
-                        self.tree.list_directory(&mut conn, &self.path(d)).await,
-                    )
-                }))
-                .await;
-                for (d, r) in results {
-                    let entries = match r {
-                        Ok(e) => e,
-                        Err(e) if e.kind() == smb2::ErrorKind::NotFound => continue,
-                        Err(e) => return Err(smb_err("list", &d, e)),
-                    };
-                    for e in entries {
-                        if e.name == "." || e.name == ".." || e.name.starts_with(".tmp-") {
-                            continue;
-                        }
-                        let child = if d.is_empty() {
-                            e.name.clone()
-                        } else {
-                            format!("{d}/{}", e.name)
-                        };
-                        if e.is_directory {
-                            pending.push(child);
-                        } else {
-                            out.push(ObjectInfo {
-                                name: child,
-                                size: e.size,
-                            });
-                        }
-                    }
-                }
+        block_on(crate::walk_tree(prefix, |d| async move {
+            match self
+                .tree
+                .list_directory(&mut self.conn(), &self.path(&d))
+                .await
+            {
+                Ok(entries) => Ok(Some(
+                    entries
+                        .into_iter()
+                        .map(|e| crate::DirEntry {
+                            name: e.name,
+                            is_dir: e.is_directory,
+                            size: e.size,
+                        })
+                        .collect(),
+                )),
+                Err(e) if e.kind() == smb2::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(smb_err("list", &d, e)),
             }
-            out.retain(|o| o.name.starts_with(prefix));
-            Ok(out)
-        })
+        }))
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
