@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Backend, BackendError, Capabilities, ErrorKind, ObjectInfo};
+use crate::{Backend, BackendError, Capabilities, ErrorKind, ObjectInfo, Space};
 
 const CACHED_PREFIXES: [&str; 3] = ["index/", "snapshots/", "tree/"];
 
@@ -224,6 +224,28 @@ impl Backend for CachingBackend {
             let _ = std::fs::remove_file(self.local(name));
         }
         Ok(())
+    }
+
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        self.inner.probe_write(name, data, writes, sync)
+    }
+
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        self.inner.space()
+    }
+
+    fn ping(&self) -> Result<(), BackendError> {
+        self.inner.ping()
+    }
+
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        self.inner.remove_empty_dirs()
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -111,6 +111,15 @@ pub struct Capabilities {
     pub local: bool,
 }
 
+/// Free and total bytes of a destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Space {
+    /// Bytes this user can still write.
+    pub free: u64,
+    /// Capacity.
+    pub total: u64,
+}
+
 /// The contract every destination implements. All methods are safe to call
 /// from many threads at once.
 pub trait Backend: Send + Sync + std::fmt::Debug {
@@ -166,6 +175,47 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Ok(data.len() as u64)
     }
 
+    /// Writes `data` under `name` the way a per-file copier does, for the
+    /// destination lab: no temporary name, `writes` separate write requests
+    /// of equal size, and a request for stable storage only when `sync`. It
+    /// may replace an existing object. Never used for repository data.
+    ///
+    /// The default calls `put` (object stores have no unsynced write).
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        let _ = (writes, sync);
+        self.delete(name)?;
+        self.put(name, data)
+    }
+
+    /// Space on the destination, where it can tell (`None` for object
+    /// stores).
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        Ok(None)
+    }
+
+    /// The cheapest request the protocol has, for measuring round-trip time.
+    /// The default asks for an object that does not exist.
+    fn ping(&self) -> Result<(), BackendError> {
+        match self.stat("capsule-ping") {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes empty directories below the base, and the base itself if it
+    /// ends up empty: the lab's clean-up after deleting its objects. Object
+    /// stores have no directories; the default does nothing.
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Static facts about this backend.
     fn capabilities(&self) -> Capabilities;
 
@@ -191,6 +241,24 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
         (**self).put_stream(name, size, data)
+    }
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        (**self).probe_write(name, data, writes, sync)
+    }
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        (**self).space()
+    }
+    fn ping(&self) -> Result<(), BackendError> {
+        (**self).ping()
+    }
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        (**self).remove_empty_dirs()
     }
     fn get_stream(
         &self,

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
-use crate::{validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo};
+use crate::{validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo, Space};
 
 /// When writes reach stable storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,6 +310,80 @@ impl Backend for LocalBackend {
         let p = self.path(name);
         self.sync_dir(p.parent().unwrap_or(&self.root))
             .map_err(|e| io_err("delete", name, e))
+    }
+
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        validate_name(name)?;
+        let p = self.path(name);
+        let open = || {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&p)
+        };
+        let mut f = match open() {
+            Err(e) if e.kind() == IoKind::NotFound => {
+                if let Some(d) = p.parent() {
+                    fs::create_dir_all(d).map_err(|e| io_err("probe", name, e))?;
+                }
+                open()
+            }
+            r => r,
+        }
+        .map_err(|e| io_err("probe", name, e))?;
+        let piece = data.len().div_ceil(writes.max(1)).max(1);
+        for part in data.chunks(piece) {
+            f.write_all(part).map_err(|e| io_err("probe", name, e))?;
+        }
+        if sync {
+            f.sync_all().map_err(|e| io_err("probe", name, e))?;
+        }
+        Ok(())
+    }
+
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        let v = rustix::fs::statvfs(&self.root)
+            .map_err(|e| io_err("space", &self.root.display().to_string(), e.into()))?;
+        Ok(Some(Space {
+            free: v.f_bavail.saturating_mul(v.f_frsize),
+            total: v.f_blocks.saturating_mul(v.f_frsize),
+        }))
+    }
+
+    fn ping(&self) -> Result<(), BackendError> {
+        match fs::metadata(self.root.join("capsule-ping")) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == IoKind::NotFound => Ok(()),
+            Err(e) => Err(io_err("ping", "capsule-ping", e)),
+        }
+    }
+
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        // Deepest first, so a directory's children are gone before it is
+        // tried; a directory that is not empty simply stays.
+        let mut dirs = vec![self.root.clone()];
+        let mut i = 0;
+        while i < dirs.len() {
+            if let Ok(rd) = fs::read_dir(&dirs[i]) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        dirs.push(e.path());
+                    }
+                }
+            }
+            i += 1;
+        }
+        for d in dirs.iter().rev() {
+            let _ = fs::remove_dir(d);
+        }
+        Ok(())
     }
 
     fn capabilities(&self) -> Capabilities {

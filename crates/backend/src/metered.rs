@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::{Backend, BackendError, Capabilities, ObjectInfo};
+use crate::{Backend, BackendError, Capabilities, ObjectInfo, Space};
 
 /// Counters of one destination, shared with whoever reports them.
 #[derive(Debug, Default)]
@@ -167,6 +167,34 @@ impl Backend for MeteredBackend {
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.timed(&self.stats.deletes, || self.inner.delete(name))
+    }
+
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        let r = self.timed(&self.stats.puts, || {
+            self.inner.probe_write(name, data, writes, sync)
+        });
+        if r.is_ok() {
+            self.stats.bytes_up.fetch_add(data.len() as u64, Relaxed);
+        }
+        r
+    }
+
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        self.timed(&self.stats.stats, || self.inner.space())
+    }
+
+    fn ping(&self) -> Result<(), BackendError> {
+        self.timed(&self.stats.stats, || self.inner.ping())
+    }
+
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        self.timed(&self.stats.deletes, || self.inner.remove_empty_dirs())
     }
 
     fn capabilities(&self) -> Capabilities {

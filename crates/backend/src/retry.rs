@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Backend, BackendError, Capabilities, ObjectInfo};
+use crate::{Backend, BackendError, Capabilities, ObjectInfo, Space};
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone, Copy)]
@@ -130,6 +130,30 @@ impl Backend for RetryBackend {
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.run(|| self.inner.delete(name))
+    }
+
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        self.run(|| self.inner.probe_write(name, data, writes, sync))
+    }
+
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        self.run(|| self.inner.space())
+    }
+
+    /// Not retried: a ping measures the round trip, and a retried one would
+    /// hide the failure it is meant to show.
+    fn ping(&self) -> Result<(), BackendError> {
+        self.inner.ping()
+    }
+
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        self.run(|| self.inner.remove_empty_dirs())
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -3,6 +3,7 @@
 //! Everything of substance lives in `capsule-engine`.
 
 mod commands;
+mod lab_cmd;
 mod output;
 mod settings;
 
@@ -112,6 +113,9 @@ enum Command {
     /// Manage the passwords (key files) that open the repository.
     #[command(subcommand)]
     Key(commands::KeyCommand),
+    /// Measure a destination: round trips, throughput, small files, forced
+    /// sync, free space; back up a seed tree and copy files one by one.
+    Lab(lab_cmd::LabArgs),
 }
 
 /// Bounds the memory glibc keeps after large buffers are freed.
@@ -149,6 +153,7 @@ fn main() -> ExitCode {
         Command::Diff(a) => commands::diff(&cli.global, &out, a),
         Command::Stats => commands::stats(&cli.global, &out),
         Command::Key(k) => commands::key(&cli.global, &out, k),
+        Command::Lab(a) => lab_cmd::lab(&cli.global, &out, a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

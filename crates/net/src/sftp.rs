@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capsule_backend::{
-    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo,
+    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo, Space,
 };
 use futures::stream::{FuturesOrdered, FuturesUnordered};
 use futures::StreamExt;
@@ -825,6 +825,97 @@ impl Backend for SftpBackend {
                 Err(e) if is_missing(&e) => Ok(()),
                 Err(e) => Err(sftp_err("delete", name, e)),
             }
+        }))
+    }
+
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        validate_name(name)?;
+        block_on(self.with_conn(|c| async move {
+            let flags = OpenFlags::CREATE | OpenFlags::TRUNCATE | OpenFlags::WRITE;
+            let open = || {
+                c.sftp
+                    .open(self.path(name), flags, FileAttributes::default())
+            };
+            let handle = match open().await {
+                Ok(h) => h.handle,
+                Err(e) if is_missing(&e) && name.contains('/') => {
+                    let dir = name.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
+                    self.make_dirs(&c, dir).await?;
+                    open().await.map_err(|e| sftp_err("probe", name, e))?.handle
+                }
+                Err(e) => return Err(sftp_err("probe", name, e)),
+            };
+            let piece = data.len().div_ceil(writes.max(1)).max(1);
+            let mut in_flight: FuturesUnordered<_> = data
+                .chunks(piece)
+                .enumerate()
+                .map(|(i, part)| {
+                    c.sftp
+                        .write(handle.clone(), (i * piece) as u64, part.to_vec())
+                })
+                .collect();
+            let mut res = Ok(());
+            while let Some(r) = in_flight.next().await {
+                if let Err(e) = r {
+                    res = Err(sftp_err("probe", name, e));
+                }
+            }
+            if res.is_ok() && sync && c.fsync {
+                res = c
+                    .sftp
+                    .fsync(handle.clone())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| sftp_err("probe", name, e));
+            }
+            let closed = c.sftp.close(handle).await;
+            res.and_then(|_| closed.map(|_| ()).map_err(|e| sftp_err("probe", name, e)))
+        }))
+    }
+
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        block_on(self.with_conn(|c| async move {
+            match c.sftp.statvfs(self.base.clone()).await {
+                Ok(v) => Ok(Some(Space {
+                    free: v.blocks_avail.saturating_mul(v.fragment_size.max(1)),
+                    total: v.blocks.saturating_mul(v.fragment_size.max(1)),
+                })),
+                // Servers without the statvfs@openssh.com extension.
+                Err(_) => Ok(None),
+            }
+        }))
+    }
+
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        block_on(self.with_conn(|c| async move {
+            let mut dirs = vec![String::new()];
+            let mut i = 0;
+            while i < dirs.len() {
+                let d = dirs[i].clone();
+                if let Ok(entries) = self.list_dir(&c, &d).await {
+                    for e in entries {
+                        if e.is_dir && e.name != "." && e.name != ".." {
+                            dirs.push(if d.is_empty() {
+                                e.name
+                            } else {
+                                format!("{d}/{}", e.name)
+                            });
+                        }
+                    }
+                }
+                i += 1;
+            }
+            for d in dirs.iter().rev() {
+                let _ = c.sftp.rmdir(self.path(d)).await;
+            }
+            lock(&self.dirs).clear();
+            Ok(())
         }))
     }
 

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capsule_backend::{
-    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo,
+    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo, Space,
 };
 use smb2::client::connection::Connection;
 use smb2::{ClientConfig, SmbClient, Tree};
@@ -288,6 +288,107 @@ impl SmbBackend {
         Ok(())
     }
 
+    /// The lab's per-file write: one compound of CREATE, `writes` WRITEs
+    /// and CLOSE (one round trip), or with `sync`, CREATE, WRITEs and FLUSH
+    /// followed by a CLOSE (a FLUSH must end a compound, as it may go
+    /// asynchronous). This is what a copier that does or does not flush each
+    /// file sends; a share with `sync always` flushes every WRITE anyway.
+    async fn probe_compound(
+        &self,
+        path: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> smb2::Result<()> {
+        use smb2::msg::close::CloseRequest;
+        use smb2::msg::create::{
+            CreateDisposition, CreateRequest, CreateResponse, ImpersonationLevel, ShareAccess,
+        };
+        use smb2::msg::flush::FlushRequest;
+        use smb2::msg::write::WriteRequest;
+        use smb2::pack::{ReadCursor, Unpack};
+        use smb2::types::flags::{FileAccessMask, FileAttributes};
+        use smb2::types::status::NtStatus;
+        use smb2::types::{Command, CreditCharge, FileId, OplockLevel};
+        use smb2::CompoundOp;
+
+        let tree_id = Some(self.tree.tree_id);
+        let create = CreateRequest {
+            requested_oplock_level: OplockLevel::None,
+            impersonation_level: ImpersonationLevel::Impersonation,
+            desired_access: FileAccessMask::new(
+                FileAccessMask::FILE_WRITE_DATA
+                    | FileAccessMask::FILE_WRITE_ATTRIBUTES
+                    | FileAccessMask::SYNCHRONIZE,
+            ),
+            file_attributes: FileAttributes::NORMAL,
+            share_access: ShareAccess(0),
+            create_disposition: CreateDisposition::FileOverwriteIf,
+            // FILE_NON_DIRECTORY_FILE
+            create_options: 0x40,
+            name: path.replace('/', "\\"),
+            create_contexts: vec![],
+        };
+        let piece = data.len().div_ceil(writes.max(1)).max(1);
+        let bodies: Vec<WriteRequest> = data
+            .chunks(piece)
+            .enumerate()
+            .map(|(i, part)| WriteRequest {
+                // Header (64) + fixed WRITE body (48).
+                data_offset: 0x70,
+                offset: (i * piece) as u64,
+                file_id: FileId::SENTINEL,
+                channel: 0,
+                remaining_bytes: 0,
+                write_channel_info_offset: 0,
+                write_channel_info_length: 0,
+                flags: 0,
+                data: part.to_vec(),
+            })
+            .collect();
+        let flush = FlushRequest {
+            file_id: FileId::SENTINEL,
+        };
+        let close = CloseRequest {
+            flags: 0,
+            file_id: FileId::SENTINEL,
+        };
+        let mut ops = vec![CompoundOp::new(Command::Create, &create, tree_id)];
+        for b in &bodies {
+            ops.push(CompoundOp {
+                command: Command::Write,
+                body: b,
+                tree_id,
+                credit_charge: CreditCharge(b.data.len().div_ceil(65536).max(1) as u16),
+            });
+        }
+        ops.push(if sync {
+            CompoundOp::new(Command::Flush, &flush, tree_id)
+        } else {
+            CompoundOp::new(Command::Close, &close, tree_id)
+        });
+        let frames = self.conn().execute_compound(&ops).await?;
+        let mut statuses = Vec::new();
+        let mut file_id = None;
+        for (i, f) in frames.into_iter().enumerate() {
+            let f = f?;
+            if i == 0 && f.header.status == NtStatus::SUCCESS {
+                let mut cur = ReadCursor::new(&f.body);
+                file_id = Some(CreateResponse::unpack(&mut cur)?.file_id);
+            }
+            statuses.push((f.header.command, f.header.status));
+        }
+        if sync {
+            if let Some(id) = file_id {
+                let _ = self.tree.close_handle(&mut self.conn(), id).await;
+            }
+        }
+        match statuses.into_iter().find(|(_, s)| *s != NtStatus::SUCCESS) {
+            None => Ok(()),
+            Some((command, status)) => Err(smb2::Error::Protocol { status, command }),
+        }
+    }
+
     async fn put_inner(&self, name: &str, source: Source<'_>) -> Result<(), BackendError> {
         let tmp = self.write_tmp(name, source).await?;
         let r = self
@@ -460,6 +561,70 @@ impl Backend for SmbBackend {
             Err(e) if e.kind() == smb2::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(smb_err("delete", name, e)),
         }
+    }
+
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        validate_name(name)?;
+        let r = block_on(self.probe_compound(&self.path(name), data, writes, sync));
+        match r {
+            Err(e) if e.kind() == smb2::ErrorKind::NotFound => {
+                if let Some((d, _)) = name.rsplit_once('/') {
+                    block_on(self.make_dirs(d))?;
+                }
+                block_on(self.probe_compound(&self.path(name), data, writes, sync))
+            }
+            r => r,
+        }
+        .map_err(|e| smb_err("probe", name, e))
+    }
+
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        let i =
+            block_on(self.tree.fs_info(&mut self.conn())).map_err(|e| smb_err("space", "", e))?;
+        Ok(Some(Space {
+            free: i.free_bytes,
+            total: i.total_bytes,
+        }))
+    }
+
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        block_on(async {
+            let mut dirs = vec![String::new()];
+            let mut i = 0;
+            while i < dirs.len() {
+                let d = dirs[i].clone();
+                if let Ok(entries) = self
+                    .tree
+                    .list_directory(&mut self.conn(), &self.path(&d))
+                    .await
+                {
+                    for e in entries {
+                        if e.is_directory && e.name != "." && e.name != ".." {
+                            dirs.push(if d.is_empty() {
+                                e.name
+                            } else {
+                                format!("{d}/{}", e.name)
+                            });
+                        }
+                    }
+                }
+                i += 1;
+            }
+            for d in dirs.iter().rev() {
+                let _ = self
+                    .tree
+                    .delete_directory(&mut self.conn(), &self.path(d))
+                    .await;
+            }
+            self.dirs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        });
+        Ok(())
     }
 
     fn capabilities(&self) -> Capabilities {

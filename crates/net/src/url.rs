@@ -197,6 +197,35 @@ fn trim_slashes(s: &str) -> String {
 }
 
 impl Destination {
+    /// The same destination one directory (or key prefix) deeper: where the
+    /// lab keeps its scratch repository.
+    pub fn join(&self, child: &str) -> Destination {
+        let join = |base: &str| match base {
+            "" => child.to_string(),
+            "/" => format!("/{child}"),
+            b => format!("{}/{child}", b.trim_end_matches('/')),
+        };
+        match self {
+            Destination::Local(p) => Destination::Local(p.join(child)),
+            Destination::Smb(t) => Destination::Smb(SmbTarget {
+                path: join(&t.path),
+                ..t.clone()
+            }),
+            Destination::Sftp(t) => Destination::Sftp(SftpTarget {
+                path: if t.path == "." {
+                    child.to_string()
+                } else {
+                    join(&t.path)
+                },
+                ..t.clone()
+            }),
+            Destination::S3(t) => Destination::S3(S3Target {
+                prefix: join(&t.prefix),
+                ..t.clone()
+            }),
+        }
+    }
+
     /// Parses a destination; anything without a scheme is a local path.
     pub fn parse(s: &str) -> Result<Destination, ParseError> {
         if let Some(p) = s.strip_prefix("file://") {
@@ -291,6 +320,29 @@ impl Destination {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn join_goes_one_level_deeper() {
+        let d = |s: &str| Destination::parse(s).unwrap();
+        assert_eq!(
+            d("smb://u@h:445/share").join("lab").to_string(),
+            "smb://u@h:445/share/lab"
+        );
+        assert_eq!(
+            d("smb://u@h:445/share/a/").join("lab").to_string(),
+            "smb://u@h:445/share/a/lab"
+        );
+        assert_eq!(
+            d("sftp://u@h:22/").join("lab").to_string(),
+            "sftp://u@h:22/lab"
+        );
+        assert_eq!(d("sftp://u@h/~/").join("lab"), d("sftp://u@h/~/lab"));
+        assert_eq!(
+            d("s3+http://h:9000/b").join("lab").to_string(),
+            "s3+http://h:9000/b/lab"
+        );
+        assert_eq!(d("/srv/x").join("lab"), d("/srv/x/lab"));
+    }
 
     #[test]
     fn parses_each_scheme() {

@@ -1,0 +1,82 @@
+//! The destination lab: measure a destination, explain where a backup's
+//! time goes, and predict backup times.
+//!
+//! * [`probe`]: round trips, throughput, small objects, forced sync, space.
+//! * [`lab`]: `capsule lab`, the probes plus the seed protocol (initial
+//!   backup, no-change run, 10,000 files added, optionally nearly full) and
+//!   the same files copied one by one as Time Machine does.
+//! * [`series`] and [`bound`]: the time series every backup records and the
+//!   verdict on what bounded it.
+//! * [`estimate`]: predictions for a source and a destination, corrected by
+//!   the recorded history of real runs.
+//! * [`history`]: where run records and lab reports are kept.
+//! * [`html`]: self-contained HTML reports with SVG charts.
+
+pub mod bound;
+pub mod dest;
+pub mod estimate;
+pub mod history;
+pub mod html;
+pub mod lab;
+pub mod probe;
+pub mod record;
+pub mod series;
+pub mod svg;
+
+use capsule_backend::BackendError;
+use capsule_engine::EngineError;
+
+/// What can go wrong in the lab.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// The destination failed a request.
+    #[error("destination: {0}")]
+    Destination(#[from] BackendError),
+    /// A backup run by the lab failed.
+    #[error("{0}")]
+    Engine(#[from] EngineError),
+    /// A local file or directory.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Where.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The lab will not do this (e.g. fill a destination it cannot measure).
+    #[error("{0}")]
+    Refused(String),
+    /// Nothing recorded under that name.
+    #[error("{0}")]
+    NotFound(String),
+    /// A stored record could not be read.
+    #[error("{path}: {message}")]
+    BadRecord {
+        /// The record's file.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl LabError {
+    pub(crate) fn io(what: &'static str, path: &std::path::Path, source: std::io::Error) -> Self {
+        LabError::Io {
+            what,
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// Result of lab operations.
+pub type Result<T, E = LabError> = std::result::Result<T, E>;
+
+/// A random lowercase hex string of `bytes` bytes.
+pub(crate) fn random_hex(bytes: usize) -> String {
+    let mut r = vec![0u8; bytes];
+    let _ = getrandom::fill(&mut r);
+    hex::encode(r)
+}
