@@ -104,6 +104,8 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     let loc = settings::location(g)?;
     let new_default =
         loc.is_default && loc.local_path().is_some_and(|p| !p.join("config").exists());
+    let t_connect = std::time::Instant::now();
+    let mut connect_secs = 0.0;
     let repo = if new_default {
         // The embedded default: created on first use.
         let backend = settings::backend(g, &loc, true)?;
@@ -115,10 +117,13 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         r
     } else {
         let backend = settings::backend(g, &loc, false)?;
+        connect_secs = t_connect.elapsed().as_secs_f64();
         let pw = settings::password(g)?;
         Repository::open(backend, &pw)?
     };
     let (repo, cache) = settings::with_cache(g, repo)?;
+    let open_secs = t_connect.elapsed().as_secs_f64() - connect_secs;
+    let repo_id = repo.config().id.clone();
     let mut skip_dirs: Vec<PathBuf> = loc.local_path().map(PathBuf::from).into_iter().collect();
     if let Some((_, dir)) = &cache {
         skip_dirs.push(dir.clone());
@@ -140,9 +145,50 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         skip_dirs,
         estimate: bar.is_some(),
     };
+    let requests = settings::destination_stats();
+    let before = requests
+        .as_ref()
+        .map(|r| capsule_lab::record::DestCounters::read(r))
+        .unwrap_or_default();
+    let recorder = capsule_lab::series::Recorder::start(
+        capsule_lab::series::Sources {
+            progress: Some(progress.clone()),
+            requests: requests.clone(),
+        },
+        std::time::Duration::from_millis(250),
+    );
+    let start_unix = capsule_engine::timefmt::now_unix();
+    let paths: Vec<String> = opts.paths.iter().map(|p| p.display().to_string()).collect();
     let report = capsule_engine::backup::backup(Arc::new(repo), &opts, &progress);
+    let series = recorder.finish();
     drop(bar);
     let report = report?;
+    let counters = requests
+        .as_ref()
+        .map(|r| capsule_lab::record::DestCounters::read(r).since(&before))
+        .unwrap_or_default();
+    let record = capsule_lab::record::from_backup(
+        &report,
+        start_unix,
+        capsule_lab::record::RunContext {
+            destination: loc.display(),
+            repository: repo_id,
+            paths,
+            connect_secs,
+            open_secs,
+            counters,
+            series,
+            rtt: None,
+            bandwidth: None,
+        },
+    );
+    // The record feeds `capsule report` and `capsule estimate`; a backup
+    // that worked is not failed for want of it.
+    if let Some(h) = capsule_lab::history::History::open_default() {
+        if let Err(e) = h.save_run(&record) {
+            out.warn(format!("the run record was not kept: {e}"));
+        }
+    }
     for w in &report.warnings {
         out.warn(format!("{}: {}", w.path, w.message));
     }
@@ -151,6 +197,9 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         let mut v = serde_json::to_value(&report)?;
         v["cache"] = cache_stats.clone().unwrap_or(serde_json::Value::Null);
         v["destination"] = settings::destination_json();
+        v["bound"] = serde_json::to_value(&record.bound)?;
+        v["connect_secs"] = serde_json::json!(connect_secs);
+        v["open_secs"] = serde_json::json!(open_secs);
         out.json(&v);
     }
     let s = &report.summary;
@@ -185,6 +234,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         d["max_in_flight"],
         bytes(d["bytes_up"].as_u64().unwrap_or(0))
     ));
+    out.say(format!("  {}", record.bound.summary));
     if let Some(c) = &cache_stats {
         out.say(format!(
             "  cache: {} hits, {} objects fetched ({})",

@@ -37,7 +37,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
     let n: f64 = num
         .parse()
         .map_err(|_| format!("{s:?} is not a size (like 512K, 64M, 1G)"))?;
-    if !(n >= 0.0) {
+    if !n.is_finite() || n < 0.0 {
         return Err(format!("{s:?} is not a size"));
     }
     Ok((n * mul as f64) as u64)
@@ -229,4 +229,269 @@ mod tests {
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("lots").is_err());
     }
+}
+
+/// Arguments of `estimate`.
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    /// Files and directories that would be backed up.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// The destination (local path or URL); default: the repository.
+    #[arg(long, value_name = "DESTINATION")]
+    to: Option<String>,
+    /// Files changed per hour (default: from recorded runs, else none).
+    #[arg(long, value_name = "N")]
+    hourly_files: Option<u64>,
+    /// Bytes changed per hour.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    hourly_bytes: Option<u64>,
+    /// Local scratch directory for the calibration samples.
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+}
+
+fn human_secs(s: f64) -> String {
+    if s >= 3600.0 {
+        format!("{:.1} h", s / 3600.0)
+    } else if s >= 120.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+/// `capsule estimate`.
+pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
+    let (dest, repo_name) = match &a.to {
+        Some(t) => {
+            let d = Destination::parse(t).map_err(|e| UsageError(e.to_string()))?;
+            let name = d.to_string();
+            (d, name)
+        }
+        None => {
+            let loc = crate::settings::location(g)?;
+            let name = loc.display();
+            (loc.dest, name)
+        }
+    };
+    for p in &a.paths {
+        if std::fs::symlink_metadata(p).is_err() {
+            return Err(UsageError(format!("{}: no such file or directory", p.display())).into());
+        }
+    }
+    let conn = connector(g, &dest);
+    let chatty = !out.json && !out.quiet;
+    let say = |s: &str| {
+        if chatty {
+            eprintln!("estimate: {s}");
+        }
+    };
+    let history = capsule_lab::history::History::open_default();
+    let paths: Vec<PathBuf> = a
+        .paths
+        .iter()
+        .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+        .collect();
+    let e = capsule_lab::estimate::estimate(
+        &paths,
+        &dest,
+        &conn,
+        history.as_ref(),
+        &capsule_lab::estimate::EstimateOptions {
+            hourly_files: a.hourly_files,
+            hourly_bytes: a.hourly_bytes,
+            work_dir: a.work_dir,
+            repository: Some(repo_name),
+        },
+        &say,
+    )
+    .map_err(lab_err)?;
+    if out.json {
+        out.json(&e);
+        return Ok(crate::exit::OK);
+    }
+    let s = &e.source;
+    out.say(format!(
+        "source: {} files in {} directories, {} (scanned in {:.2} s)",
+        s.files,
+        s.dirs,
+        crate::output::bytes(s.bytes),
+        s.scan_secs
+    ));
+    for c in &s.classes {
+        if c.files > 0 {
+            out.say(format!(
+                "  {:>10}: {:>8} files, {}",
+                if c.up_to == 0 {
+                    "larger".to_string()
+                } else {
+                    format!("<= {}", crate::output::bytes(c.up_to))
+                },
+                c.files,
+                crate::output::bytes(c.bytes)
+            ));
+        }
+    }
+    let d = &e.probe;
+    out.say(format!(
+        "destination: {} — round trip {:.2} ms, one stream {:.0} MB/s, {} in flight {:.0} MB/s, a flushed 50 KB file {:.1} ms",
+        e.destination,
+        d.rtt * 1e3,
+        d.stream_bw / 1e6,
+        d.concurrency,
+        d.parallel_bw / 1e6,
+        d.per_file_copy * 1e3
+    ));
+    let p = &e.predicted;
+    out.say(format!(
+        "hourly change assumed: {} files, {} ({})",
+        e.hourly_files,
+        crate::output::bytes(e.hourly_bytes),
+        e.hourly_basis
+    ));
+    out.say(format!("{:<28} {:>12} {:>12}", "", "initial", "hourly"));
+    out.say(format!(
+        "{:<28} {:>12} {:>12}",
+        "capsule",
+        human_secs(p.initial),
+        human_secs(p.hourly)
+    ));
+    out.say(format!(
+        "{:<28} {:>12} {:>12}",
+        "per-file copy (Time Machine)",
+        human_secs(p.per_file_initial),
+        human_secs(p.per_file_hourly)
+    ));
+    out.say(format!(
+        "{:<28} {:>12} {:>12}",
+        "rule of thumb (0.67 x copy)",
+        human_secs(p.rule_of_thumb),
+        "—"
+    ));
+    if e.history.is_empty() {
+        out.say("no recorded backups to this destination yet: after real backups, estimates are checked against them and corrected");
+    } else {
+        out.say(format!(
+            "checked against {} recorded runs: corrections x{:.2} (initial), x{:.2} (hourly)",
+            e.history.len(),
+            e.correction.0,
+            e.correction.1
+        ));
+        for c in e.history.iter().rev().take(5) {
+            out.say(format!(
+                "  {} {:<8} predicted {:>9}, took {:>9}",
+                c.time,
+                c.kind,
+                human_secs(c.predicted),
+                human_secs(c.actual)
+            ));
+        }
+    }
+    Ok(crate::exit::OK)
+}
+
+/// Arguments of `report`.
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A snapshot ID (prefix) of a recorded backup, a lab report id, or
+    /// `latest` / `latest-lab`.
+    #[arg(required_unless_present = "list")]
+    id: Option<String>,
+    /// List recorded backups and lab runs.
+    #[arg(long)]
+    list: bool,
+    /// Write the report as a self-contained HTML page.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// Write each chart as an SVG file into DIR.
+    #[arg(long, value_name = "DIR")]
+    svg: Option<PathBuf>,
+}
+
+/// `capsule report`.
+pub fn report(_g: &GlobalArgs, out: &Output, a: ReportArgs) -> Result<u8> {
+    let Some(h) = capsule_lab::history::History::open_default() else {
+        return Err(UsageError("no state directory: set CAPSULE_STATE_DIR or HOME".into()).into());
+    };
+    if a.list {
+        let runs = h.runs();
+        let labs = h.lab_ids();
+        if out.json {
+            out.json(&serde_json::json!({
+                "backups": runs.iter().map(|r| serde_json::json!({
+                    "snapshot": r.snapshot, "time": r.time, "destination": r.destination,
+                    "secs": r.total_secs(), "bound": r.bound.kind,
+                })).collect::<Vec<_>>(),
+                "lab": labs,
+            }));
+        } else {
+            for r in &runs {
+                out.result(format!(
+                    "{}  {}  {:>9.2} s  {:<24} {}",
+                    &r.snapshot[..8.min(r.snapshot.len())],
+                    r.time,
+                    r.total_secs(),
+                    r.bound.kind.label(),
+                    r.destination
+                ));
+            }
+            for l in &labs {
+                out.result(format!("lab {l}"));
+            }
+        }
+        return Ok(crate::exit::OK);
+    }
+    let id = a.id.unwrap_or_default();
+    let lab =
+        if id == "latest-lab" || !id.chars().all(|c| c.is_ascii_hexdigit()) || id.contains('T') {
+            h.find_lab(&id).ok()
+        } else {
+            None
+        };
+    if let Some(r) = lab {
+        write_outputs(out, &r, a.html.as_deref(), a.svg.as_deref())?;
+        if out.json {
+            out.json(&r);
+        } else {
+            print_lab(out, &r);
+        }
+        return Ok(crate::exit::OK);
+    }
+    let r = h.find_run(&id).map_err(lab_err)?;
+    if let Some(p) = &a.html {
+        std::fs::write(p, capsule_lab::html::run_page(&r))
+            .map_err(|e| anyhow::anyhow!("write {}: {e}", p.display()))?;
+        out.say(format!("HTML report written to {}", p.display()));
+    }
+    if let Some(d) = &a.svg {
+        let n = write_svgs(d, &capsule_lab::html::run_charts(&r))?;
+        out.say(format!("{n} SVG charts written to {}", d.display()));
+    }
+    if out.json {
+        out.json(&r);
+    } else {
+        out.say(format!(
+            "backup {} of {} to {} at {}",
+            &r.snapshot[..8.min(r.snapshot.len())],
+            r.paths.join(", "),
+            r.destination,
+            r.time
+        ));
+        out.say(format!(
+            "  {:.2} s (connect {:.2}, open {:.2}, backup {:.2}); {} files, {} read, {} stored",
+            r.total_secs(),
+            r.connect_secs,
+            r.open_secs,
+            r.backup_secs,
+            r.files,
+            crate::output::bytes(r.bytes_read),
+            crate::output::bytes(r.bytes_added)
+        ));
+        out.say(format!("  {}", r.bound.summary));
+        for e in &r.bound.evidence {
+            out.say(format!("    {e}"));
+        }
+    }
+    Ok(crate::exit::OK)
 }

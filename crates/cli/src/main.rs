@@ -116,6 +116,11 @@ enum Command {
     /// Measure a destination: round trips, throughput, small files, forced
     /// sync, free space; back up a seed tree and copy files one by one.
     Lab(lab_cmd::LabArgs),
+    /// Predict the initial backup and an hourly run of a source to a
+    /// destination, for capsule and for per-file copying.
+    Estimate(lab_cmd::EstimateArgs),
+    /// Show a recorded backup or lab run; write it as HTML or SVG charts.
+    Report(lab_cmd::ReportArgs),
 }
 
 /// Bounds the memory glibc keeps after large buffers are freed.
@@ -154,6 +159,8 @@ fn main() -> ExitCode {
         Command::Stats => commands::stats(&cli.global, &out),
         Command::Key(k) => commands::key(&cli.global, &out, k),
         Command::Lab(a) => lab_cmd::lab(&cli.global, &out, a),
+        Command::Estimate(a) => lab_cmd::estimate(&cli.global, &out, a),
+        Command::Report(a) => lab_cmd::report(&cli.global, &out, a),
     };
     match result {
         Ok(code) => ExitCode::from(code),

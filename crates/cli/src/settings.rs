@@ -130,6 +130,11 @@ pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<d
     Ok(Arc::new(retry))
 }
 
+/// The destination's request counters, once a backend is open.
+pub fn destination_stats() -> Option<Arc<capsule_backend::RequestStats>> {
+    STATS.get().map(|d| d.requests.clone())
+}
+
 /// What this process asked of the destination, as JSON (`null` before any
 /// backend was opened).
 pub fn destination_json() -> serde_json::Value {

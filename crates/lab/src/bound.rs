@@ -253,7 +253,7 @@ mod tests {
             requests: 10,
             bytes_moved: 10 * 16 << 20,
             dest_busy: 9.0,
-            request_secs: 17.0,
+            request_secs: 10.0,
             rtt: Some(0.002),
             bandwidth: Some(20e6),
             ..facts()

@@ -1,1 +1,674 @@
-//! Estimates (next).
+//! `capsule estimate`: predicts the initial backup and a typical hourly run
+//! of a source to a destination, for capsule and for per-file copying, next
+//! to the "0.67 x a large-file copy" rule of thumb; then checks the model
+//! against recorded runs and corrects it.
+//!
+//! The model has three measured parts:
+//! * **this machine's pipeline** (scan, read, chunk, hash, compress,
+//!   encrypt), from two small real backups of samples of the source into a
+//!   local scratch repository: one of small files (cost per file), one of
+//!   the largest files (cost per byte), and a no-change re-run of the small
+//!   sample (cost per unchanged file);
+//! * **the destination**, probed briefly: connect time, round trip,
+//!   bandwidth of one stream and of the upload concurrency, and the time to
+//!   write one small file with a flush;
+//! * **fixed costs**: opening the repository (key derivation) and the
+//!   handful of round trips every run makes.
+//!
+//! An initial backup overlaps the pipeline with uploads, so it takes the
+//! longer of the two plus fixed costs; an hourly run stats every file and
+//! backs up what changed the same way.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use capsule_backend::Backend;
+use capsule_net::Destination;
+use serde::{Deserialize, Serialize};
+
+use crate::dest::{delete_all, Connector};
+use crate::history::History;
+use crate::lab::backup_step;
+use crate::probe::{self, Noise};
+use crate::record::RunRecord;
+use crate::{LabError, Result};
+
+/// One size class of the source.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SizeClass {
+    /// Files up to this size (bytes; the last class has no bound: 0).
+    pub up_to: u64,
+    /// Files in the class.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// What the scan of the source found.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SourceScan {
+    /// Regular files.
+    pub files: u64,
+    /// Directories.
+    pub dirs: u64,
+    /// Bytes of regular files.
+    pub bytes: u64,
+    /// Size distribution.
+    pub classes: Vec<SizeClass>,
+    /// Seconds the scan took.
+    pub scan_secs: f64,
+}
+
+const CLASS_BOUNDS: [u64; 6] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 0];
+
+/// Walks `paths` (not following symlinks) and counts.
+pub fn scan(paths: &[PathBuf]) -> Result<(SourceScan, Vec<(PathBuf, u64)>)> {
+    let t = Instant::now();
+    let mut s = SourceScan {
+        classes: CLASS_BOUNDS
+            .iter()
+            .map(|&up_to| SizeClass {
+                up_to,
+                ..SizeClass::default()
+            })
+            .collect(),
+        ..SourceScan::default()
+    };
+    let mut files = Vec::new();
+    let mut stack: Vec<PathBuf> = paths.to_vec();
+    while let Some(p) = stack.pop() {
+        let m = std::fs::symlink_metadata(&p).map_err(|e| LabError::io("read", &p, e))?;
+        if m.is_dir() {
+            s.dirs += 1;
+            let Ok(rd) = std::fs::read_dir(&p) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                stack.push(e.path());
+            }
+        } else if m.is_file() {
+            let len = m.len();
+            s.files += 1;
+            s.bytes += len;
+            let c = s
+                .classes
+                .iter_mut()
+                .find(|c| c.up_to == 0 || len <= c.up_to)
+                .expect("the last class is unbounded");
+            c.files += 1;
+            c.bytes += len;
+            files.push((p, len));
+        }
+    }
+    s.scan_secs = t.elapsed().as_secs_f64();
+    Ok((s, files))
+}
+
+/// This machine's pipeline costs, measured on samples of the source.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Seconds per file read (beyond its bytes).
+    pub per_file: f64,
+    /// Seconds per byte read.
+    pub per_byte: f64,
+    /// Seconds per unchanged file in a run with a parent.
+    pub per_unchanged_file: f64,
+    /// Seconds to open a repository (key derivation included).
+    pub open_secs: f64,
+    /// Seconds of a run with nothing to back up (index, snapshot list).
+    pub run_secs: f64,
+    /// Bytes stored per byte read (compression; new data).
+    pub stored_ratio: f64,
+    /// Files and bytes in the two samples.
+    pub samples: [(u64, u64); 2],
+}
+
+/// The destination, probed briefly.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DestProbe {
+    /// Seconds to connect.
+    pub connect_secs: f64,
+    /// Median round trip, seconds.
+    pub rtt: f64,
+    /// One stream, bytes/s.
+    pub stream_bw: f64,
+    /// Uploads in flight as a backup runs them, bytes/s.
+    pub parallel_bw: f64,
+    /// Uploads a backup keeps in flight.
+    pub concurrency: usize,
+    /// Seconds to write one 50 KiB file with a flush, one at a time.
+    pub per_file_copy: f64,
+}
+
+/// Predicted times, seconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Prediction {
+    /// capsule, first backup.
+    pub initial: f64,
+    /// capsule, a typical hourly run.
+    pub hourly: f64,
+    /// Per-file copying, everything.
+    pub per_file_initial: f64,
+    /// Per-file copying, the hourly changes.
+    pub per_file_hourly: f64,
+    /// The rule of thumb: bytes at 0.67 x the one-stream bandwidth.
+    pub rule_of_thumb: f64,
+}
+
+/// One recorded run set against the model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Checked {
+    /// When it ran.
+    pub time: String,
+    /// `initial` (read most files) or `hourly`.
+    pub kind: String,
+    /// What the model predicts for it.
+    pub predicted: f64,
+    /// What it took.
+    pub actual: f64,
+}
+
+/// The result of `capsule estimate`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Estimate {
+    /// The destination.
+    pub destination: String,
+    /// The source.
+    pub source: SourceScan,
+    /// Assumed hourly change: files read.
+    pub hourly_files: u64,
+    /// Assumed hourly change: bytes read.
+    pub hourly_bytes: u64,
+    /// Where the hourly assumption comes from.
+    pub hourly_basis: String,
+    /// Pipeline costs.
+    pub calibration: Calibration,
+    /// Destination figures.
+    pub probe: DestProbe,
+    /// The model's predictions.
+    pub model: Prediction,
+    /// After correction by history (equal to `model` without history).
+    pub predicted: Prediction,
+    /// Correction factors applied (initial, hourly).
+    pub correction: (f64, f64),
+    /// Recorded runs to this destination, predicted vs actual.
+    pub history: Vec<Checked>,
+}
+
+/// What `capsule estimate` needs.
+#[derive(Debug, Clone, Default)]
+pub struct EstimateOptions {
+    /// Hourly change in files (default: from history, else none).
+    pub hourly_files: Option<u64>,
+    /// Hourly change in bytes.
+    pub hourly_bytes: Option<u64>,
+    /// Local scratch directory.
+    pub work_dir: Option<PathBuf>,
+    /// Skip the destination probe (predict with the pipeline only).
+    pub repository: Option<String>,
+}
+
+/// Pipeline time for `files` files of `bytes` bytes (no upload).
+fn pipeline(c: &Calibration, files: f64, bytes: f64) -> f64 {
+    c.per_file * files + c.per_byte * bytes
+}
+
+/// Upload time for `bytes` of new data.
+fn upload(c: &Calibration, d: &DestProbe, bytes: f64) -> f64 {
+    if d.parallel_bw <= 0.0 {
+        return 0.0;
+    }
+    bytes * c.stored_ratio / d.parallel_bw
+}
+
+/// Round trips every run makes besides uploading packs: open (config, keys,
+/// key file), list index and snapshots, put index and snapshot.
+const RUN_ROUND_TRIPS: f64 = 8.0;
+
+/// The model: seconds for a run that stats `files` files and reads
+/// `files_read` of them (`bytes_read` bytes).
+pub fn predict_run(
+    c: &Calibration,
+    d: &DestProbe,
+    files: u64,
+    files_read: u64,
+    bytes_read: u64,
+) -> f64 {
+    let fixed = d.connect_secs + c.open_secs + c.run_secs + RUN_ROUND_TRIPS * d.rtt;
+    let unchanged = files.saturating_sub(files_read) as f64 * c.per_unchanged_file;
+    let local = pipeline(c, files_read as f64, bytes_read as f64);
+    let up = upload(c, d, bytes_read as f64);
+    // The last pack is uploaded after the pipeline has finished.
+    let tail = if bytes_read > 0 && d.stream_bw > 0.0 {
+        (16u64 << 20).min(bytes_read) as f64 * c.stored_ratio / d.stream_bw + d.rtt
+    } else {
+        0.0
+    };
+    fixed + unchanged + local.max(up) + tail
+}
+
+/// Predictions for a source.
+pub fn predict(
+    c: &Calibration,
+    d: &DestProbe,
+    s: &SourceScan,
+    hourly_files: u64,
+    hourly_bytes: u64,
+) -> Prediction {
+    let per_file = |files: u64, bytes: u64, dirs: u64| {
+        files as f64 * d.per_file_copy
+            + bytes.saturating_sub(files * 51_200) as f64 / d.stream_bw.max(1.0)
+            + dirs as f64 * d.rtt
+    };
+    Prediction {
+        initial: predict_run(c, d, s.files, s.files, s.bytes),
+        hourly: predict_run(c, d, s.files, hourly_files, hourly_bytes),
+        per_file_initial: per_file(s.files, s.bytes, s.dirs),
+        per_file_hourly: per_file(hourly_files, hourly_bytes, 0),
+        rule_of_thumb: s.bytes as f64 / (0.67 * d.stream_bw.max(1.0)),
+    }
+}
+
+/// Leaf directories (no subdirectories) holding small files, spread over
+/// the source, with about `want` files in all.
+fn small_dirs(files: &[(PathBuf, u64)], want: u64) -> Vec<PathBuf> {
+    use std::collections::BTreeMap;
+    let mut per_dir: BTreeMap<&Path, (u64, u64)> = BTreeMap::new();
+    for (p, n) in files {
+        if let Some(d) = p.parent() {
+            let e = per_dir.entry(d).or_default();
+            e.0 += 1;
+            if *n <= 64 << 10 {
+                e.1 += 1;
+            }
+        }
+    }
+    let leaves: Vec<(&Path, u64)> = per_dir
+        .iter()
+        .filter(|(d, (_, small))| {
+            *small > 0
+                && std::fs::read_dir(d).is_ok_and(|rd| {
+                    rd.flatten()
+                        .all(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+                })
+        })
+        .map(|(d, (all, _))| (*d, *all))
+        .collect();
+    let total: u64 = leaves.iter().map(|(_, n)| n).sum();
+    let step = (total / want.max(1)).max(1) as usize;
+    let mut out = Vec::new();
+    let mut got = 0;
+    for (d, n) in leaves.iter().step_by(step.min(leaves.len().max(1))) {
+        if got >= want {
+            break;
+        }
+        out.push(d.to_path_buf());
+        got += n;
+    }
+    out
+}
+
+/// Measures this machine's pipeline on samples of `files`.
+pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
+    // Small sample: whole leaf directories of small files, about 1,000
+    // files, backed up the way the source will be.
+    let small = small_dirs(files, 1000);
+    // Large sample: the largest files, up to 96 MiB.
+    let mut by_size: Vec<&(PathBuf, u64)> = files.iter().filter(|(_, n)| *n > 64 << 10).collect();
+    by_size.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let mut large = Vec::new();
+    let mut large_bytes = 0u64;
+    for (p, n) in by_size {
+        if large_bytes >= 96 << 20 || large.len() >= 200 {
+            break;
+        }
+        large.push(p.clone());
+        large_bytes += n;
+    }
+    let empty = work.join("empty-source");
+    std::fs::create_dir_all(&empty).map_err(|e| LabError::io("create", &empty, e))?;
+    let conn = Connector {
+        no_fsync: true,
+        ..Connector::default()
+    };
+    let password = crate::random_hex(16).into_bytes();
+    let sample = |name: &str, paths: &[PathBuf]| -> Result<Option<(RunRecord, RunRecord)>> {
+        if paths.is_empty() {
+            return Ok(None);
+        }
+        let dest = Destination::Local(work.join(name));
+        let cache = work.join("cache");
+        let first = backup_step(&conn, &dest, &password, paths, true, &cache, None)?;
+        let second = backup_step(&conn, &dest, &password, paths, false, &cache, None)?;
+        Ok(Some((first, second)))
+    };
+    // What any run costs here with nothing to do.
+    let (e1, e2) = sample("empty", &[empty])?.expect("one path");
+    let s = sample("small", &small)?;
+    let l = sample("large", &large)?;
+    let point = |r: &RunRecord| {
+        (
+            r.files_read as f64,
+            r.bytes_read as f64,
+            (r.backup_secs - e1.backup_secs).max(0.0),
+        )
+    };
+    let (per_file, per_byte) = match (&s, &l) {
+        (Some((s1, _)), Some((l1, _))) => {
+            let (f1, b1, t1) = point(s1);
+            let (f2, b2, t2) = point(l1);
+            let det = f1 * b2 - f2 * b1;
+            // Samples with the same bytes per file cannot separate the two
+            // costs; then charge bytes only.
+            let same_shape = f1 > 0.0 && f2 > 0.0 && ((b1 / f1) / (b2 / f2) - 1.0).abs() < 0.3;
+            let solved = (!same_shape && det.abs() > 1e-9)
+                .then(|| ((t1 * b2 - t2 * b1) / det, (f1 * t2 - f2 * t1) / det));
+            match solved {
+                Some((a, b)) if a >= 0.0 && b >= 0.0 => (a, b),
+                _ => (0.0, (t1 + t2) / (b1 + b2).max(1.0)),
+            }
+        }
+        (Some((s1, _)), None) => {
+            let (f, b, t) = point(s1);
+            if b > 0.0 {
+                (0.5 * t / f.max(1.0), 0.5 * t / b)
+            } else {
+                (t / f.max(1.0), 0.0)
+            }
+        }
+        (None, Some((l1, _))) => {
+            let (_, b, t) = point(l1);
+            (0.0, t / b.max(1.0))
+        }
+        (None, None) => (0.0, 0.0),
+    };
+    let unchanged = s
+        .as_ref()
+        .or(l.as_ref())
+        .map(|(_, n)| (n.backup_secs - e2.backup_secs).max(0.0) / n.files.max(1) as f64)
+        .unwrap_or(0.0);
+    let ratio = l
+        .as_ref()
+        .or(s.as_ref())
+        .map(|(f, _)| f.bytes_added as f64 / f.bytes_read.max(1) as f64)
+        .unwrap_or(1.0);
+    let dims = |x: &Option<(RunRecord, RunRecord)>| {
+        x.as_ref()
+            .map(|(f, _)| (f.files_read, f.bytes_read))
+            .unwrap_or_default()
+    };
+    Ok(Calibration {
+        per_file,
+        per_byte,
+        per_unchanged_file: unchanged,
+        open_secs: e2.open_secs,
+        run_secs: e2.backup_secs,
+        stored_ratio: ratio.clamp(0.01, 1.2),
+        samples: [dims(&s), dims(&l)],
+    })
+}
+
+/// Probes the destination briefly (a few seconds at most on a LAN).
+pub fn probe_destination(conn: &Connector, dest: &Destination) -> Result<DestProbe> {
+    let scratch = dest.join(&format!("capsule-estimate-{}", crate::random_hex(4)));
+    let opened = conn.open(&scratch, true)?;
+    let b = opened.backend.clone();
+    let r = (|| {
+        let rtt = probe::round_trip(&*b, 10)?.median_ms / 1e3;
+        let concurrency = b.capabilities().concurrency.max(1);
+        // One stream.
+        let size = 16u64 << 20;
+        let t = Instant::now();
+        b.put_stream("est/stream", size, &mut Noise::new(3, size))?;
+        let stream_bw = size as f64 / t.elapsed().as_secs_f64().max(1e-9);
+        // As many as a backup keeps in flight, pack-sized pieces.
+        let piece = 8u64 << 20;
+        let t = Instant::now();
+        parallel_puts(&b, concurrency, piece)?;
+        let parallel_bw = (concurrency as u64 * piece) as f64 / t.elapsed().as_secs_f64();
+        // Per-file copying: small files one at a time, flushed.
+        let data = Noise::bytes(5, 51_200);
+        let t = Instant::now();
+        let n = 12;
+        for i in 0..n {
+            b.probe_write(&format!("est/f/{i}"), &data, 1, true)?;
+        }
+        let per_file_copy = t.elapsed().as_secs_f64() / n as f64;
+        Ok(DestProbe {
+            connect_secs: opened.connect_secs,
+            rtt,
+            stream_bw,
+            parallel_bw,
+            concurrency,
+            per_file_copy,
+        })
+    })();
+    let _ = delete_all(&*b, "", 16);
+    let _ = b.remove_empty_dirs();
+    r
+}
+
+fn parallel_puts(b: &Arc<dyn Backend>, n: usize, size: u64) -> Result<()> {
+    let mut err = None;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|i| {
+                s.spawn(move || {
+                    b.put_stream(
+                        &format!("est/p{i}"),
+                        size,
+                        &mut Noise::new(i as u64 + 9, size),
+                    )
+                })
+            })
+            .collect();
+        for h in hs {
+            if let Ok(Err(e)) = h.join() {
+                err.get_or_insert(e);
+            }
+        }
+    });
+    match err {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
+/// Median of a non-empty slice.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Sets recorded runs to `destination` against the model; returns the
+/// checks and the correction factors (initial, hourly), each the median
+/// actual/predicted ratio of the newest five runs of its kind.
+pub fn check_history(
+    runs: &[RunRecord],
+    destination: &str,
+    c: &Calibration,
+    d: &DestProbe,
+) -> (Vec<Checked>, (f64, f64)) {
+    let mut checked = Vec::new();
+    let (mut init, mut hourly) = (Vec::new(), Vec::new());
+    for r in runs.iter().filter(|r| r.destination == destination) {
+        let predicted = predict_run(c, d, r.files, r.files_read, r.bytes_read);
+        let actual = r.total_secs();
+        let initial = r.files_read * 2 >= r.files.max(1);
+        if predicted > 0.0 {
+            if initial { &mut init } else { &mut hourly }.push(actual / predicted);
+        }
+        checked.push(Checked {
+            time: r.time.clone(),
+            kind: if initial { "initial" } else { "hourly" }.into(),
+            predicted,
+            actual,
+        });
+    }
+    let factor = |v: &mut Vec<f64>| {
+        let n = v.len();
+        if n == 0 {
+            1.0
+        } else {
+            median(&mut v[n.saturating_sub(5)..]).clamp(0.33, 3.0)
+        }
+    };
+    (checked, (factor(&mut init), factor(&mut hourly)))
+}
+
+/// Runs the whole estimate.
+pub fn estimate(
+    paths: &[PathBuf],
+    dest: &Destination,
+    conn: &Connector,
+    history: Option<&History>,
+    opts: &EstimateOptions,
+    say: &dyn Fn(&str),
+) -> Result<Estimate> {
+    say("scanning the source");
+    let (source, files) = scan(paths)?;
+    let work = match &opts.work_dir {
+        Some(d) => tempfile::Builder::new()
+            .prefix("capsule-estimate-")
+            .tempdir_in(d),
+        None => tempfile::Builder::new()
+            .prefix("capsule-estimate-")
+            .tempdir(),
+    }
+    .map_err(|e| LabError::io("create a scratch directory", Path::new("temp"), e))?;
+    say("measuring this machine on samples of the source");
+    let calibration = calibrate(&files, work.path())?;
+    say(&format!("probing {dest}"));
+    let probe = probe_destination(conn, dest)?;
+    let runs = history.map(|h| h.runs()).unwrap_or_default();
+    let repo_name = opts.repository.clone().unwrap_or_else(|| dest.to_string());
+    let (checked, correction) = check_history(&runs, &repo_name, &calibration, &probe);
+    // The hourly change: given, else what recent hourly runs read.
+    let recent: Vec<&RunRecord> = runs
+        .iter()
+        .filter(|r| r.destination == repo_name && r.files_read * 2 < r.files.max(1))
+        .collect();
+    let (hourly_files, hourly_bytes, hourly_basis) = match (opts.hourly_files, opts.hourly_bytes) {
+        (Some(f), b) => (f, b.unwrap_or(f * 51_200), "given".to_string()),
+        (None, Some(b)) => (b.div_ceil(51_200), b, "given".to_string()),
+        (None, None) if !recent.is_empty() => {
+            let tail = &recent[recent.len().saturating_sub(5)..];
+            let mut f: Vec<f64> = tail.iter().map(|r| r.files_read as f64).collect();
+            let mut b: Vec<f64> = tail.iter().map(|r| r.bytes_read as f64).collect();
+            (
+                median(&mut f) as u64,
+                median(&mut b) as u64,
+                format!("median of the last {} hourly runs", tail.len()),
+            )
+        }
+        _ => (
+            0,
+            0,
+            "no history and none given: a run with nothing changed".to_string(),
+        ),
+    };
+    let model = predict(&calibration, &probe, &source, hourly_files, hourly_bytes);
+    let predicted = Prediction {
+        initial: model.initial * correction.0,
+        hourly: model.hourly * correction.1,
+        ..model.clone()
+    };
+    Ok(Estimate {
+        destination: dest.to_string(),
+        source,
+        hourly_files,
+        hourly_bytes,
+        hourly_basis,
+        calibration,
+        probe,
+        model,
+        predicted,
+        correction,
+        history: checked,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cal() -> Calibration {
+        Calibration {
+            per_file: 1e-4,
+            per_byte: 1e-8,
+            per_unchanged_file: 1e-6,
+            open_secs: 0.3,
+            run_secs: 0.0,
+            stored_ratio: 1.0,
+            samples: [(0, 0); 2],
+        }
+    }
+
+    fn dest(rtt: f64, bw: f64) -> DestProbe {
+        DestProbe {
+            connect_secs: 0.05,
+            rtt,
+            stream_bw: bw,
+            parallel_bw: bw,
+            concurrency: 8,
+            per_file_copy: 3.0 * rtt,
+        }
+    }
+
+    #[test]
+    fn slow_links_bound_initial_backups() {
+        let c = cal();
+        // 1 GB: pipeline 10 s + 1,000 files 0.1 s; upload at 10 MB/s 100 s.
+        let t = predict_run(&c, &dest(0.002, 10e6), 1000, 1000, 1_000_000_000);
+        assert!((100.0..103.0).contains(&t), "{t}");
+        let fast = predict_run(&c, &dest(0.002, 1e9), 1000, 1000, 1_000_000_000);
+        assert!((10.0..12.5).contains(&fast), "{fast}");
+    }
+
+    #[test]
+    fn hourly_runs_cost_stats_and_round_trips() {
+        let c = cal();
+        let t = predict_run(&c, &dest(0.010, 1e8), 100_000, 0, 0);
+        // 0.05 connect + 0.3 open + 8 x 10 ms + 100k x 1 us.
+        assert!((t - 0.53).abs() < 1e-6, "{t}");
+    }
+
+    #[test]
+    fn history_corrects_by_median_ratio() {
+        let c = cal();
+        let d = dest(0.002, 1e8);
+        let mk = |files_read, secs| RunRecord {
+            version: 1,
+            time: String::new(),
+            time_unix: 0,
+            destination: "x".into(),
+            repository: String::new(),
+            snapshot: String::new(),
+            paths: vec![],
+            cores: 2,
+            connect_secs: 0.0,
+            open_secs: 0.0,
+            backup_secs: secs,
+            files: 1000,
+            dirs: 1,
+            bytes: 0,
+            files_read,
+            bytes_read: 0,
+            bytes_added: 0,
+            packs: 0,
+            destination_counters: Default::default(),
+            stages: Default::default(),
+            bound: crate::bound::analyze(&Default::default()),
+            series: vec![],
+        };
+        let base = predict_run(&c, &d, 1000, 0, 0);
+        let runs = vec![mk(0, base * 2.0), mk(0, base * 2.0), mk(0, base * 4.0)];
+        let (checked, (i, h)) = check_history(&runs, "x", &c, &d);
+        assert_eq!(checked.len(), 3);
+        assert_eq!(i, 1.0);
+        assert!((h - 2.0).abs() < 1e-9, "{h}");
+        // Other destinations do not count.
+        assert!(check_history(&runs, "y", &c, &d).0.is_empty());
+    }
+}
