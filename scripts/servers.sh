@@ -41,6 +41,10 @@ install_packages() {
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v ssh-keygen >/dev/null || missing+=(openssh-client)
   command -v curl >/dev/null || missing+=(curl)
+  # The lab's report test renders HTML in headless Chromium and mounts a
+  # small ext4 image for the nearly-full destination.
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
   if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     apt-get update -qq

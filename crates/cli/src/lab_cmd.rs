@@ -45,6 +45,7 @@ fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Arguments of `lab`.
 #[derive(Args, Debug)]
+#[command(args_override_self = true)]
 pub struct LabArgs {
     /// The destination to measure: a local path, smb://, sftp://, s3:// URL.
     /// The lab works in a new `capsule-lab-*` directory below it and

@@ -127,6 +127,7 @@ impl Remote {
             c.env_remove(k);
         }
         c.env("CAPSULE_CACHE_DIR", self.cache.path());
+        c.env("CAPSULE_STATE_DIR", self.cache.path().join("state"));
         for (k, v) in &self.env {
             c.env(k, v);
         }

@@ -340,10 +340,10 @@ pub fn lab_page(r: &LabReport) -> String {
         let _ = write!(b, "<tr><td>{}</td><td>{}</td></tr>", esc(k), esc(&v));
     };
     row(
-        "round trip (median / min / p90)",
+        "round trip (fastest / median / p90)",
         format!(
             "{:.2} / {:.2} / {:.2} ms",
-            p.rtt.median_ms, p.rtt.min_ms, p.rtt.p90_ms
+            p.rtt.min_ms, p.rtt.median_ms, p.rtt.p90_ms
         ),
     );
     row("connect", format!("{:.2} s", r.connect_secs));

@@ -192,6 +192,25 @@ pub fn run(
     let opened = conn.open(&scratch, true)?;
     let b = opened.backend.clone();
     let free_before = b.space().ok().flatten().map(|s| s.free);
+    if let Some(pct) = opts.fill_to {
+        // Refuse before writing anything.
+        if !opts.seed {
+            return Err(LabError::Refused(
+                "--fill-to runs the seed backups on a nearly full destination; it cannot be combined with --no-seed".into(),
+            ));
+        }
+        if !(1.0..=99.0).contains(&pct) {
+            return Err(LabError::Refused(format!(
+                "--fill-to {pct}: give a percentage between 1 and 99"
+            )));
+        }
+        if free_before.is_none() {
+            let _ = b.remove_empty_dirs();
+            return Err(LabError::Refused(
+                "--fill-to: this destination does not report its free space, so the lab cannot tell how much to write; not filling".into(),
+            ));
+        }
+    }
     let mut cleanup = Cleanup {
         free_before,
         ..Cleanup::default()
@@ -208,8 +227,9 @@ pub fn run(
     say("cleaning up");
     // Always: whatever failed, the destination gets its space back.
     cleanup.objects_removed = delete_all(&*b, "", 16).unwrap_or(0);
-    let _ = b.remove_empty_dirs();
+    // Measured before the scratch directory itself goes (statvfs needs it).
     cleanup.free_after = b.space().ok().flatten().map(|s| s.free);
+    let _ = b.remove_empty_dirs();
     let (probe, seed, per_file, full) = result?;
     let mut report = LabReport {
         version: LAB_VERSION,
@@ -596,7 +616,9 @@ fn nearly_full(
         .map(|m| m.len())
         .sum::<u64>()
         + (opts.added_files * opts.added_size) as u64;
-    let needed = source_bytes + source_bytes / 5 + (64 << 20);
+    // Room for everything once, a fifth more for trees, indexes and
+    // temporaries, and one pack being written.
+    let needed = source_bytes + source_bytes / 5 + (16 << 20);
     let left = space.free.saturating_sub(fill);
     if left < needed {
         return Err(LabError::Refused(format!(
@@ -726,8 +748,8 @@ fn findings(r: &LabReport) -> Vec<Finding> {
     add(
         "latency",
         format!(
-            "Round trip: {:.2} ms median ({:.2} ms fastest, {:.2} ms at the 90th percentile, {} requests); connecting took {:.2} s.",
-            p.rtt.median_ms, p.rtt.min_ms, p.rtt.p90_ms, p.rtt.samples, r.connect_secs
+            "Round trip: {:.2} ms (the fastest of {} requests; median {:.2} ms, 90th percentile {:.2} ms, which include the server's work and queueing); connecting took {:.2} s.",
+            p.rtt.min_ms, p.rtt.samples, p.rtt.median_ms, p.rtt.p90_ms, r.connect_secs
         ),
     );
     if let (Some(w), Some(rd)) = (&p.write, &p.read) {

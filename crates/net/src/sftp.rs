@@ -851,7 +851,12 @@ impl Backend for SftpBackend {
                 }
                 Err(e) => return Err(sftp_err("probe", name, e)),
             };
-            let piece = data.len().div_ceil(writes.max(1)).max(1);
+            // No request may exceed the server's packet limit, however few
+            // writes were asked for.
+            let piece = data
+                .len()
+                .div_ceil(writes.max(1))
+                .clamp(1, c.write_len as usize);
             let mut in_flight: FuturesUnordered<_> = data
                 .chunks(piece)
                 .enumerate()

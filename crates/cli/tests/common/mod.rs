@@ -23,7 +23,9 @@ pub fn capsule_env(repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("CAPSULE_PASSWORD_FILE")
         .env_remove("CAPSULE_REPO")
         // Each test's cache lives beside its repository, not in ~/.cache.
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"));
+        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
+        // Run records too (`capsule report`), not in ~/.local/state.
+        .env("CAPSULE_STATE_DIR", repo.with_extension("state"));
     for (k, v) in env {
         c.env(k, v);
     }

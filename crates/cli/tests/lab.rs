@@ -1,0 +1,544 @@
+//! The destination lab against real destinations on loopback: a local
+//! directory, a small loop-mounted file system nearly full, Samba with
+//! `sync always` on and off, OpenSSH and MinIO, the network ones behind
+//! Toxiproxy at 0, 2 and 10 ms. The report must get reality right: the
+//! round trip within 20% of the configured one, forced sync found on the
+//! share that forces it and only there, round trips named as the bound of
+//! per-file copying at 10 ms. Then the HTML report in headless Chromium.
+//!
+//! Servers come from `scripts/servers.sh`; without them these tests skip,
+//! unless `CAPSULE_REQUIRE_SERVERS=1` (the README's test command) makes
+//! that a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use capsule_net::toxiproxy::{Proxy, Toxiproxy};
+use serde_json::Value;
+
+fn required() -> bool {
+    std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() == Ok("1")
+}
+
+fn env(key: &str) -> Option<String> {
+    match std::env::var(key) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => {
+            assert!(
+                !required(),
+                "{key} is not set; start the servers with scripts/servers.sh"
+            );
+            eprintln!("skipped: {key} not set (run scripts/test.sh to start the servers)");
+            None
+        }
+    }
+}
+
+/// A destination as the lab sees it: URL (through a private proxy with
+/// the given one-way latency) and the environment capsule needs.
+struct Dest {
+    url: String,
+    env: Vec<(String, String)>,
+    state: tempfile::TempDir,
+    _proxy: Option<Proxy>,
+}
+
+impl Dest {
+    fn local(dir: &Path) -> Dest {
+        Dest {
+            url: dir.display().to_string(),
+            env: vec![],
+            state: tempfile::tempdir().unwrap(),
+            _proxy: None,
+        }
+    }
+
+    /// `which` is SMB, SMB_SYNC, SFTP or S3.
+    fn remote(which: &str, name: &str, one_way_ms: u32) -> Option<Dest> {
+        let url = env(&format!("CAPSULE_TEST_{which}"))?;
+        let up_key = if which == "SMB_SYNC" { "SMB" } else { which };
+        let upstream = env(&format!("CAPSULE_TEST_{up_key}_UPSTREAM"))?;
+        let servers = PathBuf::from(env("CAPSULE_TEST_SERVERS")?);
+        let proxy = Toxiproxy::new(&env("CAPSULE_TEST_PROXY_API")?)
+            .proxy(&format!("lab-{name}"), &upstream)
+            .unwrap();
+        if one_way_ms > 0 {
+            proxy.latency(one_way_ms).unwrap();
+        }
+        let url = url.replace(&upstream, &proxy.listen);
+        let mut e = vec![];
+        match up_key {
+            "SMB" => e.push((
+                "CAPSULE_SMB_PASSWORD".to_string(),
+                env("CAPSULE_TEST_SMB_PASSWORD")?,
+            )),
+            "SFTP" => {
+                let key = std::fs::read_to_string(servers.join("ssh/host_key.pub")).unwrap();
+                let key: Vec<&str> = key.split_whitespace().take(2).collect();
+                let (host, port) = proxy.listen.rsplit_once(':').unwrap();
+                let kh = servers.join(format!("ssh/known_hosts-lab-{name}"));
+                std::fs::write(&kh, format!("[{host}]:{port} {}\n", key.join(" "))).unwrap();
+                e.push(("CAPSULE_SFTP_KEY".into(), env("CAPSULE_TEST_SFTP_KEY")?));
+                e.push(("CAPSULE_SFTP_KNOWN_HOSTS".into(), kh.display().to_string()));
+            }
+            _ => {
+                e.push(("AWS_ACCESS_KEY_ID".into(), env("CAPSULE_TEST_S3_KEY")?));
+                e.push((
+                    "AWS_SECRET_ACCESS_KEY".into(),
+                    env("CAPSULE_TEST_S3_SECRET")?,
+                ));
+            }
+        }
+        Some(Dest {
+            url,
+            env: e,
+            state: tempfile::tempdir().unwrap(),
+            _proxy: Some(proxy),
+        })
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+        c.args(args);
+        for k in [
+            "CAPSULE_REPO",
+            "CAPSULE_SMB_PASSWORD",
+            "CAPSULE_SFTP_KEY",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        ] {
+            c.env_remove(k);
+        }
+        c.env("CAPSULE_STATE_DIR", self.state.path());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c.output().expect("run capsule")
+    }
+
+    /// `capsule lab` with small sizes, as JSON.
+    fn lab(&self, extra: &[&str]) -> Value {
+        let mut args = vec![
+            "lab",
+            &self.url,
+            "--json",
+            "--size",
+            "4M",
+            "--small-files",
+            "20",
+            "--rtt-samples",
+            "15",
+        ];
+        args.extend_from_slice(extra);
+        let o = self.run(&args);
+        assert!(
+            o.status.success(),
+            "capsule lab {} failed ({:?}):\n{}",
+            self.url,
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout).unwrap()
+    }
+}
+
+const SEED: [&str; 6] = [
+    "--generate",
+    "2M",
+    "--added-files",
+    "150",
+    "--per-file-budget",
+    "60",
+];
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// Checks what every report must get right at `one_way_ms`. `base_ms` is
+/// the round trip the same path measured with no added latency: the
+/// server's own answer time and the proxy's hop, part of every request.
+fn check_reality(which: &str, r: &Value, one_way_ms: u32, base_ms: f64) {
+    // The round trip is the fastest request: the network's floor, without
+    // the queueing that two cores shared with the servers add.
+    let rtt = f(&r["probe"]["rtt"]["min_ms"]);
+    let added = 2.0 * one_way_ms as f64;
+    if one_way_ms == 0 {
+        assert!(rtt < 2.0, "{which} at 0 ms: measured {rtt} ms");
+    } else {
+        let want = added + base_ms;
+        assert!(
+            (rtt - want).abs() <= 0.2 * added,
+            "{which}: measured RTT {rtt} ms, configured {added} ms (+{base_ms:.2} ms without added latency)"
+        );
+    }
+    let sync = r["probe"]["sync"]["mode"].as_str().unwrap();
+    let expected = match which {
+        "SMB_SYNC" => "forced",
+        "SMB" => "on_request",
+        "S3" => "not_applicable",
+        _ => "",
+    };
+    if expected.is_empty() {
+        assert_ne!(
+            sync, "forced",
+            "{which} at {one_way_ms} ms: {}",
+            r["probe"]["sync"]
+        );
+    } else {
+        assert_eq!(
+            sync, expected,
+            "{which} at {one_way_ms} ms: {}",
+            r["probe"]["sync"]
+        );
+    }
+    assert!(r["cleanup"]["objects_removed"].as_u64().is_some());
+}
+
+/// One lab at a time: timings are the point, and the servers share the
+/// machine's two cores with the client.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn network(which: &str) {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut base_ms = 0.0;
+    for ms in [0u32, 1, 5] {
+        let name = format!("{}-{ms}", which.to_lowercase().replace('_', "-"));
+        let Some(d) = Dest::remote(which, &name, ms) else {
+            return;
+        };
+        // The full protocol at 10 ms, where per-file copying must be seen
+        // waiting on round trips; the probes alone elsewhere.
+        let r = if ms == 5 {
+            d.lab(&SEED)
+        } else {
+            d.lab(&["--no-seed"])
+        };
+        check_reality(which, &r, ms, base_ms);
+        if ms == 0 {
+            base_ms = f(&r["probe"]["rtt"]["min_ms"]);
+        }
+        if ms == 5 {
+            let pf = &r["per_file"];
+            assert_eq!(
+                pf["bound"]["kind"], "round_trips",
+                "{which}: per-file copy at 10 ms: {}",
+                pf["bound"]
+            );
+            let seed = &r["seed"];
+            assert!(f(&seed["no_change"]["destination_counters"]["requests"]) <= 10.0);
+            assert!(seed["initial"]["series"].as_array().unwrap().len() >= 2);
+            // Packed beats per-file by far at 10 ms.
+            let packed = 150.0 / f(&seed["added"]["backup_secs"]);
+            assert!(
+                packed > 5.0 * f(&pf["files_per_s"]),
+                "{which}: packed {packed} files/s vs per-file {}",
+                pf["files_per_s"]
+            );
+        }
+    }
+}
+
+#[test]
+fn lab_smb() {
+    network("SMB");
+}
+
+#[test]
+fn lab_smb_sync_always() {
+    network("SMB_SYNC");
+}
+
+#[test]
+fn lab_sftp() {
+    network("SFTP");
+}
+
+#[test]
+fn lab_s3() {
+    network("S3");
+    let Some(d) = Dest::remote("S3", "s3-fill", 0) else {
+        return;
+    };
+    // An object store cannot say how full it is: the lab refuses to fill it.
+    let o = d.run(&["lab", &d.url, "--fill-to", "90", "--yes"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("free space"));
+}
+
+#[test]
+fn lab_local_directory() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let d = Dest::local(dir.path());
+    let r = d.lab(&SEED);
+    check_reality("LOCAL", &r, 0, 0.0);
+    assert!(r["probe"]["space"]["total"].as_u64().unwrap() > 0);
+    // Nothing left behind.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    // Without consent, no filling.
+    let o = d.run(&["lab", &d.url, "--no-seed", "--fill-to", "50"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--yes"));
+}
+
+/// A loop-mounted ext4 file system, unmounted on drop.
+struct LoopFs {
+    dir: PathBuf,
+    _img: tempfile::TempDir,
+}
+
+impl LoopFs {
+    fn new(mib: u32) -> Option<LoopFs> {
+        if !common::is_root() {
+            assert!(!required(), "the nearly-full test needs root (loop mounts)");
+            eprintln!("skipped: loop mounts need root");
+            return None;
+        }
+        let img = tempfile::tempdir().unwrap();
+        let file = img.path().join("fs.img");
+        let dir = img.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let run = |c: &mut Command| assert!(c.status().unwrap().success(), "{c:?}");
+        run(Command::new("truncate").arg(format!("-s{mib}M")).arg(&file));
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&file));
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&file)
+            .arg(&dir));
+        Some(LoopFs { dir, _img: img })
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn lab_nearly_full_loop_filesystem() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(fs) = LoopFs::new(256) else {
+        return;
+    };
+    // Someone else's data fills half of it.
+    std::fs::write(fs.dir.join("theirs"), vec![7u8; 80 << 20]).unwrap();
+    let d = Dest::local(&fs.dir);
+    let before = f(&d.lab(&["--no-seed"])["probe"]["space"]["free"]);
+    // The sequential probe never takes more than a quarter of what is free.
+    let r = d.lab(&["--no-seed", "--size", "1G"]);
+    let seq = f(&r["probe"]["write"]["bytes"]);
+    assert!(seq <= before / 4.0 + 1.0, "wrote {seq} of {before} free");
+    assert!(r["probe"]["notes"][0].as_str().unwrap().contains("reduced"));
+
+    // Filled to 85% for the seed runs, then given back.
+    let r = d.lab(&[
+        "--generate",
+        "1M",
+        "--added-files",
+        "50",
+        "--fill-to",
+        "85",
+        "--yes",
+    ]);
+    let full = &r["full"];
+    assert!(
+        f(&full["space"]["used_percent"]) >= 84.0,
+        "{}",
+        full["space"]
+    );
+    assert!(full["seed"]["added"]["files"].as_u64().unwrap() >= 50);
+    let after = f(&r["cleanup"]["free_after"]);
+    assert!(
+        (after - before).abs() < (2 << 20) as f64,
+        "free before {before}, after {after}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&fs.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "theirs" && n != "lost+found")
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+
+    // Filling to 99% would leave too little for the runs: refused, and
+    // nothing written.
+    let o = d.run(&[
+        "lab",
+        &d.url,
+        "--generate",
+        "1M",
+        "--added-files",
+        "50",
+        "--fill-to",
+        "99",
+        "--yes",
+        "--size",
+        "4M",
+        "--small-files",
+        "5",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("lower percentage"));
+    let after = f(&d.lab(&["--no-seed"])["probe"]["space"]["free"]);
+    assert!((after - before).abs() < (2 << 20) as f64);
+}
+
+/// Headless Chromium, if installed (scripts/servers.sh installs it).
+fn chromium() -> Option<PathBuf> {
+    for c in ["chromium", "chromium-browser", "google-chrome"] {
+        if let Ok(o) = Command::new("which").arg(c).output() {
+            if o.status.success() {
+                return Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+            }
+        }
+    }
+    assert!(
+        !required(),
+        "chromium is not installed (scripts/servers.sh installs it)"
+    );
+    eprintln!("skipped: no chromium");
+    None
+}
+
+fn headless(bin: &Path, args: &[&str], page: &Path) -> Output {
+    Command::new(bin)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--virtual-time-budget=3000",
+        ])
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn html_report_renders_in_chromium() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(bin) = chromium() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("dest");
+    std::fs::create_dir(&target).unwrap();
+    let d = Dest::local(&target);
+    let r = d.lab(&SEED);
+    let id = r["id"].as_str().unwrap();
+    // Rendered again from the kept record, as a user would.
+    let page = dir.path().join("report.html");
+    let svg = dir.path().join("svg");
+    let o = d.run(&[
+        "report",
+        id,
+        "--html",
+        page.to_str().unwrap(),
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let charts = std::fs::read_dir(&svg).unwrap().count();
+    assert!(charts >= 5, "{charts} SVG files");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        !html.contains("<script src") && !html.contains("<link"),
+        "not self-contained"
+    );
+
+    // The DOM after layout: every chart drew, and the numbers are there.
+    let o = headless(&bin, &["--dump-dom"], &page);
+    let dom = String::from_utf8_lossy(&o.stdout);
+    let drawn = dom
+        .split("data-charts-drawn=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no chart count in the DOM:\n{}",
+                &dom[..dom.len().min(2000)]
+            )
+        });
+    assert_eq!(drawn, charts, "charts drawn in Chromium");
+    let rtt = format!("{:.2}", f(&r["probe"]["rtt"]["min_ms"]));
+    assert!(
+        dom.contains(&rtt),
+        "the round trip {rtt} is not in the page"
+    );
+    let per_file = format!("{:.0} files/s", f(&r["per_file"]["files_per_s"]));
+    assert!(dom.contains(&per_file), "{per_file} is not in the page");
+
+    // A screenshot, kept as a test artifact.
+    let art = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("artifacts");
+    std::fs::create_dir_all(&art).unwrap();
+    let shot = art.join("lab-report.png");
+    let _ = std::fs::remove_file(&shot);
+    let o = headless(
+        &bin,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=900,2600",
+        ],
+        &page,
+    );
+    assert!(
+        shot.exists(),
+        "no screenshot: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let png = std::fs::read(&shot).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    assert!(
+        png.len() > 30_000,
+        "a {}-byte screenshot is blank",
+        png.len()
+    );
+    eprintln!("screenshot: {}", shot.display());
+}
+
+#[test]
+fn backups_are_recorded_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for i in 0..50 {
+        std::fs::write(src.join(format!("f{i}")), common::noise(20_000, i)).unwrap();
+    }
+    common::init(&repo);
+    let b = common::json(&repo, &["backup", src.to_str().unwrap()]);
+    assert!(b["bound"]["kind"].is_string(), "{b}");
+    let id = b["snapshot_id"].as_str().unwrap();
+    let r = common::json(&repo, &["report", &id[..8]]);
+    assert_eq!(r["snapshot"], id);
+    assert_eq!(r["files"], 50);
+    assert!(r["series"].as_array().unwrap().len() >= 2);
+    assert!(f(&r["stages"]["chunk_hash"]) > 0.0);
+    let latest = common::json(&repo, &["report", "latest"]);
+    assert_eq!(latest["snapshot"], id);
+    let page = dir.path().join("run.html");
+    common::ok(&repo, &["report", id, "--html", page.to_str().unwrap()]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert_eq!(html.matches("<svg").count(), 4);
+    assert!(html.contains(&id[..8]));
+    let o = common::capsule(&repo, &["report", "ffffffff"]);
+    assert_eq!(o.status.code(), Some(13));
+}
