@@ -3,7 +3,7 @@
 //! interval. Samples are cumulative; rates are differences, so a late sample
 //! never loses work.
 
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -103,7 +103,9 @@ const MAX_SAMPLES: usize = 600;
 
 /// A running sampler; [`Recorder::finish`] stops it and returns the series.
 pub struct Recorder {
-    stop: Arc<AtomicBool>,
+    /// Dropping it wakes the sampler at once (a sleeping sampler would
+    /// otherwise hold up the end of every run by up to one interval).
+    stop: Option<std::sync::mpsc::Sender<()>>,
     samples: Arc<Mutex<Vec<Sample>>>,
     handle: Option<JoinHandle<()>>,
     sources: Sources,
@@ -114,16 +116,17 @@ impl Recorder {
     /// Starts sampling every `interval`. The first sample is taken now.
     pub fn start(sources: Sources, interval: Duration) -> Recorder {
         let started = Instant::now();
-        let stop = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let samples = Arc::new(Mutex::new(vec![sources.sample(0.0)]));
         let handle = {
-            let (stop, samples, sources) = (stop.clone(), samples.clone(), sources.clone());
+            let (samples, sources) = (samples.clone(), sources.clone());
             std::thread::Builder::new()
                 .name("sampler".into())
                 .spawn(move || {
                     let mut interval = interval;
-                    while !stop.load(Relaxed) {
-                        std::thread::sleep(interval);
+                    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                        stopped.recv_timeout(interval)
+                    {
                         let s = sources.sample(started.elapsed().as_secs_f64());
                         let mut v = samples.lock().unwrap_or_else(|p| p.into_inner());
                         v.push(s);
@@ -139,7 +142,7 @@ impl Recorder {
                 .ok()
         };
         Recorder {
-            stop,
+            stop: Some(stop),
             samples,
             handle,
             sources,
@@ -149,7 +152,7 @@ impl Recorder {
 
     /// Stops the sampler; the last sample is taken now.
     pub fn finish(mut self) -> Vec<Sample> {
-        self.stop.store(true, Relaxed);
+        drop(self.stop.take());
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Estimator accuracy: `capsule estimate` predicts, then real backups run,
+# on the benchmark datasets over SMB, SFTP and S3 through Toxiproxy at 2 and
+# 10 ms round trip. Prints a Markdown table of predicted vs actual capsule
+# times for the initial backup and the hourly run, first with no history
+# (the model alone), then after those two runs were recorded (corrected).
+#
+#   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--output FILE]
+#
+# Datasets:
+#   small  10,000 x 50 KiB random files
+#   mixed  ~300 MB: 8 KiB, 256 KiB and 8 MiB files, half compressible
+#   docs   the Rust std HTML docs from ~/.rustup (~8,000 files, ~120 MB)
+# The hourly run adds 100 files of 50 KiB (5 MB), which is what estimate
+# is told to assume (--hourly-files 100 --hourly-bytes 5000K).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rtts="2 10" sets="small mixed docs" output=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rtt) rtts=$2; shift ;;
+    --sets) sets=$2; shift ;;
+    --output) output=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+cargo build --release -q -p capsule
+capsule=$PWD/target/release/capsule
+work=$(mktemp -d /tmp/capsule-estbench.XXXXXX)
+if [ -n "${CAPSULE_TEST_SERVERS:-}" ] && [ -f "$CAPSULE_TEST_SERVERS/env" ]; then
+  servers=$CAPSULE_TEST_SERVERS
+  trap 'rm -rf "$work"' EXIT
+else
+  servers=$work/servers
+  trap 'scripts/servers.sh stop "$servers"; rm -rf "$work"' EXIT
+  scripts/servers.sh start "$servers"
+fi
+# shellcheck disable=SC1091
+source "$servers/env"
+api=$CAPSULE_TEST_PROXY_API
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+
+export CAPSULE_PASSWORD=bench
+export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
+export CAPSULE_SFTP_KEY=$CAPSULE_TEST_SFTP_KEY
+export AWS_ACCESS_KEY_ID=$CAPSULE_TEST_S3_KEY AWS_SECRET_ACCESS_KEY=$CAPSULE_TEST_S3_SECRET
+
+make_set() {
+  local name=$1 dir=$work/data/$1
+  mkdir -p "$dir"
+  case "$name" in
+    small) python3 - "$dir" <<'PY'
+import os, sys
+d = sys.argv[1]
+for i in range(10000):
+    sub = os.path.join(d, "d%03d" % (i // 100))
+    os.makedirs(sub, exist_ok=True)
+    open(os.path.join(sub, "f%05d" % i), "wb").write(os.urandom(51200))
+PY
+    ;;
+    mixed) python3 - "$dir" <<'PY'
+import os, random, sys
+d = sys.argv[1]
+random.seed(7)
+n = 0
+for size, count in ((8 << 10, 3600), (256 << 10, 360), (8 << 20, 22)):
+    for i in range(count):
+        sub = os.path.join(d, "s%d" % size, "d%03d" % (i // 100))
+        os.makedirs(sub, exist_ok=True)
+        if n % 2:
+            data = os.urandom(size)
+        else:
+            words = [b"alpha", b"beta", b"gamma", b"delta", b"\n"]
+            data = b" ".join(random.choice(words) for _ in range(size // 5))[:size]
+        open(os.path.join(sub, "f%05d" % i), "wb").write(data)
+        n += 1
+PY
+    ;;
+    docs) cp -r "$(ls -d ~/.rustup/toolchains/*/share/doc/rust/html/std | head -1)" "$dir/std" ;;
+  esac
+  echo "$dir"
+}
+
+now() { python3 -c 'import time; print(time.time())'; }
+secs() { python3 -c "print(round($2 - $1, 3))"; }
+
+rows=()
+for set in $sets; do
+  data=$(make_set "$set")
+  sleep 1.2 # past capsule's one-second re-read window
+  files=$(find "$data" -type f | wc -l)
+  for rtt in $rtts; do
+    smb=$(proxy "est-smb-$set-$rtt" "$CAPSULE_TEST_SMB_UPSTREAM" "$rtt")
+    sftp=$(proxy "est-sftp-$set-$rtt" "$CAPSULE_TEST_SFTP_UPSTREAM" "$rtt")
+    s3=$(proxy "est-s3-$set-$rtt" "$CAPSULE_TEST_S3_UPSTREAM" "$rtt")
+    kh="$work/kh-$set-$rtt"
+    printf '[%s]:%s %s\n' "${sftp%:*}" "${sftp#*:}" "$(cut -d' ' -f1,2 "$servers/ssh/host_key.pub")" >"$kh"
+    export CAPSULE_SFTP_KNOWN_HOSTS=$kh
+    for dest in SMB SFTP S3; do
+      r=est-$set-$rtt-$RANDOM
+      case $dest in
+        SMB) url="smb://backup@$smb/backup/$r" ;;
+        SFTP) url="sftp://root@$sftp$CAPSULE_TEST_SFTP_DIR/$r" ;;
+        S3) url="s3+http://$s3/capsule-test/$r" ;;
+      esac
+      export CAPSULE_STATE_DIR=$work/state-$r CAPSULE_CACHE_DIR=$work/cache-$r
+      est() {
+        "$capsule" estimate "$data" --to "$url" --hourly-files 100 --hourly-bytes 5000K --json |
+          python3 -c 'import json,sys; p=json.load(sys.stdin)["predicted"]; print(p["initial"], p["hourly"])'
+      }
+      read -r p_init p_hour < <(est)
+      "$capsule" -r "$url" -q init
+      t0=$(now); "$capsule" -r "$url" -q backup "$data"; t1=$(now)
+      a_init=$(secs "$t0" "$t1")
+      hourly=$data/hourly-$r
+      mkdir -p "$hourly"
+      for i in $(seq 1 100); do head -c 51200 /dev/urandom >"$hourly/f$i"; done
+      t0=$(now); "$capsule" -r "$url" -q backup "$data"; t1=$(now)
+      a_hour=$(secs "$t0" "$t1")
+      rm -rf "$hourly"
+      # With the two runs recorded, the estimate corrects itself.
+      read -r c_init c_hour < <(est)
+      row=$(python3 -c "
+pi,ai,ph,ah,ci,ch=$p_init,$a_init,$p_hour,$a_hour,$c_init,$c_hour
+e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
+print('| $set ($files files) | $dest | $rtt ms | %.2f | %.2f | %s | %.2f | %.2f | %s | %s / %s |' % (pi, ai, e(pi,ai), ph, ah, e(ph,ah), e(ci,ai), e(ch,ah)))")
+      rows+=("$row")
+      echo "$row" >&2
+      case $dest in
+        SMB) rm -rf "${CAPSULE_TEST_SMB_DIR:?}/$r" ;;
+        SFTP) rm -rf "${CAPSULE_TEST_SFTP_DIR:?}/$r" ;;
+      esac
+    done
+  done
+  rm -rf "$data"
+done
+
+{
+  echo "Estimator accuracy ($(nproc) cores, $(date -u +%Y-%m-%d), capsule $("$capsule" --version | cut -d' ' -f2)):"
+  echo "predicted = \`capsule estimate\` with no history; actual = wall time of \`capsule backup\`;"
+  echo "hourly = 100 new 50 KiB files; corrected = the estimate re-run after those two runs were recorded."
+  echo
+  echo "| dataset | destination | RTT | initial predicted s | actual s | error | hourly predicted s | actual s | error | corrected error (initial / hourly) |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  printf '%s\n' "${rows[@]}"
+} | tee "${output:-/dev/null}"
