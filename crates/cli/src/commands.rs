@@ -167,7 +167,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         .as_ref()
         .map(|r| capsule_lab::record::DestCounters::read(r).since(&before))
         .unwrap_or_default();
-    let record = capsule_lab::record::from_backup(
+    let mut record = capsule_lab::record::from_backup(
         &report,
         start_unix,
         capsule_lab::record::RunContext {
@@ -182,6 +182,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
             bandwidth: None,
         },
     );
+    record.process_secs = crate::STARTED.get().map(|t| t.elapsed().as_secs_f64());
     // The record feeds `capsule report` and `capsule estimate`; a backup
     // that worked is not failed for want of it.
     if let Some(h) = capsule_lab::history::History::open_default() {

@@ -144,7 +144,11 @@ fn tune_allocator() {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn tune_allocator() {}
 
+/// When the process started: run records count from here.
+pub static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
 fn main() -> ExitCode {
+    STARTED.get_or_init(std::time::Instant::now);
     tune_allocator();
     let cli = Cli::parse();
     let out = output::Output::new(cli.global.json, cli.global.quiet);

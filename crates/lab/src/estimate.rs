@@ -222,9 +222,9 @@ fn upload(c: &Calibration, d: &DestProbe, bytes: f64) -> f64 {
     bytes * c.stored_ratio / d.parallel_bw
 }
 
-/// Round trips every run makes besides uploading packs: open (config, keys,
-/// key file), list index and snapshots, put index and snapshot.
-const RUN_ROUND_TRIPS: f64 = 8.0;
+/// Round trips every run makes besides writing objects: open (config,
+/// keys, key file), list index and snapshots.
+const RUN_ROUND_TRIPS: f64 = 5.0;
 
 /// The model: seconds for a run that stats `files` files and reads
 /// `files_read` of them (`bytes_read` bytes).
@@ -235,7 +235,15 @@ pub fn predict_run(
     files_read: u64,
     bytes_read: u64,
 ) -> f64 {
-    let fixed = d.connect_secs + c.open_secs + c.run_secs + RUN_ROUND_TRIPS * d.rtt;
+    // The commit writes one object after another: the snapshot alone when
+    // nothing was read, else also the tree pack and the index. Each costs
+    // what a small flushed file costs.
+    let commits = if files_read > 0 { 3.0 } else { 1.0 };
+    let fixed = d.connect_secs
+        + c.open_secs
+        + c.run_secs
+        + RUN_ROUND_TRIPS * d.rtt
+        + commits * d.per_file_copy;
     let unchanged = files.saturating_sub(files_read) as f64 * c.per_unchanged_file;
     let local = pipeline(c, files_read as f64, bytes_read as f64);
     let up = upload(c, d, bytes_read as f64);
@@ -630,7 +638,7 @@ mod tests {
     fn hourly_runs_cost_stats_and_round_trips() {
         let c = cal();
         let t = predict_run(&c, &dest(0.010, 1e8), 100_000, 0, 0);
-        // 0.05 connect + 0.3 open + 8 x 10 ms + 100k x 1 us.
+        // 0.05 connect + 0.3 open + 5 x 10 ms + one 30 ms commit + 100k x 1 us.
         assert!((t - 0.53).abs() < 1e-6, "{t}");
     }
 
@@ -650,6 +658,7 @@ mod tests {
             connect_secs: 0.0,
             open_secs: 0.0,
             backup_secs: secs,
+            process_secs: None,
             files: 1000,
             dirs: 1,
             bytes: 0,

@@ -105,6 +105,11 @@ pub struct RunRecord {
     pub open_secs: f64,
     /// Seconds of the backup itself.
     pub backup_secs: f64,
+    /// Seconds from the start of the process to the end of the backup, when
+    /// the run was a process of its own (includes reading the password and
+    /// everything between the steps).
+    #[serde(default)]
+    pub process_secs: Option<f64>,
     /// Files in the snapshot.
     pub files: u64,
     /// Directories.
@@ -130,9 +135,11 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
-    /// Total seconds: connecting, opening and the backup.
+    /// Total seconds: the whole process where known, else connecting,
+    /// opening and the backup.
     pub fn total_secs(&self) -> f64 {
-        self.connect_secs + self.open_secs + self.backup_secs
+        self.process_secs
+            .unwrap_or(self.connect_secs + self.open_secs + self.backup_secs)
     }
 }
 
@@ -204,6 +211,7 @@ pub fn from_backup(r: &BackupReport, started_unix: i64, ctx: RunContext) -> RunR
         connect_secs: ctx.connect_secs,
         open_secs: ctx.open_secs,
         backup_secs: r.duration_secs,
+        process_secs: None,
         files: r.summary.files,
         dirs: r.summary.dirs,
         bytes: r.summary.bytes,
