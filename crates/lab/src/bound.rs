@@ -251,7 +251,7 @@ mod tests {
     fn large_requests_at_line_rate_are_bandwidth() {
         let f = RunFacts {
             requests: 10,
-            bytes_moved: 10 * 16 << 20,
+            bytes_moved: 10 * (16 << 20),
             dest_busy: 9.0,
             request_secs: 10.0,
             rtt: Some(0.002),
