@@ -128,6 +128,10 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     if let Some((_, dir)) = &cache {
         skip_dirs.push(dir.clone());
     }
+    // Run records change with every run; backing them up would too.
+    if let Some(state) = capsule_lab::history::state_dir() {
+        skip_dirs.push(state);
+    }
     let progress = Arc::new(Progress::default());
     let bar = out.progress(&progress, "backup");
     let opts = BackupOptions {

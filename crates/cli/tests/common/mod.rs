@@ -24,8 +24,13 @@ pub fn capsule_env(repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("CAPSULE_REPO")
         // Each test's cache lives beside its repository, not in ~/.cache.
         .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        // Run records too (`capsule report`), not in ~/.local/state.
-        .env("CAPSULE_STATE_DIR", repo.with_extension("state"));
+        // Run records too (`capsule report`), not in ~/.local/state; inside
+        // the cache directory, which exists before the first backup walks, so
+        // writing a record does not touch the directory holding the source.
+        .env(
+            "CAPSULE_STATE_DIR",
+            repo.with_extension("cache").join("state"),
+        );
     for (k, v) in env {
         c.env(k, v);
     }
