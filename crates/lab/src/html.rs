@@ -25,7 +25,7 @@ td:first-child,th:first-child{text-align:left}.bound{background:#fff6e0;padding:
 
 const CHECK: &str = "<script>window.addEventListener('load',function(){var n=0;\
 document.querySelectorAll('svg[data-chart]').forEach(function(s){var r=s.getBoundingClientRect();\
-var d=s.querySelectorAll('polyline,rect.bar');var ok=false;d.forEach(function(e){var b=e.getBBox();\
+var d=s.querySelectorAll('polyline,circle.point,rect.bar');var ok=false;d.forEach(function(e){var b=e.getBBox();\
 if(b.width>0||b.height>0){ok=true;}});if(r.width>0&&r.height>0&&ok){n++;}});\
 document.body.setAttribute('data-charts-drawn',String(n));});</script>";
 

@@ -62,8 +62,10 @@ fn fmt_num(v: f64) -> String {
         format!("{v:.0}")
     } else if v.abs() >= 10.0 {
         format!("{v:.1}")
-    } else {
+    } else if v.abs() >= 0.1 {
         format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
     }
 }
 
@@ -162,6 +164,19 @@ pub fn line_chart(id: &str, title: &str, x_label: &str, y_label: &str, lines: &[
             l.color,
             pts.join(" ")
         );
+        // Markers too: a run shorter than two sampling intervals has a
+        // single rate, which a line alone would not show.
+        if l.points.len() <= 30 {
+            for (a, b) in &l.points {
+                let _ = write!(
+                    s,
+                    "<circle class=\"point\" cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{}\"/>",
+                    x(*a),
+                    y(*b),
+                    l.color
+                );
+            }
+        }
         let lx = left + pw - 170.0;
         let ly = top + 6.0 + i as f64 * 16.0;
         let _ = write!(
