@@ -30,19 +30,9 @@ done
 cargo build --release -q -p capsule
 capsule=$PWD/target/release/capsule
 work=$(mktemp -d /tmp/capsule-estbench.XXXXXX)
-if [ -n "${CAPSULE_TEST_SERVERS:-}" ] && [ -f "$CAPSULE_TEST_SERVERS/env" ]; then
-  servers=$CAPSULE_TEST_SERVERS
-  trap 'rm -rf "$work"' EXIT
-else
-  servers=$work/servers
-  trap 'scripts/servers.sh stop "$servers"; rm -rf "$work"' EXIT
-  scripts/servers.sh start "$servers"
-fi
-# shellcheck disable=SC1091
-source "$servers/env"
-api=$CAPSULE_TEST_PROXY_API
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
+use_servers
 
 export CAPSULE_PASSWORD=bench
 export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
@@ -94,12 +84,7 @@ for set in $sets; do
   sleep 1.2 # past capsule's one-second re-read window
   files=$(find "$data" -type f | wc -l)
   for rtt in $rtts; do
-    smb=$(proxy "est-smb-$set-$rtt" "$CAPSULE_TEST_SMB_UPSTREAM" "$rtt")
-    sftp=$(proxy "est-sftp-$set-$rtt" "$CAPSULE_TEST_SFTP_UPSTREAM" "$rtt")
-    s3=$(proxy "est-s3-$set-$rtt" "$CAPSULE_TEST_S3_UPSTREAM" "$rtt")
-    kh="$work/kh-$set-$rtt"
-    printf '[%s]:%s %s\n' "${sftp%:*}" "${sftp#*:}" "$(cut -d' ' -f1,2 "$servers/ssh/host_key.pub")" >"$kh"
-    export CAPSULE_SFTP_KNOWN_HOSTS=$kh
+    proxies "est-$set-$rtt" "$rtt"
     for dest in SMB SFTP S3; do
       r=est-$set-$rtt-$RANDOM
       case $dest in

@@ -40,18 +40,9 @@ fi
 cargo build --release -q -p capsule
 capsule=$PWD/target/release/capsule
 work=$(mktemp -d /tmp/capsule-netbench.XXXXXX)
-if [ -n "${CAPSULE_TEST_SERVERS:-}" ] && [ -f "$CAPSULE_TEST_SERVERS/env" ]; then
-  # Reuse servers already started with scripts/servers.sh (left running).
-  servers=$CAPSULE_TEST_SERVERS
-  trap 'rm -rf "$work"' EXIT
-else
-  servers=$work/servers
-  trap 'scripts/servers.sh stop "$servers"; rm -rf "$work"' EXIT
-  scripts/servers.sh start "$servers"
-fi
-# shellcheck disable=SC1091
-source "$servers/env"
-api=$CAPSULE_TEST_PROXY_API
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+use_servers
 
 export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench BORG_PASSPHRASE=bench
 export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
@@ -76,9 +67,6 @@ if [ "$toolchain" = 1 ]; then
   cp -a "$HOME/.rustup/toolchains" "$work/toolchain"
 fi
 sleep 2 # let ctimes age past capsule's one-second re-read window
-
-# shellcheck source=bench/lib.sh
-source bench/lib.sh
 
 # timed LABEL CMD... : runs CMD, records wall seconds in $last
 last=0
@@ -115,12 +103,7 @@ run_dataset() { # label dir files
   rm -rf "$work/local-$r"
   for rtt in $rtts; do
     local smb sftp s3
-    smb=$(proxy "smb-$label-$rtt" "$CAPSULE_TEST_SMB_UPSTREAM" "$rtt")
-    sftp=$(proxy "sftp-$label-$rtt" "$CAPSULE_TEST_SFTP_UPSTREAM" "$rtt")
-    s3=$(proxy "s3-$label-$rtt" "$CAPSULE_TEST_S3_UPSTREAM" "$rtt")
-    local kh="$work/kh-$rtt"
-    printf '[%s]:%s %s\n' "${sftp%:*}" "${sftp#*:}" "$(cut -d' ' -f1,2 "$servers/ssh/host_key.pub")" >"$kh"
-    export CAPSULE_SFTP_KNOWN_HOSTS=$kh
+    proxies "$label-$rtt" "$rtt"
 
     # SMB
     fresh; local u="smb://backup@$smb/backup/$r"

@@ -444,12 +444,12 @@ pub fn report(_g: &GlobalArgs, out: &Output, a: ReportArgs) -> Result<u8> {
         return Ok(crate::exit::OK);
     }
     let id = a.id.unwrap_or_default();
-    let lab =
-        if id == "latest-lab" || !id.chars().all(|c| c.is_ascii_hexdigit()) || id.contains('T') {
-            h.find_lab(&id).ok()
-        } else {
-            None
-        };
+    // Lab ids are times (`20261121T234356-b48ca9`); snapshot IDs are hex.
+    let lab = if id == "latest-lab" || id.contains('T') {
+        Some(h.find_lab(&id).map_err(lab_err)?)
+    } else {
+        None
+    };
     if let Some(r) = lab {
         write_outputs(out, &r, a.html.as_deref(), a.svg.as_deref())?;
         if out.json {

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dest::{delete_all, Connector};
 use crate::history::History;
-use crate::lab::backup_step;
+use crate::lab::{backup_step, Hints};
 use crate::probe::{self, Noise};
 use crate::record::RunRecord;
 use crate::{LabError, Result};
@@ -205,7 +205,8 @@ pub struct EstimateOptions {
     pub hourly_bytes: Option<u64>,
     /// Local scratch directory.
     pub work_dir: Option<PathBuf>,
-    /// Skip the destination probe (predict with the pipeline only).
+    /// The destination's name in run records, to find its history
+    /// (default: the destination URL).
     pub repository: Option<String>,
 }
 
@@ -347,8 +348,24 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         }
         let dest = Destination::Local(work.join(name));
         let cache = work.join("cache");
-        let first = backup_step(&conn, &dest, &password, paths, true, &cache, None)?;
-        let second = backup_step(&conn, &dest, &password, paths, false, &cache, None)?;
+        let first = backup_step(
+            &conn,
+            &dest,
+            &password,
+            paths,
+            true,
+            &cache,
+            Hints::default(),
+        )?;
+        let second = backup_step(
+            &conn,
+            &dest,
+            &password,
+            paths,
+            false,
+            &cache,
+            Hints::default(),
+        )?;
         Ok(Some((first, second)))
     };
     // What any run costs here with nothing to do.
@@ -647,29 +664,9 @@ mod tests {
         let c = cal();
         let d = dest(0.002, 1e8);
         let mk = |files_read, secs| RunRecord {
-            version: 1,
-            time: String::new(),
-            time_unix: 0,
-            destination: "x".into(),
-            repository: String::new(),
-            snapshot: String::new(),
-            paths: vec![],
-            cores: 2,
-            connect_secs: 0.0,
-            open_secs: 0.0,
-            backup_secs: secs,
-            process_secs: None,
-            files: 1000,
-            dirs: 1,
-            bytes: 0,
             files_read,
-            bytes_read: 0,
-            bytes_added: 0,
-            packs: 0,
-            destination_counters: Default::default(),
-            stages: Default::default(),
-            bound: crate::bound::analyze(&Default::default()),
-            series: vec![],
+            backup_secs: secs,
+            ..crate::record::test_record("x", 0, 1000)
         };
         let base = predict_run(&c, &d, 1000, 0, 0);
         let runs = vec![mk(0, base * 2.0), mk(0, base * 2.0), mk(0, base * 4.0)];

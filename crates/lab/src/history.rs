@@ -16,6 +16,9 @@ use crate::lab::LabReport;
 use crate::record::RunRecord;
 use crate::{LabError, Result};
 
+/// Backup records kept per repository (about four weeks of hourly runs).
+pub const RUNS_KEPT: usize = 700;
+
 /// The state directory.
 pub fn state_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("CAPSULE_STATE_DIR").filter(|d| !d.is_empty()) {
@@ -72,14 +75,23 @@ impl History {
         &self.dir
     }
 
-    /// Keeps a backup's record; returns its file.
+    /// Keeps a backup's record; returns its file. Only the newest
+    /// [`RUNS_KEPT`] records of a repository are kept: hourly backups would
+    /// otherwise grow the directory forever.
     pub fn save_run(&self, r: &RunRecord) -> Result<PathBuf> {
-        let p = self.dir.join("runs").join(&r.repository).join(format!(
+        let dir = self.dir.join("runs").join(&r.repository);
+        let p = dir.join(format!(
             "{}-{}.json",
             r.time_unix,
             &r.snapshot[..r.snapshot.len().min(16)]
         ));
         write_json(&p, r)?;
+        // Names start with the Unix time, so name order is age order.
+        let mut all = json_files(&dir);
+        all.sort();
+        for old in &all[..all.len().saturating_sub(RUNS_KEPT)] {
+            let _ = std::fs::remove_file(old);
+        }
         Ok(p)
     }
 
@@ -175,4 +187,33 @@ fn json_files(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(t: i64) -> RunRecord {
+        crate::record::test_record("d", t, 1)
+    }
+
+    #[test]
+    fn runs_are_found_by_prefix_and_pruned_oldest_first() {
+        let d = tempfile::tempdir().unwrap();
+        let h = History::at(d.path());
+        let base = 1_700_000_000;
+        for i in 0..(RUNS_KEPT as i64 + 3) {
+            h.save_run(&record(base + i)).unwrap();
+        }
+        let runs = h.runs();
+        assert_eq!(runs.len(), RUNS_KEPT);
+        assert_eq!(runs[0].time_unix, base + 3, "the oldest three went");
+        assert_eq!(
+            h.find_run("latest").unwrap().time_unix,
+            base + RUNS_KEPT as i64 + 2
+        );
+        let id = format!("{:016x}", base + 10);
+        assert_eq!(h.find_run(&id).unwrap().time_unix, base + 10);
+        assert!(matches!(h.find_run("zz"), Err(LabError::NotFound(_))));
+    }
 }

@@ -17,7 +17,7 @@ use capsule_engine::Repository;
 use capsule_net::Destination;
 use serde::{Deserialize, Serialize};
 
-use crate::bound::{analyze, Bound, BoundKind, RunFacts};
+use crate::bound::{analyze, Bound, RunFacts};
 use crate::dest::{delete_all, kind, Connector, Opened};
 use crate::probe::{self, Noise, Probe, ProbeOptions, SpaceReport, SyncMode};
 use crate::record::{cores, from_backup, DestCounters, RunContext, RunRecord};
@@ -365,10 +365,12 @@ fn measure(
 }
 
 /// What is known of the destination, for bound analysis.
-#[derive(Debug, Clone, Copy)]
-struct Hints {
-    rtt: Option<f64>,
-    bandwidth: Option<f64>,
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hints {
+    /// Round trip, seconds.
+    pub rtt: Option<f64>,
+    /// Bandwidth, bytes/s.
+    pub bandwidth: Option<f64>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -418,9 +420,8 @@ pub fn backup_step(
     paths: &[PathBuf],
     init: bool,
     cache: &Path,
-    hints: impl Into<Option<(Option<f64>, Option<f64>)>>,
+    hints: Hints,
 ) -> Result<RunRecord> {
-    let hints = hints.into().unwrap_or((None, None));
     let opened = conn.open(dest, init)?;
     let t = Instant::now();
     let repo = if init {
@@ -471,16 +472,10 @@ pub fn backup_step(
             open_secs,
             counters,
             series,
-            rtt: hints.0,
-            bandwidth: hints.1,
+            rtt: hints.rtt,
+            bandwidth: hints.bandwidth,
         },
     ))
-}
-
-impl From<Hints> for Option<(Option<f64>, Option<f64>)> {
-    fn from(h: Hints) -> Self {
-        Some((h.rtt, h.bandwidth))
-    }
 }
 
 /// Files below `dir`, sorted, as (relative name, path).
@@ -876,6 +871,5 @@ fn findings(r: &LabReport) -> Vec<Finding> {
             ),
         );
     }
-    let _ = BoundKind::Fixed;
     f
 }

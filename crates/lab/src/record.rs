@@ -225,3 +225,33 @@ pub fn from_backup(r: &BackupReport, started_unix: i64, ctx: RunContext) -> RunR
         series: ctx.series,
     }
 }
+
+/// A record with everything zero but what a test sets.
+#[cfg(test)]
+pub(crate) fn test_record(destination: &str, time_unix: i64, files: u64) -> RunRecord {
+    RunRecord {
+        version: RECORD_VERSION,
+        time: String::new(),
+        time_unix,
+        destination: destination.into(),
+        repository: "r".into(),
+        snapshot: format!("{time_unix:016x}"),
+        paths: vec![],
+        cores: 1,
+        connect_secs: 0.0,
+        open_secs: 0.0,
+        backup_secs: 0.0,
+        process_secs: None,
+        files,
+        dirs: 1,
+        bytes: 0,
+        files_read: 0,
+        bytes_read: 0,
+        bytes_added: 0,
+        packs: 0,
+        destination_counters: DestCounters::default(),
+        stages: Stages::default(),
+        bound: analyze(&RunFacts::default()),
+        series: vec![],
+    }
+}

@@ -123,12 +123,38 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<Option<Vec<DirEntry>>, BackendError>>,
 {
+    let (mut out, _) = walk(prefix.trim_end_matches('/'), read_dir).await?;
+    out.retain(|o| o.name.starts_with(prefix));
+    Ok(out)
+}
+
+/// Every directory below the base (and the base, `""`), parents before
+/// children: what `remove_empty_dirs` removes in reverse.
+pub(crate) async fn all_dirs<F, Fut>(read_dir: F) -> Result<Vec<String>, BackendError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Vec<DirEntry>>, BackendError>>,
+{
+    Ok(walk("", read_dir).await?.1)
+}
+
+/// The walk behind [`walk_tree`] and [`all_dirs`]: objects, and directories
+/// in the order visited (parents first).
+async fn walk<F, Fut>(
+    start: &str,
+    read_dir: F,
+) -> Result<(Vec<capsule_backend::ObjectInfo>, Vec<String>), BackendError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Vec<DirEntry>>, BackendError>>,
+{
     let mut out = Vec::new();
-    let mut pending = vec![prefix.trim_end_matches('/').to_string()];
+    let mut dirs = Vec::new();
+    let mut pending = vec![start.to_string()];
     while !pending.is_empty() {
         let batch: Vec<String> = pending.drain(..pending.len().min(16)).collect();
         let listed = futures::future::join_all(batch.iter().map(|d| read_dir(d.clone()))).await;
-        for (dir, entries) in batch.iter().zip(listed) {
+        for (dir, entries) in batch.into_iter().zip(listed) {
             for e in entries?.unwrap_or_default() {
                 if e.name == "." || e.name == ".." || e.name.starts_with(".tmp-") {
                     continue;
@@ -147,8 +173,8 @@ where
                     });
                 }
             }
+            dirs.push(dir);
         }
     }
-    out.retain(|o| o.name.starts_with(prefix));
-    Ok(out)
+    Ok((out, dirs))
 }

@@ -706,6 +706,19 @@ impl SftpBackend {
         res
     }
 
+    /// One directory for the shared walk; `None` if it does not exist.
+    async fn read_dir(
+        &self,
+        c: &Conn,
+        d: String,
+    ) -> Result<Option<Vec<crate::DirEntry>>, BackendError> {
+        match self.list_dir(c, &d).await {
+            Ok(entries) => Ok(Some(entries)),
+            Err(e) if is_missing(&e) => Ok(None),
+            Err(e) => Err(sftp_err("list", &d, e)),
+        }
+    }
+
     async fn list_dir(&self, c: &Conn, rel: &str) -> Result<Vec<crate::DirEntry>, SftpError> {
         let handle = c.sftp.opendir(self.path(rel)).await?.handle;
         let mut entries = Vec::new();
@@ -802,19 +815,11 @@ impl Backend for SftpBackend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        block_on(self.with_conn(|c| async move {
-            crate::walk_tree(prefix, |d| {
-                let c = &c;
-                async move {
-                    match self.list_dir(c, &d).await {
-                        Ok(entries) => Ok(Some(entries)),
-                        Err(e) if is_missing(&e) => Ok(None),
-                        Err(e) => Err(sftp_err("list", &d, e)),
-                    }
-                }
-            })
-            .await
-        }))
+        block_on(
+            self.with_conn(
+                |c| async move { crate::walk_tree(prefix, |d| self.read_dir(&c, d)).await },
+            ),
+        )
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
@@ -899,23 +904,8 @@ impl Backend for SftpBackend {
 
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         block_on(self.with_conn(|c| async move {
-            let mut dirs = vec![String::new()];
-            let mut i = 0;
-            while i < dirs.len() {
-                let d = dirs[i].clone();
-                if let Ok(entries) = self.list_dir(&c, &d).await {
-                    for e in entries {
-                        if e.is_dir && e.name != "." && e.name != ".." {
-                            dirs.push(if d.is_empty() {
-                                e.name
-                            } else {
-                                format!("{d}/{}", e.name)
-                            });
-                        }
-                    }
-                }
-                i += 1;
-            }
+            let dirs = crate::all_dirs(|d| self.read_dir(&c, d)).await?;
+            // Deepest first; a directory that is not empty simply stays.
             for d in dirs.iter().rev() {
                 let _ = c.sftp.rmdir(self.path(d)).await;
             }

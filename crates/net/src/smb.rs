@@ -288,6 +288,28 @@ impl SmbBackend {
         Ok(())
     }
 
+    /// One directory, relative to the base; `None` if it does not exist.
+    async fn read_dir(&self, d: String) -> Result<Option<Vec<crate::DirEntry>>, BackendError> {
+        match self
+            .tree
+            .list_directory(&mut self.conn(), &self.path(&d))
+            .await
+        {
+            Ok(entries) => Ok(Some(
+                entries
+                    .into_iter()
+                    .map(|e| crate::DirEntry {
+                        name: e.name,
+                        is_dir: e.is_directory,
+                        size: e.size,
+                    })
+                    .collect(),
+            )),
+            Err(e) if e.kind() == smb2::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(smb_err("list", &d, e)),
+        }
+    }
+
     /// The lab's per-file write: one compound of CREATE, `writes` WRITEs
     /// and CLOSE (one round trip), or with `sync`, CREATE, WRITEs and FLUSH
     /// followed by a CLOSE (a FLUSH must end a compound, as it may go
@@ -532,26 +554,7 @@ impl Backend for SmbBackend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        block_on(crate::walk_tree(prefix, |d| async move {
-            match self
-                .tree
-                .list_directory(&mut self.conn(), &self.path(&d))
-                .await
-            {
-                Ok(entries) => Ok(Some(
-                    entries
-                        .into_iter()
-                        .map(|e| crate::DirEntry {
-                            name: e.name,
-                            is_dir: e.is_directory,
-                            size: e.size,
-                        })
-                        .collect(),
-                )),
-                Err(e) if e.kind() == smb2::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(smb_err("list", &d, e)),
-            }
-        }))
+        block_on(crate::walk_tree(prefix, |d| self.read_dir(d)))
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
@@ -595,27 +598,8 @@ impl Backend for SmbBackend {
 
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         block_on(async {
-            let mut dirs = vec![String::new()];
-            let mut i = 0;
-            while i < dirs.len() {
-                let d = dirs[i].clone();
-                if let Ok(entries) = self
-                    .tree
-                    .list_directory(&mut self.conn(), &self.path(&d))
-                    .await
-                {
-                    for e in entries {
-                        if e.is_directory && e.name != "." && e.name != ".." {
-                            dirs.push(if d.is_empty() {
-                                e.name
-                            } else {
-                                format!("{d}/{}", e.name)
-                            });
-                        }
-                    }
-                }
-                i += 1;
-            }
+            let dirs = crate::all_dirs(|d| self.read_dir(d)).await?;
+            // Deepest first; a directory that is not empty simply stays.
             for d in dirs.iter().rev() {
                 let _ = self
                     .tree
@@ -623,8 +607,8 @@ impl Backend for SmbBackend {
                     .await;
             }
             self.dirs.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        });
-        Ok(())
+            Ok(())
+        })
     }
 
     fn capabilities(&self) -> Capabilities {
