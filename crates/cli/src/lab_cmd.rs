@@ -344,6 +344,11 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
         d.parallel_bw / 1e6,
         d.per_file_copy * 1e3
     ));
+    out.say(format!(
+        "a whole run there, tiny repository: {} with a new file, {} with nothing new",
+        human_secs(d.run_changed),
+        human_secs(d.run_unchanged)
+    ));
     let p = &e.predicted;
     out.say(format!(
         "hourly change assumed: {} files, {} ({})",

@@ -12,8 +12,13 @@
 //! * **the destination**, probed briefly: connect time, round trip,
 //!   bandwidth of one stream and of the upload concurrency, and the time to
 //!   write one small file with a flush;
-//! * **fixed costs**: opening the repository (key derivation) and the
-//!   handful of round trips every run makes.
+//! * **fixed costs**, measured by doing them: a tiny repository in a
+//!   scratch directory on the destination gets real backups, each in a new
+//!   connection like a separate process, one with a new file and one with
+//!   nothing new. Connecting, key derivation, opening the repository, the
+//!   listings, new pack directories, and the commit's puts one after
+//!   another all cost what they cost there, however many round trips that
+//!   is on this protocol.
 //!
 //! An initial backup overlaps the pipeline with uploads, so it takes the
 //! longer of the two plus fixed costs; an hourly run stats every file and
@@ -114,10 +119,6 @@ pub struct Calibration {
     pub per_byte: f64,
     /// Seconds per unchanged file in a run with a parent.
     pub per_unchanged_file: f64,
-    /// Seconds to open a repository (key derivation included).
-    pub open_secs: f64,
-    /// Seconds of a run with nothing to back up (index, snapshot list).
-    pub run_secs: f64,
     /// Bytes stored per byte read (compression; new data).
     pub stored_ratio: f64,
     /// Files and bytes in the two samples.
@@ -139,6 +140,13 @@ pub struct DestProbe {
     pub concurrency: usize,
     /// Seconds to write one 50 KiB file with a flush, one at a time.
     pub per_file_copy: f64,
+    /// Seconds of a whole run that backs up one new small file: connect,
+    /// open, list, upload, commit.
+    #[serde(default)]
+    pub run_changed: f64,
+    /// Seconds of a whole run with nothing new.
+    #[serde(default)]
+    pub run_unchanged: f64,
 }
 
 /// Predicted times, seconds.
@@ -223,10 +231,6 @@ fn upload(c: &Calibration, d: &DestProbe, bytes: f64) -> f64 {
     bytes * c.stored_ratio / d.parallel_bw
 }
 
-/// Round trips every run makes besides writing objects: open (config,
-/// keys, key file), list index and snapshots.
-const RUN_ROUND_TRIPS: f64 = 5.0;
-
 /// The model: seconds for a run that stats `files` files and reads
 /// `files_read` of them (`bytes_read` bytes).
 pub fn predict_run(
@@ -236,21 +240,19 @@ pub fn predict_run(
     files_read: u64,
     bytes_read: u64,
 ) -> f64 {
-    // The commit writes one object after another: the snapshot alone when
-    // nothing was read, else also the tree pack and the index. Each costs
-    // what a small flushed file costs.
-    let commits = if files_read > 0 { 3.0 } else { 1.0 };
-    let fixed = d.connect_secs
-        + c.open_secs
-        + c.run_secs
-        + RUN_ROUND_TRIPS * d.rtt
-        + commits * d.per_file_copy;
+    // What a run costs on this destination beyond its data, as measured.
+    let fixed = if files_read > 0 {
+        d.run_changed
+    } else {
+        d.run_unchanged
+    };
     let unchanged = files.saturating_sub(files_read) as f64 * c.per_unchanged_file;
     let local = pipeline(c, files_read as f64, bytes_read as f64);
     let up = upload(c, d, bytes_read as f64);
-    // The last pack is uploaded after the pipeline has finished.
+    // The last pack is uploaded after the pipeline has finished; its round
+    // trips are in the fixed cost, its bytes are not.
     let tail = if bytes_read > 0 && d.stream_bw > 0.0 {
-        (16u64 << 20).min(bytes_read) as f64 * c.stored_ratio / d.stream_bw + d.rtt
+        (16u64 << 20).min(bytes_read) as f64 * c.stored_ratio / d.stream_bw
     } else {
         0.0
     };
@@ -427,15 +429,14 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         per_file,
         per_byte,
         per_unchanged_file: unchanged,
-        open_secs: e2.open_secs,
-        run_secs: e2.backup_secs,
         stored_ratio: ratio.clamp(0.01, 1.2),
         samples: [dims(&s), dims(&l)],
     })
 }
 
-/// Probes the destination briefly (a few seconds at most on a LAN).
-pub fn probe_destination(conn: &Connector, dest: &Destination) -> Result<DestProbe> {
+/// Probes the destination briefly (a few seconds at most on a LAN; `work`
+/// is a local scratch directory).
+pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> Result<DestProbe> {
     let scratch = dest.join(&format!("capsule-estimate-{}", crate::random_hex(4)));
     let opened = conn.open(&scratch, true)?;
     let b = opened.backend.clone();
@@ -447,10 +448,13 @@ pub fn probe_destination(conn: &Connector, dest: &Destination) -> Result<DestPro
         let t = Instant::now();
         b.put_stream("est/stream", size, &mut Noise::new(3, size))?;
         let stream_bw = size as f64 / t.elapsed().as_secs_f64().max(1e-9);
-        // As many as a backup keeps in flight, pack-sized pieces.
-        let piece = 8u64 << 20;
+        // As many as a backup keeps in flight, of the default pack size
+        // (smaller on slow links, to stay brief). A first round of tiny
+        // puts opens the connections a backup's pool would already have.
+        parallel_puts(&b, "warm", concurrency, 1)?;
+        let piece = if stream_bw > 40e6 { 16u64 << 20 } else { 4 << 20 };
         let t = Instant::now();
-        parallel_puts(&b, concurrency, piece)?;
+        parallel_puts(&b, "p", concurrency, piece)?;
         let parallel_bw = (concurrency as u64 * piece) as f64 / t.elapsed().as_secs_f64();
         // Per-file copying: small files one at a time, flushed.
         let data = Noise::bytes(5, 51_200);
@@ -460,6 +464,7 @@ pub fn probe_destination(conn: &Connector, dest: &Destination) -> Result<DestPro
             b.probe_write(&format!("est/f/{i}"), &data, 1, true)?;
         }
         let per_file_copy = t.elapsed().as_secs_f64() / n as f64;
+        let (run_changed, run_unchanged) = fixed_costs(conn, &scratch.join("repo"), work)?;
         Ok(DestProbe {
             connect_secs: opened.connect_secs,
             rtt,
@@ -467,6 +472,8 @@ pub fn probe_destination(conn: &Connector, dest: &Destination) -> Result<DestPro
             parallel_bw,
             concurrency,
             per_file_copy,
+            run_changed,
+            run_unchanged,
         })
     })();
     let _ = delete_all(&*b, "", 16);
@@ -474,14 +481,48 @@ pub fn probe_destination(conn: &Connector, dest: &Destination) -> Result<DestPro
     r
 }
 
-fn parallel_puts(b: &Arc<dyn Backend>, n: usize, size: u64) -> Result<()> {
+/// Seconds of a whole run with one new small file, and with nothing new,
+/// on a tiny repository at `repo`: each run connects afresh, as a separate
+/// process would. The run with a change is the mean of two.
+fn fixed_costs(conn: &Connector, repo: &Destination, work: &Path) -> Result<(f64, f64)> {
+    let src = work.join("fixed-source");
+    std::fs::create_dir_all(&src).map_err(|e| LabError::io("create", &src, e))?;
+    let add = |i: u32| -> Result<()> {
+        let p = src.join(format!("f{i}"));
+        let f = std::fs::File::create(&p).map_err(|e| LabError::io("create", &p, e))?;
+        std::io::Write::write_all(&mut &f, &Noise::bytes(u64::from(i) + 20, 51_200))
+            .map_err(|e| LabError::io("write", &p, e))?;
+        // Older than the files cache's re-read window, so the run with
+        // nothing new really reads nothing.
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(10);
+        f.set_modified(old)
+            .map_err(|e| LabError::io("set the time of", &p, e))
+    };
+    let password = crate::random_hex(16).into_bytes();
+    let cache = work.join("fixed-cache");
+    let paths = [src.clone()];
+    let run = |init: bool| -> Result<f64> {
+        let r = backup_step(conn, repo, &password, &paths, init, &cache, Hints::default())?;
+        Ok(r.connect_secs + r.open_secs + r.backup_secs)
+    };
+    add(0)?;
+    run(true)?;
+    add(1)?;
+    let changed = run(false)?;
+    let unchanged = run(false)?;
+    add(2)?;
+    let changed2 = run(false)?;
+    Ok(((changed + changed2) / 2.0, unchanged))
+}
+
+fn parallel_puts(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result<()> {
     let mut err = None;
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|i| {
                 s.spawn(move || {
                     b.put_stream(
-                        &format!("est/p{i}"),
+                        &format!("est/{tag}{i}"),
                         size,
                         &mut Noise::new(i as u64 + 9, size),
                     )
@@ -565,7 +606,7 @@ pub fn estimate(
     say("measuring this machine on samples of the source");
     let calibration = calibrate(&files, work.path())?;
     say(&format!("probing {dest}"));
-    let probe = probe_destination(conn, dest)?;
+    let probe = probe_destination(conn, dest, work.path())?;
     let runs = history.map(|h| h.runs()).unwrap_or_default();
     let repo_name = opts.repository.clone().unwrap_or_else(|| dest.to_string());
     let (checked, correction) = check_history(&runs, &repo_name, &calibration, &probe);
@@ -623,8 +664,6 @@ mod tests {
             per_file: 1e-4,
             per_byte: 1e-8,
             per_unchanged_file: 1e-6,
-            open_secs: 0.3,
-            run_secs: 0.0,
             stored_ratio: 1.0,
             samples: [(0, 0); 2],
         }
@@ -638,6 +677,8 @@ mod tests {
             parallel_bw: bw,
             concurrency: 8,
             per_file_copy: 3.0 * rtt,
+            run_changed: 0.6,
+            run_unchanged: 0.4,
         }
     }
 
@@ -654,9 +695,15 @@ mod tests {
     #[test]
     fn hourly_runs_cost_stats_and_round_trips() {
         let c = cal();
-        let t = predict_run(&c, &dest(0.010, 1e8), 100_000, 0, 0);
-        // 0.05 connect + 0.3 open + 5 x 10 ms + one 30 ms commit + 100k x 1 us.
-        assert!((t - 0.53).abs() < 1e-6, "{t}");
+        let d = dest(0.010, 1e8);
+        let t = predict_run(&c, &d, 100_000, 0, 0);
+        // The measured no-change run + 100k x 1 us.
+        assert!((t - 0.5).abs() < 1e-6, "{t}");
+        // 100 new 50 KB files: the measured run with a change, 99.9k x 1 us,
+        // the pipeline (0.01 s + 51 ms) over the upload (51 ms), and the
+        // last pack's bytes at one stream (51 ms).
+        let t = predict_run(&c, &d, 100_000, 100, 5_120_000);
+        assert!((t - (0.6 + 0.0999 + 0.0612 + 0.0512)).abs() < 1e-6, "{t}");
     }
 
     #[test]
