@@ -64,8 +64,8 @@ install_packages() {
 
 start_samba() {
   local s="$dir/samba"
-  mkdir -p "$s"/{share,private,lock,state,cache,pid,sync-share}
-  chmod 0777 "$s/share" "$s/sync-share"
+  mkdir -p "$s"/{share,private,lock,state,cache,pid,sync-share,sealed-share}
+  chmod 0777 "$s/share" "$s/sync-share" "$s/sealed-share"
   cat >"$s/smb.conf" <<EOF
 [global]
   interfaces = lo
@@ -99,6 +99,13 @@ start_samba() {
   valid users = $USER_NAME
   strict sync = yes
   sync always = yes
+  force user = root
+[sealed]
+  path = $s/sealed-share
+  read only = no
+  valid users = $USER_NAME
+  strict sync = yes
+  server smb encrypt = required
   force user = root
 EOF
   id "$USER_NAME" >/dev/null 2>&1 || useradd -M "$USER_NAME"
@@ -192,6 +199,7 @@ write_env() {
 export CAPSULE_TEST_SERVERS=$dir
 export CAPSULE_TEST_SMB=smb://$USER_NAME@127.0.0.1:$SMB_PORT/backup
 export CAPSULE_TEST_SMB_SYNC=smb://$USER_NAME@127.0.0.1:$SMB_PORT/syncall
+export CAPSULE_TEST_SMB_SEALED=smb://$USER_NAME@127.0.0.1:$SMB_PORT/sealed
 export CAPSULE_TEST_SMB_PASSWORD=$PASSWORD
 export CAPSULE_TEST_SFTP=sftp://root@127.0.0.1:$SSH_PORT$dir/ssh/home
 export CAPSULE_TEST_SFTP_KEY=$dir/ssh/client_key
@@ -205,6 +213,7 @@ export CAPSULE_TEST_S3_UPSTREAM=127.0.0.1:$S3_PORT
 export CAPSULE_TEST_SMB_UPSTREAM=127.0.0.1:$SMB_PORT
 export CAPSULE_TEST_SFTP_UPSTREAM=127.0.0.1:$SSH_PORT
 export CAPSULE_TEST_SMB_DIR=$dir/samba/share
+export CAPSULE_TEST_SMB_SEALED_DIR=$dir/samba/sealed-share
 export CAPSULE_TEST_SFTP_DIR=$dir/ssh/home
 export CAPSULE_TEST_PROXY_API=http://127.0.0.1:$PROXY_API
 export CAPSULE_TEST_SMB_PROXY_PORT=$SMB_PROXY

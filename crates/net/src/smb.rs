@@ -78,6 +78,12 @@ fn smb_err(op: &'static str, name: &str, e: smb2::Error) -> BackendError {
 }
 
 impl SmbBackend {
+    /// Whether requests on this share are encrypted (SMB 3 encryption; on
+    /// when the share or server requires it).
+    pub fn encrypted(&self) -> bool {
+        self.conn.should_encrypt()
+    }
+
     /// Signs in, connects the share and checks the base directory.
     pub fn connect(t: &SmbTarget, opts: &Options) -> Result<Self, BackendError> {
         let location = crate::Destination::Smb(t.clone()).to_string();

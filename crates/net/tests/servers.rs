@@ -230,3 +230,35 @@ fn sftp_unknown_host_key() {
         "{e}"
     );
 }
+
+/// A share that requires SMB 3 encryption (`server smb encrypt = required`)
+/// is used encrypted, and passes the whole contract; the ordinary share
+/// stays unencrypted (capsule's data is encrypted before it is sent).
+#[test]
+fn smb_encrypted_share() {
+    let (Some(url), Some(dir), Some(password)) = (
+        env("CAPSULE_TEST_SMB_SEALED"),
+        env("CAPSULE_TEST_SMB_SEALED_DIR"),
+        env("CAPSULE_TEST_SMB_PASSWORD"),
+    ) else {
+        return;
+    };
+    let sub = "conf-sealed";
+    let _ = std::fs::remove_dir_all(std::path::Path::new(&dir).join(sub));
+    std::fs::create_dir_all(std::path::Path::new(&dir).join(sub)).unwrap();
+    let opts = Options {
+        password: Some(password),
+        ..Options::default()
+    };
+    let sealed = match Destination::parse(&format!("{url}/{sub}")).unwrap() {
+        Destination::Smb(t) => capsule_net::smb::SmbBackend::connect(&t, &opts).unwrap(),
+        d => panic!("not SMB: {d}"),
+    };
+    assert!(sealed.encrypted(), "the sealed share is used unencrypted");
+    conformance::run_all(&sealed);
+    let plain = match Destination::parse(&env("CAPSULE_TEST_SMB").unwrap()).unwrap() {
+        Destination::Smb(t) => capsule_net::smb::SmbBackend::connect(&t, &opts).unwrap(),
+        d => panic!("not SMB: {d}"),
+    };
+    assert!(!plain.encrypted(), "the ordinary share is encrypted");
+}
