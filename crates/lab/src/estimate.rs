@@ -452,7 +452,11 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
         // (smaller on slow links, to stay brief). A first round of tiny
         // puts opens the connections a backup's pool would already have.
         parallel_puts(&b, "warm", concurrency, 1)?;
-        let piece = if stream_bw > 40e6 { 16u64 << 20 } else { 4 << 20 };
+        let piece = if stream_bw > 40e6 {
+            16u64 << 20
+        } else {
+            4 << 20
+        };
         let t = Instant::now();
         parallel_puts(&b, "p", concurrency, piece)?;
         let parallel_bw = (concurrency as u64 * piece) as f64 / t.elapsed().as_secs_f64();
@@ -502,7 +506,15 @@ fn fixed_costs(conn: &Connector, repo: &Destination, work: &Path) -> Result<(f64
     let cache = work.join("fixed-cache");
     let paths = [src.clone()];
     let run = |init: bool| -> Result<f64> {
-        let r = backup_step(conn, repo, &password, &paths, init, &cache, Hints::default())?;
+        let r = backup_step(
+            conn,
+            repo,
+            &password,
+            &paths,
+            init,
+            &cache,
+            Hints::default(),
+        )?;
         Ok(r.connect_secs + r.open_secs + r.backup_secs)
     };
     add(0)?;
