@@ -118,6 +118,22 @@ pub(crate) fn lab_err(e: LabError) -> anyhow::Error {
     }
 }
 
+/// Ctrl-C (or SIGTERM, SIGHUP) asks the lab or estimate to stop at its next
+/// step and remove what it wrote, so a filled destination is never left
+/// full; a second one quits at once.
+fn stop_on_signal(out: &Output) {
+    let quiet = out.quiet;
+    let _ = ctrlc::set_handler(move || {
+        if capsule_lab::interrupted() {
+            std::process::exit(i32::from(crate::exit::INTERRUPTED));
+        }
+        capsule_lab::interrupt();
+        if !quiet {
+            eprintln!("stopping: removing what was written (press Ctrl-C again to quit at once)");
+        }
+    });
+}
+
 /// `capsule lab`.
 pub fn lab(g: &GlobalArgs, out: &Output, a: LabArgs) -> Result<u8> {
     let dest = Destination::parse(&a.destination).map_err(|e| UsageError(e.to_string()))?;
@@ -132,6 +148,7 @@ pub fn lab(g: &GlobalArgs, out: &Output, a: LabArgs) -> Result<u8> {
             return Err(UsageError(format!("--source {}: not a directory", s.display())).into());
         }
     }
+    stop_on_signal(out);
     let opts = LabOptions {
         probe: ProbeOptions {
             size: a.size,
@@ -281,6 +298,7 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
             return Err(UsageError(format!("{}: no such file or directory", p.display())).into());
         }
     }
+    stop_on_signal(out);
     let conn = connector(g, &dest);
     let chatty = !out.json && !out.quiet;
     let say = |s: &str| {

@@ -183,8 +183,10 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<crate::settings::UsageError>().is_some() {
         return exit::USAGE;
     }
-    if let Some(capsule_lab::LabError::NotFound(_)) = e.downcast_ref::<capsule_lab::LabError>() {
-        return exit::NOT_FOUND;
+    match e.downcast_ref::<capsule_lab::LabError>() {
+        Some(capsule_lab::LabError::NotFound(_)) => return exit::NOT_FOUND,
+        Some(capsule_lab::LabError::Interrupted) => return exit::INTERRUPTED,
+        _ => {}
     }
     if let Some(code) = backend_error(e).and_then(destination_exit_code) {
         return code;

@@ -542,3 +542,68 @@ fn backups_are_recorded_and_reported() {
     let o = common::capsule(&repo, &["report", "ffffffff"]);
     assert_eq!(o.status.code(), Some(13));
 }
+
+/// Ctrl-C mid-probe: the lab stops at once, removes everything it wrote and
+/// exits 130.
+#[test]
+fn interrupted_lab_cleans_up() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let d = Dest::local(dir.path());
+    let state = d.state.path().to_path_buf();
+    // A sequential probe of up to a quarter of the free space: seconds of
+    // writing, long enough to be caught in the middle.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_capsule"))
+        .args(["lab", &d.url, "--size", "64G", "--no-seed"])
+        .env("CAPSULE_STATE_DIR", &state)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let written = |p: &Path| -> u64 {
+        let mut n = 0;
+        let mut stack = vec![p.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                match e.metadata() {
+                    Ok(m) if m.is_dir() => stack.push(e.path()),
+                    Ok(m) => n += m.len(),
+                    Err(_) => {}
+                }
+            }
+        }
+        n
+    };
+    let t = std::time::Instant::now();
+    while written(dir.path()) < 64 << 20 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "the lab wrote nothing in 60 s"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the lab ended early");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(60),
+            "the lab did not stop within 60 s of Ctrl-C"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("stopping"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -468,6 +468,7 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
             b.probe_write(&format!("est/f/{i}"), &data, 1, true)?;
         }
         let per_file_copy = t.elapsed().as_secs_f64() / n as f64;
+        crate::check_interrupt()?;
         let (run_changed, run_unchanged) = fixed_costs(conn, &scratch.join("repo"), work)?;
         Ok(DestProbe {
             connect_secs: opened.connect_secs,
@@ -615,10 +616,12 @@ pub fn estimate(
             .tempdir(),
     }
     .map_err(|e| LabError::io("create a scratch directory", Path::new("temp"), e))?;
+    crate::check_interrupt()?;
     say("measuring this machine on samples of the source");
-    let calibration = calibrate(&files, work.path())?;
+    let calibration = calibrate(&files, work.path()).map_err(crate::or_interrupted)?;
+    crate::check_interrupt()?;
     say(&format!("probing {dest}"));
-    let probe = probe_destination(conn, dest, work.path())?;
+    let probe = probe_destination(conn, dest, work.path()).map_err(crate::or_interrupted)?;
     let runs = history.map(|h| h.runs()).unwrap_or_default();
     let repo_name = opts.repository.clone().unwrap_or_else(|| dest.to_string());
     let (checked, correction) = check_history(&runs, &repo_name, &calibration, &probe);

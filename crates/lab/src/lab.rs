@@ -230,7 +230,8 @@ pub fn run(
     // Measured before the scratch directory itself goes (statvfs needs it).
     cleanup.free_after = b.space().ok().flatten().map(|s| s.free);
     let _ = b.remove_empty_dirs();
-    let (probe, seed, per_file, full) = result?;
+    // Whatever an interrupted step failed with, the cause is the interrupt.
+    let (probe, seed, per_file, full) = result.map_err(crate::or_interrupted)?;
     let mut report = LabReport {
         version: LAB_VERSION,
         id,
@@ -264,7 +265,7 @@ fn measure(
     let b = &opened.backend;
     let p = &opts.probe;
     let mut notes = Vec::new();
-    say("measuring round trips");
+    step(say, "measuring round trips")?;
     let rtt = probe::round_trip(&**b, p.rtt_samples)?;
     let space = probe::space(&**b)?;
     // Never let the sequential probe fill the destination.
@@ -282,19 +283,22 @@ fn measure(
         }
     }
     let (write, read) = if size >= 1 << 20 {
-        say(&format!("writing and reading {} MB", size / 1_000_000));
+        step(say, &format!("writing and reading {} MB", size / 1_000_000))?;
         let (w, r) = probe::sequential(&**b, size)?;
         (Some(w), Some(r))
     } else {
         notes.push("sequential probe skipped: less than 4 MB free".into());
         (None, None)
     };
-    say(&format!(
-        "creating, listing, reading, deleting 2 x {} small objects",
-        p.small_files
-    ));
+    step(
+        say,
+        &format!(
+            "creating, listing, reading, deleting 2 x {} small objects",
+            p.small_files
+        ),
+    )?;
     let small = Some(probe::small_objects(&**b, p.small_files, p.small_size)?);
-    say("testing for forced synchronous writes");
+    step(say, "testing for forced synchronous writes")?;
     let sync = probe::forced_sync(&**b, Some(kind(dest)), p.sync_samples)?;
     let probe = Probe {
         rtt,
@@ -317,10 +321,13 @@ fn measure(
         Some(s) => (s.clone(), s.display().to_string()),
         None => {
             let dir = work.join("source");
-            say(&format!(
-                "generating a {} MB source tree",
-                opts.generate_bytes / 1_000_000
-            ));
+            step(
+                say,
+                &format!(
+                    "generating a {} MB source tree",
+                    opts.generate_bytes / 1_000_000
+                ),
+            )?;
             generate_source(&dir, opts.generate_bytes)?;
             (dir, "generated".to_string())
         }
@@ -339,10 +346,10 @@ fn measure(
         say,
     )?;
 
-    say(&format!(
-        "copying the {} added files one by one",
-        opts.added_files
-    ));
+    step(
+        say,
+        &format!("copying the {} added files one by one", opts.added_files),
+    )?;
     let per_file = per_file_copy(opened, &added, opts.per_file_budget, hints)?;
     let _ = delete_all(&**b, "perfile/", 16);
 
@@ -362,6 +369,14 @@ fn measure(
         )?),
     };
     Ok((probe, Some(seed), Some(per_file), full))
+}
+
+/// Announces a step, unless the lab was interrupted: steps are where it
+/// stops.
+fn step(say: &dyn Fn(&str), what: &str) -> Result<()> {
+    crate::check_interrupt()?;
+    say(what);
+    Ok(())
 }
 
 /// What is known of the destination, for bound analysis.
@@ -390,15 +405,18 @@ fn seed_protocol(
     // parent snapshot (see docs/DESIGN.md): a tree generated just now would
     // make the no-change run read everything again.
     std::thread::sleep(Duration::from_millis(1100));
-    say("seed 1/3: initial backup");
+    step(say, "seed 1/3: initial backup")?;
     let initial = backup_step(conn, repo, &password, paths, true, cache, hints)?;
-    say("seed 2/3: no-change run");
+    step(say, "seed 2/3: no-change run")?;
     let no_change = backup_step(conn, repo, &password, paths, false, cache, hints)?;
-    say(&format!(
-        "seed 3/3: adding {} files of {} KB",
-        opts.added_files,
-        opts.added_size / 1000
-    ));
+    step(
+        say,
+        &format!(
+            "seed 3/3: adding {} files of {} KB",
+            opts.added_files,
+            opts.added_size / 1000
+        ),
+    )?;
     let added_bytes = generate_files(added, opts.added_files, opts.added_size, 0xadd)?;
     let added = backup_step(conn, repo, &password, paths, false, cache, hints)?;
     Ok(Seed {
@@ -524,6 +542,10 @@ fn per_file_copy(opened: &Opened, dir: &Path, budget: Duration, hints: Hints) ->
         if t.elapsed() >= budget {
             break;
         }
+        if let Err(e) = crate::check_interrupt() {
+            result = Err(e);
+            break;
+        }
         let data = match std::fs::read(path) {
             Ok(d) => d,
             Err(e) => {
@@ -622,10 +644,13 @@ fn nearly_full(
             needed / 1_000_000
         )));
     }
-    say(&format!(
-        "filling the destination to {pct}%: writing {} MB of filler (removed afterwards)",
-        fill / 1_000_000
-    ));
+    step(
+        say,
+        &format!(
+            "filling the destination to {pct}%: writing {} MB of filler (removed afterwards)",
+            fill / 1_000_000
+        ),
+    )?;
     let filled = write_filler(b, fill);
     let result = filled.and_then(|filled| {
         let space = probe::space(&**b)?;
@@ -665,7 +690,7 @@ fn write_filler(b: &Arc<dyn Backend>, bytes: u64) -> Result<u64> {
             .map(|_| {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= n {
+                    if i >= n || crate::interrupted() {
                         return Ok(());
                     }
                     let size = PIECE.min(bytes - i * PIECE);
@@ -681,6 +706,7 @@ fn write_filler(b: &Arc<dyn Backend>, bytes: u64) -> Result<u64> {
         }
     });
     match err {
+        Some(_) | None if crate::interrupted() => Err(LabError::Interrupted),
         Some(e) => Err(LabError::Destination(e)),
         None => Ok(written.into_inner()),
     }
@@ -690,6 +716,9 @@ fn write_filler(b: &Arc<dyn Backend>, bytes: u64) -> Result<u64> {
 pub fn generate_files(dir: &Path, n: usize, size: usize, seed: u64) -> Result<u64> {
     let mut data = vec![0u8; size];
     for i in 0..n {
+        if i % 100 == 0 {
+            crate::check_interrupt()?;
+        }
         let d = dir.join(format!("d{:03}", i / 100));
         if i % 100 == 0 {
             std::fs::create_dir_all(&d).map_err(|e| LabError::io("create", &d, e))?;

@@ -51,6 +51,9 @@ pub enum LabError {
     /// Nothing recorded under that name.
     #[error("{0}")]
     NotFound(String),
+    /// Stopped by Ctrl-C or SIGTERM ([`interrupt`]).
+    #[error("interrupted")]
+    Interrupted,
     /// A stored record could not be read.
     #[error("{path}: {message}")]
     BadRecord {
@@ -68,6 +71,40 @@ impl LabError {
             path: path.display().to_string(),
             source,
         }
+    }
+}
+
+/// Set by [`interrupt`]; long loops check it between steps.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks a running lab or estimate to stop at the next step. It then removes
+/// what it wrote (filler included) and returns [`LabError::Interrupted`].
+/// Safe to call from a signal handler thread.
+pub fn interrupt() {
+    INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether [`interrupt`] was called.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// `Err(Interrupted)` once [`interrupt`] was called.
+pub(crate) fn check_interrupt() -> Result<()> {
+    if interrupted() {
+        Err(LabError::Interrupted)
+    } else {
+        Ok(())
+    }
+}
+
+/// `Interrupted` in place of `e` once [`interrupt`] was called: a step
+/// stopped by it fails with whatever error its cut-short request gave.
+pub(crate) fn or_interrupted(e: LabError) -> LabError {
+    if interrupted() {
+        LabError::Interrupted
+    } else {
+        e
     }
 }
 

@@ -214,6 +214,11 @@ impl Noise {
 
 impl Read for Noise {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // A large upload stops mid-stream when the lab is interrupted; the
+        // backend then drops the partial object.
+        if crate::interrupted() {
+            return Err(std::io::Error::other("interrupted"));
+        }
         let n = (buf.len() as u64).min(self.left) as usize;
         self.fill(&mut buf[..n]);
         self.left -= n as u64;
@@ -278,6 +283,7 @@ pub fn small_objects(b: &dyn Backend, count: usize, size: usize) -> Result<Small
         let create = |names: &[String], sync: bool| {
             time(|| {
                 for (i, n) in names.iter().enumerate() {
+                    crate::check_interrupt()?;
                     let mut d = data.clone();
                     d[..8.min(size)].copy_from_slice(&(i as u64).to_le_bytes()[..8.min(size)]);
                     b.probe_write(n, &d, 1, sync)?;
