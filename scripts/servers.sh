@@ -163,6 +163,9 @@ EOF
 }
 
 start_minio() {
+  # Data left by an earlier start was made under other credentials, and
+  # MinIO would refuse this run's keys: test data only, so start empty.
+  rm -rf "$dir/minio/data"
   mkdir -p "$dir/minio/data"
   MINIO_ROOT_USER=$S3_KEY MINIO_ROOT_PASSWORD=$S3_SECRET MINIO_BROWSER=off \
     setsid "$tools/minio" server "$dir/minio/data" --address "127.0.0.1:$S3_PORT" \
