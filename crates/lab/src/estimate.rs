@@ -142,10 +142,8 @@ pub struct DestProbe {
     pub per_file_copy: f64,
     /// Seconds of a whole run that backs up one new small file: connect,
     /// open, list, upload, commit.
-    #[serde(default)]
     pub run_changed: f64,
     /// Seconds of a whole run with nothing new.
-    #[serde(default)]
     pub run_unchanged: f64,
 }
 
