@@ -148,6 +148,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         // growing with every run (the defaults live under $HOME).
         skip_dirs,
         estimate: bar.is_some(),
+        journal: cache.as_ref().map(|(_, dir)| dir.join("unindexed-packs")),
     };
     let requests = settings::destination_stats();
     let before = requests
@@ -225,6 +226,12 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         s.blobs_added,
         report.storage.packs
     ));
+    if report.storage.packs_recovered > 0 {
+        out.say(format!(
+            "  resumed: {} packs uploaded by an interrupted run were indexed, not sent again",
+            report.storage.packs_recovered
+        ));
+    }
     let st = &report.stages;
     out.say(format!(
         "  time {:.2}s (thread-seconds: scan {:.2}, read {:.2}, chunk+hash {:.2}, compress {:.2}, encrypt {:.2}, write {:.2})",

@@ -11,7 +11,8 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use capsule_net::toxiproxy::{Proxy, Toxiproxy};
 use common::*;
@@ -271,6 +272,104 @@ fn cut_mid_upload(kind: Kind) {
     }
 }
 
+/// The destination vanishes mid-backup, after some packs landed but before
+/// an index file listed them (a laptop leaving home). The run fails with
+/// "unreachable"; the next one finds those packs through the local journal
+/// and indexes them instead of uploading their content again.
+fn vanish_mid_backup(kind: Kind) {
+    let name = format!("vanish-{kind:?}").to_lowercase();
+    let Some(r) = Remote::new(kind, &name) else {
+        return;
+    };
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..12 {
+        std::fs::write(src.join(format!("f{i:02}")), noise(10 << 20, 500 + i)).unwrap();
+    }
+    r.ok(&["init", "--pack-size-mib", "4"]);
+    let journal = || {
+        std::fs::read_dir(r.cache.path())
+            .ok()?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path().join("unindexed-packs"))
+            .find(|p| p.exists())
+    };
+    let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+    c.arg("--repo")
+        .arg(&r.url)
+        .args(["backup", src.to_str().unwrap()])
+        .env("CAPSULE_CACHE_DIR", r.cache.path())
+        .env("CAPSULE_STATE_DIR", r.cache.path().join("state"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in &r.env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while journal().is_none() && Instant::now() < deadline {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{kind:?}: backup finished before the destination could vanish"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    r.proxy.set_enabled(false).unwrap();
+    // Retries give up after about 15 s; bound the wait anyway.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{kind:?}: backup did not give up on a vanished destination");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    r.proxy.set_enabled(true).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(14), "{kind:?}: {err}");
+    assert!(
+        journal().is_some(),
+        "{kind:?}: the journal survives a failed run"
+    );
+
+    let before = r.json(&["check"]);
+    let unindexed = before["report"]["unindexed_packs"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert!(unindexed >= 1, "{kind:?}: nothing left unindexed: {before}");
+    let again = r.json(&["backup", src.to_str().unwrap()]);
+    let recovered = again["storage"]["packs_recovered"].as_u64().unwrap() as usize;
+    assert!(
+        recovered >= 1 && recovered <= unindexed,
+        "{kind:?}: recovered {recovered} of {unindexed} unindexed packs"
+    );
+    let added = again["storage"]["stored_bytes_added"].as_u64().unwrap();
+    assert!(
+        added + (recovered as u64) * (3 << 20) <= 120 << 20,
+        "{kind:?}: recovered packs were sent again: added {added}"
+    );
+    let after = r.json(&["check", "--read-data"]);
+    assert_eq!(after["ok"], true, "{kind:?}: {after}");
+    assert_eq!(
+        after["report"]["unindexed_packs"].as_array().unwrap().len(),
+        unindexed - recovered,
+        "{kind:?}: {after}"
+    );
+    assert!(
+        journal().is_none(),
+        "{kind:?}: a completed run leaves no journal"
+    );
+    let target = work.path().join("restored");
+    r.ok(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    assert_same_tree(&src, &restored(&target, &src), false);
+}
+
 /// A server that goes away, bad credentials and a missing container each
 /// give one clear line and their own exit code.
 fn errors(kind: Kind) {
@@ -416,6 +515,18 @@ fn sftp_cut_mid_upload() {
 #[test]
 fn s3_cut_mid_upload() {
     cut_mid_upload(Kind::S3);
+}
+#[test]
+fn smb_vanish_mid_backup() {
+    vanish_mid_backup(Kind::Smb);
+}
+#[test]
+fn sftp_vanish_mid_backup() {
+    vanish_mid_backup(Kind::Sftp);
+}
+#[test]
+fn s3_vanish_mid_backup() {
+    vanish_mid_backup(Kind::S3);
 }
 #[test]
 fn smb_errors() {

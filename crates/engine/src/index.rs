@@ -122,6 +122,11 @@ impl MasterIndex {
         }
     }
 
+    /// Whether a pack is indexed.
+    pub fn has_pack(&self, id: &ObjectId) -> bool {
+        self.pack_pos.contains_key(id)
+    }
+
     /// Location of a blob.
     pub fn get(&self, id: &BlobId) -> Option<&BlobLoc> {
         self.map.get(id)

@@ -7,6 +7,7 @@ pub mod check;
 pub mod diff;
 pub mod error;
 pub mod index;
+pub mod journal;
 mod meta;
 pub mod packer;
 pub mod progress;

@@ -23,6 +23,7 @@ use capsule_format::{compress, BlobId, BlobType, ObjectId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::index::{save_index_file, MasterIndex};
+use crate::journal::Journal;
 use crate::repo::{pack_name, put_addressed, Repository};
 use crate::{EngineError, Result};
 
@@ -71,6 +72,9 @@ pub struct SaverStats {
     pub stored_bytes_added: AtomicU64,
     /// Packs uploaded.
     pub packs: AtomicU64,
+    /// Packs an interrupted earlier run had uploaded but not indexed,
+    /// indexed by this run instead of uploaded again.
+    pub packs_recovered: AtomicU64,
     /// Index files written.
     pub index_files: AtomicU64,
     /// Nanoseconds spent compressing.
@@ -87,6 +91,7 @@ struct Shared {
     claimed: Mutex<HashSet<BlobId>>,
     packers: [Mutex<PackBuilder>; 2],
     pending: Mutex<IndexFile>,
+    journal: Option<Journal>,
     error: Mutex<Option<EngineError>>,
     failed: AtomicBool,
     stats: SaverStats,
@@ -111,6 +116,10 @@ impl Shared {
         };
         save_index_file(&self.repo, &f)?;
         self.stats.index_files.fetch_add(1, Ordering::Relaxed);
+        if let Some(j) = &self.journal {
+            let ids: Vec<ObjectId> = f.packs.iter().map(|p| p.id).collect();
+            j.indexed(&self.repo, &ids);
+        }
         Ok(())
     }
 }
@@ -127,20 +136,43 @@ pub struct BlobSaver {
 impl BlobSaver {
     /// Starts seal and upload workers.
     pub fn start(repo: Arc<Repository>, index: Arc<MasterIndex>, threads: usize) -> Self {
+        Self::start_with(repo, index, threads, None)
+    }
+
+    /// Like [`BlobSaver::start`], keeping a [`Journal`] of packs landed but
+    /// not yet indexed at `journal.0`. `journal.1` are packs recovered from
+    /// an earlier run's journal (already in `index`): they are listed in this
+    /// run's first index file.
+    pub fn start_with(
+        repo: Arc<Repository>,
+        index: Arc<MasterIndex>,
+        threads: usize,
+        journal: Option<(std::path::PathBuf, Vec<IndexPack>)>,
+    ) -> Self {
         let uploads = repo.backend().capabilities().concurrency.max(1);
         let (seal_tx, seal_rx) = bounded::<SealJob>(threads * 2);
         // Packs in memory at most: one filling per type, one queued, one
         // per uploader.
         let (upload_tx, upload_rx) = bounded::<FinishedPack>(1);
+        let stats = SaverStats::default();
+        let mut pending = IndexFile::default();
+        let journal = journal.map(|(path, recovered)| {
+            stats
+                .packs_recovered
+                .store(recovered.len() as u64, Ordering::Relaxed);
+            pending.packs = recovered.clone();
+            Journal::new(path, recovered)
+        });
         let shared = Arc::new(Shared {
             repo,
             index,
             claimed: Mutex::new(HashSet::new()),
             packers: [Mutex::default(), Mutex::default()],
-            pending: Mutex::default(),
+            pending: Mutex::new(pending),
+            journal,
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
-            stats: SaverStats::default(),
+            stats,
         });
         let seal_threads = (0..threads)
             .map(|i| {
@@ -270,6 +302,7 @@ impl BlobSaver {
             raw_bytes_added: s.raw_bytes_added.load(Ordering::Relaxed),
             stored_bytes_added: s.stored_bytes_added.load(Ordering::Relaxed),
             packs: s.packs.load(Ordering::Relaxed),
+            packs_recovered: s.packs_recovered.load(Ordering::Relaxed),
             index_files: s.index_files.load(Ordering::Relaxed),
             compress_secs: s.compress_ns.load(Ordering::Relaxed) as f64 / 1e9,
             encrypt_secs: s.encrypt_ns.load(Ordering::Relaxed) as f64 / 1e9,
@@ -305,6 +338,9 @@ pub struct SaverStatsSnapshot {
     pub stored_bytes_added: u64,
     /// Packs uploaded.
     pub packs: u64,
+    /// Packs left unindexed by an interrupted earlier run that this run
+    /// found on the destination and indexed instead of uploading again.
+    pub packs_recovered: u64,
     /// Index files written.
     pub index_files: u64,
     /// CPU seconds compressing (summed over threads).
@@ -414,15 +450,21 @@ fn upload_worker(s: &Shared, rx: Receiver<FinishedPack>) {
             continue;
         }
         s.stats.packs.fetch_add(1, Ordering::Relaxed);
+        let p = IndexPack {
+            id,
+            size: fp.bytes.len() as u64,
+            entries: fp.entries,
+        };
+        // Journal first: once the pack is in `pending`, another uploader's
+        // flush may index it and drop it from the journal.
+        if let Some(j) = &s.journal {
+            j.landed(&s.repo, &p);
+        }
         s.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .packs
-            .push(IndexPack {
-                id,
-                size: fp.bytes.len() as u64,
-                entries: fp.entries,
-            });
+            .push(p);
         if let Err(e) = s.flush_index(false) {
             s.fail(e);
         }

@@ -56,6 +56,10 @@ pub struct BackupOptions {
     pub threads: usize,
     /// Run an estimating scan alongside so progress has totals and an ETA.
     pub estimate: bool,
+    /// Local file for the journal of packs landed but not yet indexed (see
+    /// [`crate::journal`]); `None` keeps none, and an interrupted run's
+    /// unindexed packs are then uploaded again.
+    pub journal: Option<PathBuf>,
 }
 
 /// A problem with one source entry; the backup went on without it.
@@ -236,7 +240,11 @@ pub fn backup(
     let path_strings: Vec<String> = sources.iter().map(|p| p.display().to_string()).collect();
     let host = opts.hostname.clone().unwrap_or_else(hostname);
 
-    let (index, _bad) = repo.load_index()?;
+    let (mut index, _bad) = repo.load_index()?;
+    let journal = match &opts.journal {
+        Some(p) => Some((p.clone(), crate::journal::recover(&repo, &mut index, p)?)),
+        None => None,
+    };
     let index = Arc::new(index);
     let parent = find_parent(&repo, opts, &host, &path_strings)?;
     let parent_root = match &parent {
@@ -260,7 +268,7 @@ pub fn backup(
     } else {
         opts.threads
     };
-    let saver = BlobSaver::start(repo.clone(), index.clone(), cores);
+    let saver = BlobSaver::start_with(repo.clone(), index.clone(), cores, journal);
     let skip: Vec<PathBuf> = opts
         .skip_dirs
         .iter()
