@@ -30,6 +30,12 @@ use crate::{EngineError, Result};
 /// Packs per index file written during a backup.
 pub const INDEX_EVERY: usize = 4;
 
+/// Uploaded pack buffers kept for the next packs. A fresh 16 MiB buffer is
+/// a fresh mapping (the CLI sets glibc's mmap threshold at 1 MiB), and
+/// faulting its pages in and unmapping it again cost about a tenth of the
+/// pipeline's CPU in a 10,000-file backup.
+const SPARE_BUFFERS: usize = 4;
+
 struct SealJob {
     t: BlobType,
     id: BlobId,
@@ -92,6 +98,7 @@ struct Shared {
     packers: [Mutex<PackBuilder>; 2],
     pending: Mutex<IndexFile>,
     journal: Option<Journal>,
+    spare: Mutex<Vec<Vec<u8>>>,
     error: Mutex<Option<EngineError>>,
     failed: AtomicBool,
     stats: SaverStats,
@@ -170,6 +177,7 @@ impl BlobSaver {
             packers: [Mutex::default(), Mutex::default()],
             pending: Mutex::new(pending),
             journal,
+            spare: Mutex::new(Vec::new()),
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
             stats,
@@ -398,9 +406,15 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
         let finished = {
             let mut p = s.packers[slot].lock().unwrap_or_else(|p| p.into_inner());
             if p.buf.capacity() == 0 {
+                if let Some(b) = s.spare.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+                    p.buf = b;
+                }
+            }
+            if p.buf.capacity() < target + env.len() {
                 // Reserve the whole pack once: growing by doubling would
                 // briefly hold twice the pack size.
-                p.buf.reserve_exact(target + env.len());
+                let more = target + env.len() - p.buf.len();
+                p.buf.reserve_exact(more);
             }
             let offset = p.buf.len() as u32;
             p.buf.extend_from_slice(&env);
@@ -445,6 +459,14 @@ fn upload_worker(s: &Shared, rx: Receiver<FinishedPack>) {
         s.stats
             .upload_ns
             .fetch_add(nanos_since(t0), Ordering::Relaxed);
+        let size = fp.bytes.len() as u64;
+        let mut buf = fp.bytes;
+        buf.clear();
+        let mut spare = s.spare.lock().unwrap_or_else(|p| p.into_inner());
+        if spare.len() < SPARE_BUFFERS {
+            spare.push(buf);
+        }
+        drop(spare);
         if let Err(e) = r {
             s.fail(e);
             continue;
@@ -452,7 +474,7 @@ fn upload_worker(s: &Shared, rx: Receiver<FinishedPack>) {
         s.stats.packs.fetch_add(1, Ordering::Relaxed);
         let p = IndexPack {
             id,
-            size: fp.bytes.len() as u64,
+            size,
             entries: fp.entries,
         };
         // Journal first: once the pack is in `pending`, another uploader's

@@ -29,6 +29,12 @@ pub fn frame_with(c: &mut zstd::bulk::Compressor<'_>, data: &[u8]) -> Vec<u8> {
                 return out;
             }
         }
+        // Incompressible: store raw in the buffer already allocated (the
+        // bound is never smaller than the input).
+        out[0] = RAW;
+        out[1..=data.len()].copy_from_slice(data);
+        out.truncate(data.len() + 1);
+        return out;
     }
     raw(data)
 }
