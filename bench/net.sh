@@ -66,6 +66,9 @@ EOF
 if [ "$toolchain" = 1 ]; then
   cp -a "$HOME/.rustup/toolchains" "$work/toolchain"
 fi
+# Write the generated data out now: gigabytes of dirty pages flushed in the
+# background would slow whichever runs come first.
+sync
 sleep 2 # let ctimes age past capsule's one-second re-read window
 
 # timed LABEL CMD... : runs CMD, records wall seconds in $last
