@@ -90,7 +90,8 @@ rows=()
 record() { rows+=("$1|$2|$3|$4|$5|$6"); echo "  $1 $2 $3 $4: $5 s" >&2; }
 
 n=0
-fresh() { n=$((n + 1)); r="r$n"; }
+# Names unique to this run: a reused MinIO keeps earlier runs' prefixes.
+fresh() { n=$((n + 1)); r="${work##*.}-r$n"; }
 
 capsule_run() { # url data
   "$capsule" -r "$1" -q init && "$capsule" -r "$1" -q backup "$2"
