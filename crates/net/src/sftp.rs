@@ -367,6 +367,7 @@ impl SftpBackend {
             }
         };
         let mut authed = false;
+        let mut dropped = false;
         if let Some(key) = &self.auth.key {
             let hash = ssh.best_supported_rsa_hash().await.ok().flatten().flatten();
             let r = ssh
@@ -374,6 +375,7 @@ impl SftpBackend {
                 .await
                 .map_err(|e| unreachable_err(&self.location, e))?;
             authed = r.success();
+            dropped |= session_ended(&r);
         }
         if !authed {
             if let Some(pw) = &self.auth.password {
@@ -382,7 +384,21 @@ impl SftpBackend {
                     .await
                     .map_err(|e| unreachable_err(&self.location, e))?;
                 authed = r.success();
+                dropped |= session_ended(&r);
             }
+        }
+        if !authed && (dropped || ssh.is_closed()) {
+            // A connection dropped mid-authentication also ends in "not
+            // authenticated"; that is a vanished server, not a refusal.
+            return Err(BackendError::transient(
+                ErrorKind::Unreachable,
+                "connect",
+                &self.location,
+                format!(
+                    "the connection to {}:{} closed during authentication",
+                    t.host, t.port
+                ),
+            ));
         }
         if !authed {
             let tried = match (&self.auth.key_path, &self.auth.password) {
@@ -925,4 +941,11 @@ impl Backend for SftpBackend {
     fn location(&self) -> String {
         self.location.clone()
     }
+}
+
+/// russh reports a session that ended while waiting for the server's answer
+/// as a failure with no methods left; a real refusal from OpenSSH always
+/// names the methods that may continue.
+fn session_ended(r: &client::AuthResult) -> bool {
+    matches!(r, client::AuthResult::Failure { remaining_methods, partial_success: false } if remaining_methods.is_empty())
 }
