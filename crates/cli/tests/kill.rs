@@ -50,14 +50,9 @@ fn data_packs(repo: &Path) -> usize {
         .unwrap_or(0)
 }
 
-/// The journal of landed-but-unindexed packs, in the repository's cache
-/// directory (named after the repository ID).
+/// The journal of landed-but-unindexed packs in the test cache.
 fn journal(repo: &Path) -> Option<std::path::PathBuf> {
-    std::fs::read_dir(repo.with_extension("cache"))
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("unindexed-packs"))
-        .find(|p| p.exists())
+    journal_in(&repo.with_extension("cache"))
 }
 
 #[test]

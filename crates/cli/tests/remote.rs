@@ -288,13 +288,7 @@ fn vanish_mid_backup(kind: Kind) {
         std::fs::write(src.join(format!("f{i:02}")), noise(10 << 20, 500 + i)).unwrap();
     }
     r.ok(&["init", "--pack-size-mib", "4"]);
-    let journal = || {
-        std::fs::read_dir(r.cache.path())
-            .ok()?
-            .filter_map(|e| e.ok())
-            .map(|e| e.path().join("unindexed-packs"))
-            .find(|p| p.exists())
-    };
+    let journal = || journal_in(r.cache.path());
     let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
     c.arg("--repo")
         .arg(&r.url)

@@ -440,3 +440,13 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     v.sort();
     v
 }
+
+/// The journal of landed-but-unindexed packs that a backup keeps in its
+/// cache directory (one subdirectory per repository ID), if there is one.
+pub fn journal_in(cache_dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(cache_dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("unindexed-packs"))
+        .find(|p| p.exists())
+}
