@@ -15,6 +15,12 @@ echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -q -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked -q
+# Unused dependencies stay out (cargo-machete, from the crate registry).
+if ! command -v cargo-machete >/dev/null 2>&1; then
+  cargo install --locked -q cargo-machete@0.9.1
+fi
+# (vendor/ holds patched third-party crates, not ours)
+cargo machete crates bench
 
 echo "== servers (Samba, OpenSSH, MinIO, Toxiproxy on loopback)"
 # Installed on first use (apt-get, go install); stopped by PID on exit.
@@ -28,8 +34,45 @@ source "$servers/env"
 export CAPSULE_REQUIRE_SERVERS=1
 
 echo "== tests"
-cargo test --workspace --locked 2>&1 | tee "$log"
-# One closing line with the totals of every test binary (the last binary
-# cargo runs is an empty doc-test pass, which would otherwise close the log).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i == "passed;") p += $(i-1); if ($i == "failed;") f += $(i-1) } }
-     END { printf "capsule: %d passed, %d failed\n", p, f }' "$log"
+started=$(date +%s)
+# --no-fail-fast: a failing binary must not hide the results of the rest.
+status=0
+cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$log" || status=$?
+# A closing table with every test binary, failed or not, then the totals
+# (the last binary cargo runs is an empty doc-test pass, which would
+# otherwise close the log).
+awk -v secs=$(( $(date +%s) - started )) '
+  /^ *Running / { bin = $NF; sub(/.*\//, "", bin); sub(/-[0-9a-f]+\)$/, "", bin); order[++n] = bin; res[bin] = "did not finish" }
+  /^ *Doc-tests / { bin = "doc-tests " $2; order[++n] = bin; res[bin] = "did not finish" }
+  /^test result:/ {
+    p = 0; f = 0
+    for (i = 1; i <= NF; i++) { if ($i == "passed;") p = $(i-1); if ($i == "failed;") f = $(i-1) }
+    res[bin] = sprintf("%d passed, %d failed", p, f); P += p; F += f
+    if (f > 0) bad++
+  }
+  END {
+    for (i = 1; i <= n; i++) if (res[order[i]] != "0 passed, 0 failed") printf "  %-28s %s\n", order[i], res[order[i]]
+    printf "capsule: %d passed, %d failed, in %d test binaries (%d failing), %d s\n", P, F, n, bad, secs
+  }' "$log"
+
+echo "== fuzz smoke (cargo-fuzz on nightly, ${CAPSULE_FUZZ_SECS:-60} s per decoder)"
+# Only the fuzz targets use nightly; everything above builds on stable.
+fuzz_status=0
+if ! command -v cargo-fuzz >/dev/null 2>&1; then
+  cargo install --locked -q cargo-fuzz@0.13.2
+fi
+fuzz_work=$(mktemp -d)
+for t in tree pack_header index json_records blob_frame; do
+  mkdir -p "$fuzz_work/$t"
+  # New inputs go to the scratch directory; the kept corpus is read only.
+  if ! cargo +nightly fuzz run -O "$t" "$fuzz_work/$t" "fuzz/corpus/$t" -- \
+      -max_total_time="${CAPSULE_FUZZ_SECS:-60}" -rss_limit_mb=2048 >"$fuzz_work/$t.log" 2>&1; then
+    echo "fuzz $t: FAILED (crash input under fuzz/artifacts/$t)"; tail -30 "$fuzz_work/$t.log"
+    fuzz_status=1
+  else
+    echo "fuzz $t: $(grep -E '^Done' "$fuzz_work/$t.log")"
+  fi
+done
+rm -rf "$fuzz_work"
+[ "$status" = 0 ] && status=$fuzz_status
+exit "$status"

@@ -61,6 +61,10 @@ impl CachingBackend {
     pub fn new(inner: Arc<dyn Backend>, dir: impl Into<PathBuf>) -> std::io::Result<Self> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
+        // Trees name every path backed up: keep the cache private, also
+        // when an older capsule created it world-readable.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         let tag = dir.join("CACHEDIR.TAG");
         if !tag.exists() {
             std::fs::write(

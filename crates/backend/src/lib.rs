@@ -15,6 +15,8 @@ pub mod conformance;
 pub mod local;
 pub mod metered;
 pub mod retry;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use cache::{CacheStats, CachingBackend};
 pub use local::{LocalBackend, SyncPolicy};
@@ -75,6 +77,18 @@ impl BackendError {
             name: name.to_string(),
             message: message.into(),
         }
+    }
+
+    /// True when the destination itself failed (unreachable, credentials,
+    /// container gone, or a transient fault that outlived its retries), as
+    /// opposed to one object being missing or damaged. Callers that can
+    /// lose one object and carry on must still stop on these.
+    pub fn is_destination_failure(&self) -> bool {
+        self.transient
+            || matches!(
+                self.kind,
+                ErrorKind::Unreachable | ErrorKind::AuthFailed | ErrorKind::NoContainer
+            )
     }
 
     /// Builds an error that a retry may cure.

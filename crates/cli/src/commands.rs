@@ -18,20 +18,55 @@ use crate::output::{bytes, Output};
 use crate::settings::{self, RepoLocation};
 use crate::{exit, GlobalArgs};
 
-fn open(g: &GlobalArgs) -> Result<(Repository, RepoLocation)> {
-    let loc = settings::location(g)?;
-    let backend = settings::backend(g, &loc, false)?;
-    let pw = settings::password(g)?;
-    let (repo, _) = settings::with_cache(g, Repository::open(backend, &pw)?)?;
+fn open(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
+    let (repo, loc) = open_uncached(g, out)?;
+    let (repo, _) = settings::with_cache(g, repo)?;
     Ok((repo, loc))
 }
 
 /// Opens without the cache: for `check`, which must read the destination.
-fn open_uncached(g: &GlobalArgs) -> Result<(Repository, RepoLocation)> {
+fn open_uncached(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
     let loc = settings::location(g)?;
     let backend = settings::backend(g, &loc, false)?;
     let pw = settings::password(g)?;
-    Ok((Repository::open(backend, &pw)?, loc))
+    Ok((open_with(backend, &pw, out)?, loc))
+}
+
+/// Opens with a password, and warns of damaged or stray key files (which
+/// did not stop this key from opening it).
+fn open_with(
+    backend: Arc<dyn capsule_backend::Backend>,
+    pw: &[u8],
+    out: &Output,
+) -> Result<Repository> {
+    let repo = Repository::open(backend, pw)?;
+    for w in repo.open_warnings() {
+        out.warn(format!(
+            "{w}; another key opened the repository (remove the damaged file with `capsule key remove`, or restore it from a copy)"
+        ));
+    }
+    Ok(repo)
+}
+
+/// Resolves a snapshot argument. When some snapshots cannot be read,
+/// `latest` may not be the newest one made: say so, and say which one it
+/// means, rather than silently using an older one.
+fn resolve(
+    repo: &Repository,
+    out: &Output,
+    spec: &str,
+) -> Result<(capsule_format::ObjectId, capsule_format::snapshot::Snapshot)> {
+    let (id, snap, damaged) = repo.resolve_snapshot_noting(spec)?;
+    if spec == "latest" && !damaged.is_empty() {
+        out.warn(format!(
+            "{} snapshot(s) cannot be read ({}); one of them may be newer: \"latest\" is {} of {}, the newest readable one",
+            damaged.len(),
+            damaged.join("; "),
+            id.short(),
+            snap.time
+        ));
+    }
+    Ok((id, snap))
 }
 
 /// Arguments of `init`.
@@ -119,7 +154,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         let backend = settings::backend(g, &loc, false)?;
         connect_secs = t_connect.elapsed().as_secs_f64();
         let pw = settings::password(g)?;
-        Repository::open(backend, &pw)?
+        open_with(backend, &pw, out)?
     };
     let (repo, cache) = settings::with_cache(g, repo)?;
     let open_secs = t_connect.elapsed().as_secs_f64() - connect_secs;
@@ -149,6 +184,13 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         skip_dirs,
         estimate: bar.is_some(),
         journal: cache.as_ref().map(|(_, dir)| dir.join("unindexed-packs")),
+        // --force trusts nothing: it also checks that every indexed pack is
+        // still there (one listing), so lost data is uploaded again.
+        verify_packs: a.force,
+        damaged_packs: cache
+            .as_ref()
+            .map(|(_, dir)| settings::read_damaged_packs(dir))
+            .unwrap_or_default(),
     };
     let requests = settings::destination_stats();
     let before = requests
@@ -226,6 +268,12 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         s.blobs_added,
         report.storage.packs
     ));
+    if !report.packs_distrusted.is_empty() {
+        out.say(format!(
+            "  {} packs are missing or damaged (found by `check` or --force): their data was read and stored again",
+            report.packs_distrusted.len()
+        ));
+    }
     if report.storage.packs_recovered > 0 {
         out.say(format!(
             "  resumed: {} packs uploaded by an interrupted run were indexed, not sent again",
@@ -271,7 +319,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
 }
 
 pub fn snapshots(g: &GlobalArgs, out: &Output) -> Result<u8> {
-    let (repo, _) = open(g)?;
+    let (repo, _) = open(g, out)?;
     let (snaps, bad) = repo.list_snapshots()?;
     for e in &bad {
         out.warn(e.to_string());
@@ -323,8 +371,8 @@ fn root_of(s: &capsule_format::snapshot::Snapshot) -> Result<BlobId> {
 }
 
 pub fn ls(g: &GlobalArgs, out: &Output, a: LsArgs) -> Result<u8> {
-    let (repo, _) = open(g)?;
-    let (_, snap) = repo.resolve_snapshot(&a.snapshot)?;
+    let (repo, _) = open(g, out)?;
+    let (_, snap) = resolve(&repo, out, &a.snapshot)?;
     let (index, _) = repo.load_index()?;
     let mut root = root_of(&snap)?;
     let base = treewalk::snapshot_path(a.path.as_deref().unwrap_or("/"));
@@ -345,7 +393,8 @@ pub fn ls(g: &GlobalArgs, out: &Output, a: LsArgs) -> Result<u8> {
             Ok(())
         };
     if root != BlobId::default() {
-        treewalk::walk(&repo, &index, &root, &base, &mut print)?;
+        let mut budget = treewalk::Budget::new(treewalk::entry_budget(&snap));
+        treewalk::walk(&repo, &index, &root, &base, &mut budget, &mut print)?;
     }
     if out.json {
         let v: Vec<_> = items
@@ -401,8 +450,8 @@ pub struct RestoreArgs {
 }
 
 pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
-    let (repo, _) = open(g)?;
-    let (id, snap) = repo.resolve_snapshot(&a.snapshot)?;
+    let (repo, _) = open(g, out)?;
+    let (id, snap) = resolve(&repo, out, &a.snapshot)?;
     let (index, bad) = repo.load_index()?;
     for e in &bad {
         out.warn(format!("{e} (blobs it lists are unavailable)"));
@@ -413,6 +462,7 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
         target: a.target.clone(),
         includes: a.includes,
         excludes: a.excludes,
+        max_entries: treewalk::entry_budget(&snap),
     };
     let r = capsule_engine::restore::restore(&repo, &index, &root_of(&snap)?, &opts, &progress);
     drop(bar);
@@ -455,7 +505,7 @@ pub struct CheckArgs {
 }
 
 pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
-    let (repo, _) = open_uncached(g)?;
+    let (repo, _) = open_uncached(g, out)?;
     let progress = Arc::new(Progress::default());
     let bar = if a.read_data {
         out.progress(&progress, "check")
@@ -465,6 +515,15 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
     let r = capsule_engine::check::check(&repo, a.read_data, &progress);
     drop(bar);
     let r = r?;
+    // The next backup must not reuse what this check found lost.
+    if let Some(dir) = settings::cache_dir(g, &repo) {
+        if let Err(e) = settings::write_damaged_packs(&dir, &r.damaged_packs) {
+            out.warn(format!(
+                "cannot record the damaged packs in {}: {e}; run the next backup with --force so it does not reuse them",
+                dir.display()
+            ));
+        }
+    }
     out.json(&serde_json::json!({ "ok": r.ok(), "report": r, "destination": settings::destination_json() }));
     out.say(format!(
         "checked {} snapshots, {} trees, {} packs{}",
@@ -477,9 +536,13 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
             String::new()
         }
     ));
-    if !r.unindexed_packs.is_empty() {
+    let index_damaged = r
+        .problems
+        .iter()
+        .any(|p| p.object.starts_with("index/") || p.problem.contains("not in any index"));
+    if !r.unindexed_packs.is_empty() && !index_damaged {
         out.say(format!(
-            "{} packs are not indexed (left by an interrupted backup; harmless)",
+            "{} packs are not indexed (left by an interrupted backup; a later prune reclaims them)",
             r.unindexed_packs.len()
         ));
     }
@@ -501,6 +564,21 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
             "capsule: check found {} damaged objects; files not listed above still restore",
             r.problems.len()
         );
+        if index_damaged && !r.unindexed_packs.is_empty() {
+            eprintln!(
+                "  hint: {} packs are on the destination but in no index; `capsule repair index` rebuilds the index from them",
+                r.unindexed_packs.len()
+            );
+        } else if index_damaged {
+            eprintln!(
+                "  hint: `capsule repair index` rebuilds the index from the packs' own headers"
+            );
+        }
+        if !r.damaged_packs.is_empty() {
+            eprintln!(
+                "  the next backup stores the lost data again where the files still exist (recorded in the cache; use --force on other machines)"
+            );
+        }
     }
     Ok(exit::DAMAGED)
 }
@@ -515,11 +593,14 @@ pub struct DiffArgs {
 }
 
 pub fn diff(g: &GlobalArgs, out: &Output, a: DiffArgs) -> Result<u8> {
-    let (repo, _) = open(g)?;
-    let (_, sa) = repo.resolve_snapshot(&a.a)?;
-    let (_, sb) = repo.resolve_snapshot(&a.b)?;
+    let (repo, _) = open(g, out)?;
+    let (_, sa) = resolve(&repo, out, &a.a)?;
+    let (_, sb) = resolve(&repo, out, &a.b)?;
     let (index, _) = repo.load_index()?;
-    let d = capsule_engine::diff::diff(&repo, &index, &root_of(&sa)?, &root_of(&sb)?)?;
+    let mut budget = treewalk::Budget::new(
+        treewalk::entry_budget(&sa).saturating_add(treewalk::entry_budget(&sb)),
+    );
+    let d = capsule_engine::diff::diff(&repo, &index, &root_of(&sa)?, &root_of(&sb)?, &mut budget)?;
     out.json(&d);
     for e in &d {
         out.result(format!("{}  {}", e.change, e.path));
@@ -537,7 +618,7 @@ pub fn diff(g: &GlobalArgs, out: &Output, a: DiffArgs) -> Result<u8> {
 }
 
 pub fn stats(g: &GlobalArgs, out: &Output) -> Result<u8> {
-    let (repo, loc) = open(g)?;
+    let (repo, loc) = open(g, out)?;
     let (index, _) = repo.load_index()?;
     let s = capsule_engine::stats::stats(&repo, &index)?;
     out.json(&s);
@@ -604,7 +685,7 @@ fn read_new_password(f: &Option<PathBuf>) -> Result<Vec<u8>> {
 }
 
 pub fn key(g: &GlobalArgs, out: &Output, k: KeyCommand) -> Result<u8> {
-    let (mut repo, _) = open(g)?;
+    let (mut repo, _) = open(g, out)?;
     match k {
         KeyCommand::Add { new_password_file } => {
             let pw = read_new_password(&new_password_file)?;
@@ -616,20 +697,27 @@ pub fn key(g: &GlobalArgs, out: &Output, k: KeyCommand) -> Result<u8> {
             let keys = repo.list_keys()?;
             out.json(&keys);
             for k in &keys {
-                out.result(format!(
-                    "{} {:<10} {} {}@{}",
-                    if k.current { "*" } else { " " },
-                    &k.id[..8],
-                    k.created,
-                    k.username,
-                    k.hostname
-                ));
+                let short: String = k.id.chars().take(8).collect();
+                match &k.damaged {
+                    None => out.result(format!(
+                        "{} {:<10} {} {}@{}",
+                        if k.current { "*" } else { " " },
+                        short,
+                        k.created,
+                        k.username,
+                        k.hostname
+                    )),
+                    Some(why) => out.result(format!("  {short:<10} DAMAGED: {why}")),
+                }
             }
         }
         KeyCommand::Remove { id } => {
             let removed = repo.remove_key(&id)?;
             out.json(&serde_json::json!({ "removed": removed }));
-            out.say(format!("removed key {}", &removed[..8]));
+            out.say(format!(
+                "removed key {}",
+                removed.chars().take(8).collect::<String>()
+            ));
         }
         KeyCommand::Passwd { new_password_file } => {
             let pw = read_new_password(&new_password_file)?;
@@ -639,4 +727,55 @@ pub fn key(g: &GlobalArgs, out: &Output, k: KeyCommand) -> Result<u8> {
         }
     }
     Ok(exit::OK)
+}
+
+/// `repair` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum RepairCommand {
+    /// Rebuild the index from the packs' own headers: indexes every pack no
+    /// intact index file lists, then removes the damaged index files.
+    Index {
+        /// Read and report, but write and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+pub fn repair(g: &GlobalArgs, out: &Output, r: RepairCommand) -> Result<u8> {
+    let RepairCommand::Index { dry_run } = r;
+    // The destination's truth, not the cache's.
+    let (repo, _) = open_uncached(g, out)?;
+    let rep = capsule_engine::repair::repair_index(&repo, dry_run)?;
+    if out.json {
+        let mut v = serde_json::to_value(&rep)?;
+        v["dry_run"] = serde_json::json!(dry_run);
+        v["destination"] = settings::destination_json();
+        out.json(&v);
+    }
+    out.say(format!(
+        "{} packs on storage, {} in no intact index file; {}indexed {} of them ({} blobs)",
+        rep.packs,
+        rep.unindexed,
+        if dry_run { "would have " } else { "" },
+        rep.reindexed,
+        rep.blobs
+    ));
+    for f in &rep.removed_index_files {
+        out.say(format!(
+            "{} damaged index file {f}",
+            if dry_run { "would remove" } else { "removed" }
+        ));
+    }
+    for (p, why) in &rep.unreadable_packs {
+        out.warn(format!("{p}: not indexed: {why}"));
+    }
+    if rep.unreadable_packs.is_empty() {
+        Ok(exit::OK)
+    } else {
+        eprintln!(
+            "capsule: {} packs could not be read; their blobs stay unavailable (`capsule check` names the files affected)",
+            rep.unreadable_packs.len()
+        );
+        Ok(exit::DAMAGED)
+    }
 }

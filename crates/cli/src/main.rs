@@ -63,7 +63,7 @@ pub struct GlobalArgs {
     /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials.
     #[arg(short = 'r', long, env = "CAPSULE_REPO", global = true)]
     repo: Option<String>,
-    /// Read the password from this file (CAPSULE_PASSWORD is also honoured).
+    /// Read the password from this file (it wins over CAPSULE_PASSWORD).
     #[arg(long, env = "CAPSULE_PASSWORD_FILE", global = true)]
     password_file: Option<std::path::PathBuf>,
     /// Print machine-readable JSON on stdout.
@@ -113,6 +113,9 @@ enum Command {
     /// Manage the passwords (key files) that open the repository.
     #[command(subcommand)]
     Key(commands::KeyCommand),
+    /// Repair a damaged repository (what `check` recommends).
+    #[command(subcommand)]
+    Repair(commands::RepairCommand),
     /// Measure a destination: round trips, throughput, small files, forced
     /// sync, free space; back up a seed tree and copy files one by one.
     Lab(lab_cmd::LabArgs),
@@ -147,9 +150,22 @@ fn tune_allocator() {}
 /// When the process started: run records count from here.
 pub static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
 
+/// Makes everything capsule creates private to the user: the cache and run
+/// records name the paths backed up, and a local repository holds the key
+/// files. Restore is unaffected: it sets each entry's recorded mode.
+#[allow(unsafe_code)]
+fn private_umask() {
+    // SAFETY: umask only changes this process's file-creation mask; it is
+    // called once, before any other thread exists.
+    unsafe {
+        libc::umask(0o077);
+    }
+}
+
 fn main() -> ExitCode {
     STARTED.get_or_init(std::time::Instant::now);
     tune_allocator();
+    private_umask();
     let cli = Cli::parse();
     let out = output::Output::new(cli.global.json, cli.global.quiet);
     let result = match cli.command {
@@ -162,6 +178,7 @@ fn main() -> ExitCode {
         Command::Diff(a) => commands::diff(&cli.global, &out, a),
         Command::Stats => commands::stats(&cli.global, &out),
         Command::Key(k) => commands::key(&cli.global, &out, k),
+        Command::Repair(r) => commands::repair(&cli.global, &out, r),
         Command::Lab(a) => lab_cmd::lab(&cli.global, &out, a),
         Command::Estimate(a) => lab_cmd::estimate(&cli.global, &out, a),
         Command::Report(a) => lab_cmd::report(&cli.global, &out, a),

@@ -29,14 +29,14 @@ impl Output {
     /// Prints a line of human output unless quiet or JSON.
     pub fn say(&self, s: impl AsRef<str>) {
         if !self.json && !self.quiet {
-            println!("{}", s.as_ref());
+            stdout_line(s.as_ref());
         }
     }
 
     /// Prints human output even when quiet (the command's actual result).
     pub fn result(&self, s: impl AsRef<str>) {
         if !self.json {
-            println!("{}", s.as_ref());
+            stdout_line(s.as_ref());
         }
     }
 
@@ -44,7 +44,7 @@ impl Output {
     pub fn json<T: serde::Serialize>(&self, v: &T) {
         if self.json {
             match serde_json::to_string_pretty(v) {
-                Ok(s) => println!("{s}"),
+                Ok(s) => stdout_line(&s),
                 Err(e) => eprintln!("capsule: cannot encode JSON output: {e}"),
             }
         }
@@ -70,7 +70,7 @@ impl Output {
         }
         if self.json {
             let v = serde_json::json!({ "error": e.to_string(), "exit_code": exit_code_for(e) });
-            println!("{v}");
+            stdout_line(&v.to_string());
         }
         eprintln!("{msg}");
     }
@@ -109,6 +109,21 @@ impl Output {
             stop,
             thread: Some(h),
         })
+    }
+}
+
+/// Writes one line on stdout. When the reader has gone (`capsule ls |
+/// head`), exits quietly as Unix tools do, instead of panicking: what was
+/// asked for has been read. Only read-only output goes to stdout, and
+/// commands that change the repository print after they are done.
+fn stdout_line(s: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{s}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("capsule: cannot write output: {e}");
     }
 }
 
@@ -177,7 +192,10 @@ impl Drop for ProgressHandle {
 
 /// Maps an error to the documented exit code.
 pub fn exit_code_for(e: &anyhow::Error) -> u8 {
-    if e.downcast_ref::<MissingPassword>().is_some() {
+    if e.downcast_ref::<MissingPassword>().is_some()
+        || e.downcast_ref::<crate::settings::PasswordFileError>()
+            .is_some()
+    {
         return exit::PASSWORD;
     }
     if e.downcast_ref::<crate::settings::UsageError>().is_some() {
@@ -193,6 +211,11 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     }
     match e.downcast_ref::<EngineError>() {
         Some(EngineError::WrongPassword { .. }) => exit::PASSWORD,
+        Some(
+            EngineError::NoUsableKey { .. }
+            | EngineError::DamagedConfig { .. }
+            | EngineError::MissingConfig { .. },
+        ) => exit::DAMAGED,
         Some(EngineError::NotARepository { .. } | EngineError::AlreadyInitialized { .. }) => {
             exit::REPOSITORY
         }
@@ -246,8 +269,14 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
             Some("check CAPSULE_PASSWORD / CAPSULE_PASSWORD_FILE; nothing was written")
         }
         EngineError::NotARepository { .. } => {
-            Some("create one with `capsule init`, or check --repo / CAPSULE_REPO")
+            Some("check --repo / CAPSULE_REPO, or create a new repository there with `capsule init`")
         }
+        EngineError::NoUsableKey { .. } => Some(
+            "restore the key files under keys/ from a copy of the repository; do not run `capsule init` here, it cannot read the existing data",
+        ),
+        EngineError::DamagedConfig { .. } | EngineError::MissingConfig { .. } => Some(
+            "restore the `config` object from a copy of the repository (any copy made after `init` will do; it never changes); do not run `capsule init` here, a new config cannot read the existing data",
+        ),
         EngineError::Corrupt { .. } | EngineError::MissingBlob(_) => Some(
             "run `capsule check --read-data` to see what is damaged and which files it affects",
         ),

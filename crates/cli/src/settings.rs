@@ -96,6 +96,13 @@ pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<d
             } else {
                 SyncPolicy::Sync
             };
+            if path.exists() && !path.is_dir() {
+                return Err(anyhow::Error::new(
+                    capsule_engine::EngineError::NotARepository {
+                        location: format!("{} (a file, not a directory)", path.display()),
+                    },
+                ));
+            }
             let b = if create {
                 LocalBackend::create(path, sync)?
             } else {
@@ -161,6 +168,46 @@ pub fn destination_json() -> serde_json::Value {
     })
 }
 
+/// The repository's cache directory, unless `--no-cache`.
+pub fn cache_dir(g: &GlobalArgs, repo: &capsule_engine::Repository) -> Option<PathBuf> {
+    if g.no_cache {
+        return None;
+    }
+    match &g.cache_dir {
+        Some(d) => Some(d.join(&repo.config().id)),
+        None => dirs::cache_dir().map(|d| d.join("capsule").join(&repo.config().id)),
+    }
+}
+
+/// Where `check` leaves the packs it found missing or damaged, for the
+/// next backup on this machine to stop relying on (one pack name a line).
+pub const DAMAGED_PACKS: &str = "damaged-packs";
+
+/// The packs the last `check` found missing or damaged.
+pub fn read_damaged_packs(dir: &Path) -> Vec<capsule_format::ObjectId> {
+    let Ok(text) = std::fs::read_to_string(dir.join(DAMAGED_PACKS)) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| l.rsplit('/').next()?.parse().ok())
+        .collect()
+}
+
+/// Records what `check` found (an empty list removes the record).
+pub fn write_damaged_packs(dir: &Path, packs: &[String]) -> std::io::Result<()> {
+    let p = dir.join(DAMAGED_PACKS);
+    if packs.is_empty() {
+        return match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    }
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{DAMAGED_PACKS}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, packs.join("\n") + "\n")?;
+    std::fs::rename(&tmp, &p)
+}
+
 /// Statistics and directory of the cache in use.
 pub type CacheHandle = (Arc<capsule_backend::CacheStats>, PathBuf);
 
@@ -170,15 +217,8 @@ pub fn with_cache(
     g: &GlobalArgs,
     repo: capsule_engine::Repository,
 ) -> Result<(capsule_engine::Repository, Option<CacheHandle>)> {
-    if g.no_cache {
+    let Some(dir) = cache_dir(g, &repo) else {
         return Ok((repo, None));
-    }
-    let dir = match &g.cache_dir {
-        Some(d) => d.join(&repo.config().id),
-        None => match dirs::cache_dir() {
-            Some(d) => d.join("capsule").join(&repo.config().id),
-            None => return Ok((repo, None)),
-        },
     };
     // The cache only saves time: if it cannot be created, work without it.
     let cached = match capsule_backend::CachingBackend::new(repo.backend().clone(), &dir) {
@@ -255,22 +295,41 @@ pub fn prompt_new(what: &str) -> Result<Vec<u8>> {
     Ok(a.into_bytes())
 }
 
-fn from_env_or_file(g: &GlobalArgs) -> Result<Option<Vec<u8>>> {
-    if let Ok(p) = std::env::var("CAPSULE_PASSWORD") {
-        if !p.is_empty() {
-            return Ok(Some(p.into_bytes()));
-        }
+/// A password file that cannot be used (exit code 10, like a wrong
+/// password: the fix is the same).
+#[derive(Debug)]
+pub struct PasswordFileError(pub String);
+
+impl std::fmt::Display for PasswordFileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
+}
+impl std::error::Error for PasswordFileError {}
+
+/// The password from `--password-file` / `CAPSULE_PASSWORD_FILE` or
+/// `CAPSULE_PASSWORD`. A file named explicitly wins over the variable, so a
+/// script's `--password-file` is never silently overridden by an exported
+/// `CAPSULE_PASSWORD`.
+fn from_env_or_file(g: &GlobalArgs) -> Result<Option<Vec<u8>>> {
     if let Some(f) = &g.password_file {
-        let mut s =
-            std::fs::read(f).with_context(|| format!("reading password file {}", f.display()))?;
+        let mut s = std::fs::read(f).map_err(|e| {
+            PasswordFileError(format!("cannot read password file {}: {e}", f.display()))
+        })?;
         while matches!(s.last(), Some(b'\n' | b'\r')) {
             s.pop();
         }
         if s.is_empty() {
-            bail!("password file {} is empty", f.display());
+            return Err(
+                PasswordFileError(format!("password file {} is empty", f.display())).into(),
+            );
         }
         return Ok(Some(s));
+    }
+    if let Ok(p) = std::env::var("CAPSULE_PASSWORD") {
+        if !p.is_empty() {
+            return Ok(Some(p.into_bytes()));
+        }
     }
     Ok(None)
 }

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use capsule_net::toxiproxy::{Proxy, Toxiproxy};
+use capsule_testkit::toxiproxy::{Proxy, Toxiproxy};
 use common::*;
 
 fn env(key: &str) -> Option<String> {
@@ -541,4 +541,30 @@ fn smb_full() {
 #[test]
 fn sftp_full() {
     full(Kind::Sftp);
+}
+
+/// Eight clients at once on each server (see `common::soak`).
+fn soak_remote(kind: Kind) {
+    let name = format!("soak-{kind:?}").to_lowercase();
+    let Some(r) = Remote::new(kind, &name) else {
+        return;
+    };
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    soak(work.path(), &|args, extra| {
+        let extra: Vec<(&str, &str)> = extra.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        r.run_with(args, &extra)
+    });
+}
+
+#[test]
+fn smb_soak_eight_clients() {
+    soak_remote(Kind::Smb);
+}
+#[test]
+fn sftp_soak_eight_clients() {
+    soak_remote(Kind::Sftp);
+}
+#[test]
+fn s3_soak_eight_clients() {
+    soak_remote(Kind::S3);
 }

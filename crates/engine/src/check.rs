@@ -52,11 +52,14 @@ pub struct CheckReport {
     pub blobs_read: u64,
     /// Bytes read (with `read_data`).
     pub bytes_read: u64,
-    /// Packs present but in no index (left by an interrupted backup;
-    /// harmless, reclaimed by a future prune).
+    /// Packs present but in no index: left by an interrupted backup, or
+    /// orphaned by a lost index file (`capsule repair index` indexes them).
     pub unindexed_packs: Vec<String>,
     /// Everything found wrong.
     pub problems: Vec<Problem>,
+    /// Packs found missing, truncated or damaged: a backup must not
+    /// reference their blobs, and uploads them again instead.
+    pub damaged_packs: Vec<String>,
 }
 
 impl CheckReport {
@@ -90,6 +93,11 @@ impl Problems {
 pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<CheckReport> {
     let mut report = CheckReport::default();
     let mut problems = Problems::default();
+    // Snapshots first, then index files, then packs: each object is written
+    // after everything it refers to, so listing in this order sees all that
+    // a listed snapshot needs even while a backup is running. (The other
+    // order finds a new snapshot whose index file it has not loaded yet.)
+    let (snaps, bad_snaps) = repo.list_snapshots()?;
     let (index, bad_index) = repo.load_index()?;
     for e in bad_index {
         let (obj, detail) = describe(&e);
@@ -176,36 +184,167 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     }
 
     // Snapshots and trees.
-    let (snaps, bad_snaps) = repo.list_snapshots()?;
     for e in bad_snaps {
         let (obj, detail) = describe(&e);
         problems.add(obj, detail);
     }
     report.snapshots = snaps.len() as u64;
-    let mut seen: HashSet<BlobId> = HashSet::new();
+    let mut walker = TreeChecker {
+        repo,
+        index: &index,
+        damaged: &damaged,
+        memo: HashMap::new(),
+        in_progress: HashSet::new(),
+        problems: &mut problems,
+    };
     for (sid, snap) in &snaps {
         let label = sid.short();
         let Ok(root) = snap.tree.parse::<BlobId>() else {
-            problems.add(
+            walker.problems.add(
                 format!("snapshots/{}", sid.to_hex()),
                 "bad root tree id".into(),
             );
             continue;
         };
-        check_tree(
-            repo,
-            &index,
-            &root,
-            Path::new("/"),
-            &label,
-            &damaged,
-            &mut seen,
-            &mut problems,
-            &mut report,
-        )?;
+        // Every snapshot gets its own list of affected paths, also below
+        // trees it shares with others: each was checked once (memoised).
+        let sub = walker.tree(&root)?;
+        for (obj, path) in &sub.affected {
+            walker.problems.affect(
+                obj,
+                format!("{label}:{}", Path::new("/").join(path).display()),
+            );
+        }
+        let claimed = crate::treewalk::entry_budget(snap);
+        if sub.entries > claimed {
+            walker.problems.add(
+                format!("snapshots/{}", sid.to_hex()),
+                format!(
+                    "its trees hold more than {claimed} entries, far more than the snapshot records ({} files, {} directories): shared subtrees repeated to exhaust memory (a tree bomb)",
+                    snap.summary.files, snap.summary.dirs
+                ),
+            );
+        }
     }
+    report.trees = walker.memo.len() as u64;
+    report.damaged_packs = problems
+        .0
+        .keys()
+        .filter(|o| o.starts_with("data/") || o.starts_with("tree/"))
+        .cloned()
+        .collect();
     report.problems = problems.0.into_values().collect();
     Ok(report)
+}
+
+/// The damage below one tree, as paths relative to it, and how many
+/// entries the tree holds in all (saturating: a tree bomb's count is huge).
+#[derive(Default)]
+struct Subtree {
+    affected: Vec<(String, std::path::PathBuf)>,
+    entries: u64,
+}
+
+/// Most affected paths kept per tree: enough to act on, bounded for trees
+/// shared many times over.
+const AFFECTED_PER_TREE: usize = 1000;
+
+struct TreeChecker<'a> {
+    repo: &'a Repository,
+    index: &'a MasterIndex,
+    damaged: &'a HashMap<BlobId, String>,
+    /// Each tree is loaded and checked once, however often it is shared.
+    memo: HashMap<BlobId, std::rc::Rc<Subtree>>,
+    /// Trees on the current path from the root: meeting one again is a
+    /// cycle, which no backup writes.
+    in_progress: HashSet<BlobId>,
+    problems: &'a mut Problems,
+}
+
+impl TreeChecker<'_> {
+    fn tree(&mut self, tree: &BlobId) -> Result<std::rc::Rc<Subtree>> {
+        if let Some(s) = self.memo.get(tree) {
+            return Ok(s.clone());
+        }
+        if !self.in_progress.insert(*tree) {
+            let obj = format!("tree {}", tree.to_hex());
+            self.problems
+                .add(obj.clone(), "the tree contains itself (a cycle)".into());
+            return Ok(std::rc::Rc::new(Subtree {
+                affected: vec![(obj, std::path::PathBuf::new())],
+                entries: 0,
+            }));
+        }
+        let result = self.load_and_check(tree);
+        self.in_progress.remove(tree);
+        let sub = std::rc::Rc::new(result?);
+        self.memo.insert(*tree, sub.clone());
+        Ok(sub)
+    }
+
+    fn load_and_check(&mut self, tree: &BlobId) -> Result<Subtree> {
+        let mut out = Subtree::default();
+        let affect = |out: &mut Subtree, obj: &str, p: std::path::PathBuf| {
+            if out.affected.len() < AFFECTED_PER_TREE {
+                out.affected.push((obj.to_string(), p));
+            }
+        };
+        if let Some(obj) = self.damaged.get(tree) {
+            affect(&mut out, obj, std::path::PathBuf::new());
+            return Ok(out);
+        }
+        let nodes = match self.repo.load_tree(self.index, tree) {
+            Ok(n) => n,
+            Err(EngineError::Backend(b)) if b.is_destination_failure() => {
+                return Err(EngineError::Backend(b))
+            }
+            Err(e) => {
+                let obj = format!("tree {}", tree.to_hex());
+                let msg = match e {
+                    EngineError::MissingBlob(_) => "tree is not in any index".to_string(),
+                    other => other.to_string(),
+                };
+                self.problems.add(obj.clone(), msg);
+                affect(&mut out, &obj, std::path::PathBuf::new());
+                return Ok(out);
+            }
+        };
+        out.entries = nodes.len() as u64;
+        for n in &nodes {
+            let p = std::path::PathBuf::from(OsStr::from_bytes(&n.name));
+            match n.kind() {
+                NodeKind::Dir => {
+                    if let Some(sub) = &n.subtree {
+                        let s = self.tree(sub)?;
+                        out.entries = out.entries.saturating_add(s.entries);
+                        for (obj, rel) in &s.affected {
+                            affect(&mut out, obj, p.join(rel));
+                        }
+                    }
+                }
+                NodeKind::File => {
+                    for b in &n.content {
+                        if let Some(obj) = self.damaged.get(b) {
+                            affect(&mut out, obj, p.clone());
+                            break;
+                        }
+                        match self.index.get(b) {
+                            Some(l) if l.blob_type == BlobType::Data => {}
+                            _ => {
+                                let obj = format!("blob {}", b.to_hex());
+                                self.problems
+                                    .add(obj.clone(), "referenced but not in any index".into());
+                                affect(&mut out, &obj, p.clone());
+                                break;
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
 }
 
 fn describe(e: &EngineError) -> (String, String) {
@@ -288,72 +427,4 @@ fn check_header(repo: &Repository, bytes: &[u8]) -> std::result::Result<(), Stri
         )
         .map_err(|e| e.to_string())?;
     decode_header(&plain).map(|_| ()).map_err(|e| e.to_string())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn check_tree(
-    repo: &Repository,
-    index: &MasterIndex,
-    tree: &BlobId,
-    base: &Path,
-    snap: &str,
-    damaged: &HashMap<BlobId, String>,
-    seen: &mut HashSet<BlobId>,
-    problems: &mut Problems,
-    report: &mut CheckReport,
-) -> Result<()> {
-    if !seen.insert(*tree) {
-        return Ok(());
-    }
-    report.trees += 1;
-    let where_ = || format!("{snap}:{}", base.display());
-    if let Some(obj) = damaged.get(tree) {
-        problems.affect(obj, where_());
-        return Ok(());
-    }
-    let nodes = match repo.load_tree(index, tree) {
-        Ok(n) => n,
-        Err(e @ EngineError::Backend(_)) if !matches!(&e, EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::NotFound) => {
-            return Err(e)
-        }
-        Err(e) => {
-            let obj = format!("tree {}", tree.to_hex());
-            let msg = match e {
-                EngineError::MissingBlob(_) => "tree is not in any index".to_string(),
-                other => other.to_string(),
-            };
-            problems.add(obj.clone(), msg);
-            problems.affect(&obj, where_());
-            return Ok(());
-        }
-    };
-    for n in &nodes {
-        let p = base.join(OsStr::from_bytes(&n.name));
-        match n.kind() {
-            NodeKind::Dir => {
-                if let Some(sub) = &n.subtree {
-                    check_tree(repo, index, sub, &p, snap, damaged, seen, problems, report)?;
-                }
-            }
-            NodeKind::File => {
-                for b in &n.content {
-                    if let Some(obj) = damaged.get(b) {
-                        problems.affect(obj, format!("{snap}:{}", p.display()));
-                        break;
-                    }
-                    match index.get(b) {
-                        Some(l) if l.blob_type == BlobType::Data => {}
-                        _ => {
-                            let obj = format!("blob {}", b.to_hex());
-                            problems.add(obj.clone(), "referenced but not in any index".into());
-                            problems.affect(&obj, format!("{snap}:{}", p.display()));
-                            break;
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Ok(())
 }

@@ -11,7 +11,7 @@ use capsule_format::BlobId;
 
 use crate::index::MasterIndex;
 use crate::repo::Repository;
-use crate::treewalk::walk;
+use crate::treewalk::{walk, Budget};
 use crate::Result;
 
 /// One difference.
@@ -29,9 +29,10 @@ pub fn diff(
     index: &MasterIndex,
     a: &BlobId,
     b: &BlobId,
+    budget: &mut Budget,
 ) -> Result<Vec<DiffEntry>> {
     let mut out = Vec::new();
-    diff_trees(repo, index, a, b, Path::new("/"), &mut out)?;
+    diff_trees(repo, index, a, b, Path::new("/"), budget, &mut out)?;
     Ok(out)
 }
 
@@ -48,11 +49,12 @@ fn all_below(
     n: &Node,
     p: &Path,
     c: char,
+    budget: &mut Budget,
     out: &mut Vec<DiffEntry>,
 ) -> Result<()> {
     push(out, c, p);
     if let (NodeKind::Dir, Some(sub)) = (n.kind(), n.subtree) {
-        walk(repo, index, &sub, p, &mut |q, _| {
+        walk(repo, index, &sub, p, budget, &mut |q, _| {
             push(out, c, q);
             Ok(())
         })?;
@@ -74,12 +76,14 @@ fn diff_trees(
     a: &BlobId,
     b: &BlobId,
     base: &Path,
+    budget: &mut Budget,
     out: &mut Vec<DiffEntry>,
 ) -> Result<()> {
     if a == b {
         return Ok(());
     }
     let (ta, tb) = (repo.load_tree(index, a)?, repo.load_tree(index, b)?);
+    budget.take((ta.len() + tb.len()) as u64)?;
     let (mut i, mut j) = (0, 0);
     while i < ta.len() || j < tb.len() {
         let ord = match (ta.get(i), tb.get(j)) {
@@ -96,6 +100,7 @@ fn diff_trees(
                     x,
                     &base.join(OsStr::from_bytes(&x.name)),
                     '-',
+                    budget,
                     out,
                 )?;
                 i += 1;
@@ -108,6 +113,7 @@ fn diff_trees(
                     y,
                     &base.join(OsStr::from_bytes(&y.name)),
                     '+',
+                    budget,
                     out,
                 )?;
                 j += 1;
@@ -122,7 +128,7 @@ fn diff_trees(
                         push(out, 'U', &p);
                     }
                     if let (Some(sa), Some(sb)) = (x.subtree, y.subtree) {
-                        diff_trees(repo, index, &sa, &sb, &p, out)?;
+                        diff_trees(repo, index, &sa, &sb, &p, budget, out)?;
                     }
                 } else if x.content != y.content || x.target != y.target || x.rdev != y.rdev {
                     push(out, 'M', &p);

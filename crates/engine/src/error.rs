@@ -8,8 +8,42 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     /// No key file opened with the password given.
-    #[error("wrong password: no key in {location} opens with it")]
+    #[error(
+        "wrong password: no key in {location} opens with it{}",
+        damaged_note(damaged_keys)
+    )]
     WrongPassword {
+        /// Repository location.
+        location: String,
+        /// Key files that could not be tried (damaged or stray), with why.
+        damaged_keys: Vec<String>,
+    },
+    /// Every key file is damaged (or there is none): the password cannot be
+    /// tried at all.
+    #[error(
+        "no intact key file in {location}: the password cannot be tried{}",
+        damaged_note(damaged_keys)
+    )]
+    NoUsableKey {
+        /// Repository location.
+        location: String,
+        /// Key files found damaged, with why.
+        damaged_keys: Vec<String>,
+    },
+    /// The `config` object is damaged: nothing can be read until it is
+    /// restored from a copy.
+    #[error("the repository config at {location} is damaged: {detail}")]
+    DamagedConfig {
+        /// Repository location.
+        location: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The location holds repository objects but no `config`.
+    #[error(
+        "{location} holds capsule data (keys, snapshots or packs) but its config object is missing"
+    )]
+    MissingConfig {
         /// Repository location.
         location: String,
     },
@@ -75,6 +109,18 @@ pub enum EngineError {
     /// The operation was interrupted.
     #[error("interrupted")]
     Interrupted,
+}
+
+fn damaged_note(keys: &[String]) -> String {
+    if keys.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} key file(s) could not be tried: {})",
+            keys.len(),
+            keys.join("; ")
+        )
+    }
 }
 
 impl EngineError {

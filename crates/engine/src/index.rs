@@ -52,6 +52,11 @@ impl PackInfo {
 #[derive(Debug, Default)]
 pub struct MasterIndex {
     map: HashMap<BlobId, BlobLoc>,
+    /// Further locations of blobs stored more than once (concurrent
+    /// backups, or data uploaded again after its pack was lost): readers
+    /// fall back to them when the first location fails. Rare, so kept
+    /// apart from `map`.
+    alternates: HashMap<BlobId, Vec<BlobLoc>>,
     packs: Vec<PackInfo>,
     pack_pos: HashMap<ObjectId, u32>,
     files: Vec<ObjectId>,
@@ -92,7 +97,7 @@ impl MasterIndex {
     }
 
     /// Adds the blobs of one pack. A blob already indexed elsewhere keeps its
-    /// first location.
+    /// first location; this one becomes an alternate.
     pub fn add_pack(&mut self, p: &IndexPack) {
         let pos = match self.pack_pos.get(&p.id) {
             Some(&pos) => pos,
@@ -112,14 +117,71 @@ impl MasterIndex {
             }
         };
         for e in &p.entries {
-            self.map.entry(e.id).or_insert(BlobLoc {
+            let loc = BlobLoc {
                 pack: pos,
                 blob_type: e.blob_type,
                 offset: e.offset,
                 length: e.length,
                 raw_length: e.raw_length,
-            });
+            };
+            match self.map.entry(e.id) {
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(loc);
+                }
+                std::collections::hash_map::Entry::Occupied(o) => {
+                    if o.get().pack != pos {
+                        let alts = self.alternates.entry(e.id).or_default();
+                        if !alts.iter().any(|a| a.pack == pos) {
+                            alts.push(loc);
+                        }
+                    }
+                }
+            }
         }
+    }
+
+    /// Drops every location in the given packs (known missing or damaged),
+    /// so their blobs count as not stored: a backup uploads them again
+    /// instead of referencing lost data. Returns the blobs that no longer
+    /// have any location.
+    pub fn forget_packs(&mut self, bad: &HashSet<ObjectId>) -> usize {
+        let bad_pos: HashSet<u32> = bad
+            .iter()
+            .filter_map(|id| self.pack_pos.get(id).copied())
+            .collect();
+        if bad_pos.is_empty() {
+            return 0;
+        }
+        for alts in self.alternates.values_mut() {
+            alts.retain(|l| !bad_pos.contains(&l.pack));
+        }
+        let mut lost = 0;
+        let alternates = &mut self.alternates;
+        self.map.retain(|id, loc| {
+            if !bad_pos.contains(&loc.pack) {
+                return true;
+            }
+            match alternates.get_mut(id).and_then(|a| a.pop()) {
+                Some(alt) => {
+                    *loc = alt;
+                    true
+                }
+                None => {
+                    lost += 1;
+                    false
+                }
+            }
+        });
+        self.alternates.retain(|_, a| !a.is_empty());
+        lost
+    }
+
+    /// Every location of a blob: the first, then the alternates.
+    pub fn locations(&self, id: &BlobId) -> impl Iterator<Item = &BlobLoc> {
+        self.map
+            .get(id)
+            .into_iter()
+            .chain(self.alternates.get(id).into_iter().flatten())
     }
 
     /// Whether a pack is indexed.

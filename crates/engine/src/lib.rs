@@ -11,6 +11,7 @@ pub mod journal;
 mod meta;
 pub mod packer;
 pub mod progress;
+pub mod repair;
 pub mod repo;
 pub mod restore;
 pub mod stats;

@@ -27,6 +27,8 @@ pub struct Repository {
     key: MasterKey,
     config: RepoConfig,
     key_id: ObjectId,
+    /// Damaged or stray key files seen while opening.
+    warnings: Vec<EngineError>,
 }
 
 /// Parameters for `init`.
@@ -66,6 +68,9 @@ pub struct KeyInfo {
     pub username: String,
     /// Whether this key opened the repository.
     pub current: bool,
+    /// Why the key file cannot be used, when it is damaged or stray.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
 }
 
 /// Object name of a pack: data packs live under `data/`, tree packs under
@@ -116,7 +121,45 @@ fn new_keyfile(master: &MasterKey, password: &[u8], kdf: KdfParams) -> Result<Ve
     Ok(json)
 }
 
-fn try_keyfile(bytes: &[u8], password: &[u8], name: &str) -> Result<Option<MasterKey>> {
+/// The most a key file may ask of the key derivation. A key file is
+/// attacker-controlled input: without a bound, a crafted one (4 GiB, 100
+/// passes) holds every command for minutes. capsule writes 64 MiB × 3; the
+/// bound leaves room for 16× that, well past any advice for Argon2id.
+const KDF_MAX_MEMORY_KIB: u64 = 1 << 20;
+const KDF_MAX_PASSES: u32 = 16;
+/// Memory × passes, in KiB: about 4 s on a laptop core.
+const KDF_MAX_WORK: u64 = 4 << 20;
+const KDF_MAX_LANES: u32 = 16;
+
+/// A key file parsed and checked, not yet opened.
+struct ParsedKey {
+    name: String,
+    id: ObjectId,
+    kdf: KdfParams,
+    salt: Vec<u8>,
+    sealed: Vec<u8>,
+}
+
+impl ParsedKey {
+    fn work(&self) -> u64 {
+        u64::from(self.kdf.m_cost) * u64::from(self.kdf.t_cost)
+    }
+}
+
+/// Parses a key file and checks it against its name, which is the BLAKE3
+/// of its bytes: so a damaged key file is told from a wrong password, even
+/// when the damage is inside the sealed key.
+fn parse_keyfile(bytes: &[u8], name: &str) -> Result<ParsedKey> {
+    let id: ObjectId = name
+        .trim_start_matches("keys/")
+        .parse()
+        .map_err(|_| EngineError::corrupt(name, "not a key file (its name is not a key ID)"))?;
+    if ObjectId::of(bytes) != id {
+        return Err(EngineError::corrupt(
+            name,
+            "content does not match its name (the file was changed or truncated)",
+        ));
+    }
     let kf: KeyFile = from_json(bytes).map_err(|e| EngineError::corrupt(name, e))?;
     if kf.version > FORMAT_VERSION {
         return Err(EngineError::UnsupportedVersion {
@@ -132,23 +175,91 @@ fn try_keyfile(bytes: &[u8], password: &[u8], name: &str) -> Result<Option<Maste
     }
     let salt = hex::decode(&kf.salt).map_err(|e| EngineError::corrupt(name, e))?;
     let sealed = hex::decode(&kf.sealed).map_err(|e| EngineError::corrupt(name, e))?;
-    let p = KdfParams {
+    let kdf = KdfParams {
         m_cost: kf.m_cost,
         t_cost: kf.t_cost,
         p_cost: kf.p_cost,
     };
-    // Refuse absurd costs from a hostile key file before allocating them.
-    if p.m_cost > 4 * 1024 * 1024 || p.t_cost > 100 || p.p_cost > 64 {
+    // Refuse absurd costs from a hostile key file before paying them.
+    let work = u64::from(kdf.m_cost) * u64::from(kdf.t_cost);
+    if u64::from(kdf.m_cost) > KDF_MAX_MEMORY_KIB
+        || kdf.t_cost > KDF_MAX_PASSES
+        || kdf.p_cost > KDF_MAX_LANES
+        || work > KDF_MAX_WORK
+    {
         return Err(EngineError::corrupt(
             name,
-            "key derivation cost out of range",
+            format!(
+                "key derivation cost out of range ({} MiB, {} passes, {} lanes; at most {} MiB, {} passes, {} lanes)",
+                kdf.m_cost / 1024,
+                kdf.t_cost,
+                kdf.p_cost,
+                KDF_MAX_MEMORY_KIB / 1024,
+                KDF_MAX_PASSES,
+                KDF_MAX_LANES
+            ),
         ));
     }
-    match capsule_crypto::unwrap_master_key(&sealed, password, &salt, p) {
-        Ok(k) => Ok(Some(k)),
-        Err(capsule_crypto::CryptoError::Auth) => Ok(None),
-        Err(e) => Err(e.into()),
+    Ok(ParsedKey {
+        name: name.to_string(),
+        id,
+        kdf,
+        salt,
+        sealed,
+    })
+}
+
+/// What opening with a password found among the key files.
+struct KeySearch {
+    key: Option<(MasterKey, ObjectId)>,
+    /// Key files that parsed and did not open with the password.
+    intact: usize,
+    /// Key files that could not be read or parsed.
+    damaged: Vec<EngineError>,
+}
+
+/// Tries every key file, cheapest first, until one opens with `password`.
+/// A damaged or stray file is set aside, never fatal: one bad file in
+/// `keys/` must not lock out the holders of the others.
+fn find_key(backend: &dyn Backend, password: &[u8]) -> Result<KeySearch> {
+    let mut parsed = Vec::new();
+    let mut damaged = Vec::new();
+    for k in backend.list("keys/")? {
+        let bytes = match backend.get(&k.name, None) {
+            Ok(b) => b,
+            Err(e) if e.kind == ErrorKind::NotFound => continue,
+            // The destination failing is not the key file's fault.
+            Err(e) if e.is_destination_failure() => return Err(e.into()),
+            Err(e) => {
+                damaged.push(EngineError::corrupt(&k.name, e));
+                continue;
+            }
+        };
+        match parse_keyfile(&bytes, &k.name) {
+            Ok(p) => parsed.push(p),
+            Err(e) => damaged.push(e),
+        }
     }
+    parsed.sort_by_key(|p| p.work());
+    let mut intact = 0;
+    for p in parsed {
+        match capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf) {
+            Ok(k) => {
+                return Ok(KeySearch {
+                    key: Some((k, p.id)),
+                    intact,
+                    damaged,
+                })
+            }
+            Err(capsule_crypto::CryptoError::Auth) => intact += 1,
+            Err(e) => damaged.push(EngineError::corrupt(&p.name, e)),
+        }
+    }
+    Ok(KeySearch {
+        key: None,
+        intact,
+        damaged,
+    })
 }
 
 /// Writes content-addressed bytes; an existing object of that name already
@@ -159,6 +270,20 @@ pub(crate) fn put_addressed(backend: &dyn Backend, name: &str, bytes: &[u8]) -> 
         Err(e) if e.kind == ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Whether the location holds keys, snapshots or index files: the marks
+/// of a repository, with or without its config.
+fn holds_repository_objects(backend: &dyn Backend) -> Result<bool> {
+    for prefix in ["keys/", "snapshots/", "index/"] {
+        match backend.list(prefix) {
+            Ok(l) if !l.is_empty() => return Ok(true),
+            Ok(_) => {}
+            Err(e) if e.kind == ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(false)
 }
 
 impl Repository {
@@ -172,6 +297,13 @@ impl Repository {
             }
             Err(e) if e.kind == ErrorKind::NotFound => {}
             Err(e) => return Err(e.into()),
+        }
+        // A repository that lost its config still holds its data: a new
+        // config (new key, new ID) beside it would orphan all of it.
+        if holds_repository_objects(&*backend)? {
+            return Err(EngineError::MissingConfig {
+                location: backend.location(),
+            });
         }
         if password.is_empty() {
             return Err(EngineError::Invalid(
@@ -202,6 +334,7 @@ impl Repository {
             key,
             config,
             key_id,
+            warnings: Vec::new(),
         })
     }
 
@@ -210,29 +343,40 @@ impl Repository {
         let sealed_config = match backend.get("config", None) {
             Ok(b) => b,
             Err(e) if e.kind == ErrorKind::NotFound => {
+                if holds_repository_objects(&*backend)? {
+                    return Err(EngineError::MissingConfig {
+                        location: backend.location(),
+                    });
+                }
                 return Err(EngineError::NotARepository {
                     location: backend.location(),
-                })
+                });
             }
             Err(e) => return Err(e.into()),
         };
-        let keys = backend.list("keys/")?;
-        let mut found = None;
-        for k in &keys {
-            let bytes = backend.get(&k.name, None)?;
-            if let Some(mk) = try_keyfile(&bytes, password, &k.name)? {
-                found = Some((mk, ObjectId::of(&bytes)));
-                break;
+        let search = find_key(&*backend, password)?;
+        let Some((key, key_id)) = search.key else {
+            if search.intact > 0 {
+                return Err(EngineError::WrongPassword {
+                    location: backend.location(),
+                    damaged_keys: search.damaged.iter().map(|e| e.to_string()).collect(),
+                });
             }
-        }
-        let (key, key_id) = found.ok_or_else(|| EngineError::WrongPassword {
+            return Err(EngineError::NoUsableKey {
+                location: backend.location(),
+                damaged_keys: search.damaged.iter().map(|e| e.to_string()).collect(),
+            });
+        };
+        let plain =
+            key.open(Aad::Config, &sealed_config)
+                .map_err(|e| EngineError::DamagedConfig {
+                    location: backend.location(),
+                    detail: e.to_string(),
+                })?;
+        let config: RepoConfig = from_json(&plain).map_err(|e| EngineError::DamagedConfig {
             location: backend.location(),
+            detail: e.to_string(),
         })?;
-        let plain = key
-            .open(Aad::Config, &sealed_config)
-            .map_err(|e| EngineError::corrupt("config", e))?;
-        let config: RepoConfig =
-            from_json(&plain).map_err(|e| EngineError::corrupt("config", e))?;
         if config.version > FORMAT_VERSION {
             return Err(EngineError::UnsupportedVersion {
                 found: config.version,
@@ -244,13 +388,17 @@ impl Repository {
             || config.chunk_avg > config.chunk_max
             || config.chunk_max > 64 << 20
         {
-            return Err(EngineError::corrupt("config", "chunk sizes out of range"));
+            return Err(EngineError::DamagedConfig {
+                location: backend.location(),
+                detail: "chunk sizes out of range".into(),
+            });
         }
         Ok(Repository {
             backend,
             key,
             config,
             key_id,
+            warnings: search.damaged,
         })
     }
 
@@ -259,6 +407,12 @@ impl Repository {
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = backend;
         self
+    }
+
+    /// What opening found wrong without failing: damaged or stray key
+    /// files, which the user should remove or replace.
+    pub fn open_warnings(&self) -> &[EngineError] {
+        &self.warnings
     }
 
     /// The storage backend.
@@ -300,19 +454,30 @@ impl Repository {
         Ok(id)
     }
 
-    /// Lists key files.
+    /// Lists key files, damaged ones included (so they can be removed).
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>> {
         let mut out = Vec::new();
         for o in self.backend.list("keys/")? {
-            let bytes = self.backend.get(&o.name, None)?;
-            let kf: KeyFile = from_json(&bytes).map_err(|e| EngineError::corrupt(&o.name, e))?;
             let id = o.name.trim_start_matches("keys/").to_string();
+            let parsed = self
+                .backend
+                .get(&o.name, None)
+                .map_err(|e| EngineError::corrupt(&o.name, e))
+                .and_then(|bytes| {
+                    parse_keyfile(&bytes, &o.name)?;
+                    from_json::<KeyFile>(&bytes).map_err(|e| EngineError::corrupt(&o.name, e))
+                });
+            let (kf, damaged) = match parsed {
+                Ok(kf) => (Some(kf), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
             out.push(KeyInfo {
                 current: id == self.key_id.to_hex(),
                 id,
-                created: kf.created,
-                hostname: kf.hostname,
-                username: kf.username,
+                created: kf.as_ref().map(|k| k.created.clone()).unwrap_or_default(),
+                hostname: kf.as_ref().map(|k| k.hostname.clone()).unwrap_or_default(),
+                username: kf.map(|k| k.username).unwrap_or_default(),
+                damaged,
             });
         }
         out.sort_by(|a, b| a.created.cmp(&b.created).then(a.id.cmp(&b.id)));
@@ -339,7 +504,7 @@ impl Repository {
                     .into(),
             ));
         }
-        if keys.len() < 2 {
+        if k.damaged.is_none() && keys.iter().filter(|k| k.damaged.is_none()).count() < 2 {
             return Err(EngineError::Invalid(
                 "refusing to remove the last key".into(),
             ));
@@ -411,7 +576,32 @@ impl Repository {
 
     /// Resolves `latest`, a full ID, or a unique hex prefix.
     pub fn resolve_snapshot(&self, spec: &str) -> Result<(ObjectId, Snapshot)> {
-        let (snaps, _) = self.list_snapshots()?;
+        self.resolve_snapshot_noting(spec).map(|(id, s, _)| (id, s))
+    }
+
+    /// Like [`Repository::resolve_snapshot`], and also returns the snapshots
+    /// that could not be read: with any, `latest` is only the newest
+    /// *readable* snapshot, which callers must tell the user.
+    pub fn resolve_snapshot_noting(&self, spec: &str) -> Result<(ObjectId, Snapshot, Vec<String>)> {
+        let (snaps, mut bad) = self.list_snapshots()?;
+        match Self::pick(snaps, spec) {
+            Ok((id, s)) => Ok((id, s, bad.iter().map(|e| e.to_string()).collect())),
+            // The snapshot asked for by ID exists but is damaged: say that,
+            // not "no such snapshot".
+            Err(EngineError::SnapshotNotFound(_)) if spec != "latest" => {
+                let want = format!("snapshots/{}", spec.to_ascii_lowercase());
+                match bad.iter().position(
+                    |e| matches!(e, EngineError::Corrupt { object, .. } if object.starts_with(&want)),
+                ) {
+                    Some(i) => Err(bad.swap_remove(i)),
+                    None => Err(EngineError::SnapshotNotFound(spec.into())),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn pick(snaps: Vec<(ObjectId, Snapshot)>, spec: &str) -> Result<(ObjectId, Snapshot)> {
         if spec == "latest" {
             return snaps
                 .into_iter()
@@ -436,12 +626,33 @@ impl Repository {
         MasterIndex::load(self)
     }
 
-    /// Reads, authenticates, decompresses and verifies one blob.
+    /// Reads, authenticates, decompresses and verifies one blob. When its
+    /// first location fails (pack missing, truncated or damaged) and the
+    /// blob is stored elsewhere too, the other copies are tried.
     pub fn read_blob(&self, index: &MasterIndex, t: BlobType, id: &BlobId) -> Result<Vec<u8>> {
-        let loc = index
-            .get(id)
-            .filter(|l| l.blob_type == t)
-            .ok_or_else(|| EngineError::MissingBlob(id.to_hex()))?;
+        let mut first_err = None;
+        for loc in index.locations(id).filter(|l| l.blob_type == t) {
+            match self.read_blob_at(index, t, id, loc) {
+                Ok(b) => return Ok(b),
+                // The destination failing is not the copy's fault.
+                Err(EngineError::Backend(b)) if b.is_destination_failure() => {
+                    return Err(EngineError::Backend(b))
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_err.unwrap_or_else(|| EngineError::MissingBlob(id.to_hex())))
+    }
+
+    fn read_blob_at(
+        &self,
+        index: &MasterIndex,
+        t: BlobType,
+        id: &BlobId,
+        loc: &crate::index::BlobLoc,
+    ) -> Result<Vec<u8>> {
         let pack = index.pack_id(loc.pack);
         let name = pack_name(&pack, t);
         let env = self.backend.get(

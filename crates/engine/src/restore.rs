@@ -43,6 +43,9 @@ pub struct RestoreOptions {
     pub includes: Vec<String>,
     /// Skip entries matching these globs (and everything below them).
     pub excludes: Vec<String>,
+    /// Most entries the snapshot's trees may hold
+    /// ([`crate::treewalk::entry_budget`]); 0 means no bound.
+    pub max_entries: u64,
 }
 
 /// What a restore did.
@@ -125,6 +128,11 @@ pub fn restore(
     let mut entries: Vec<Entry> = Vec::new();
     let mut errors: Vec<Warning> = Vec::new();
     let mut ancestors: Vec<usize> = Vec::new();
+    let mut budget = crate::treewalk::Budget::new(if opts.max_entries == 0 {
+        u64::MAX
+    } else {
+        opts.max_entries
+    });
     plan(
         repo,
         index,
@@ -136,8 +144,10 @@ pub fn restore(
         &exc,
         &mut entries,
         &mut ancestors,
+        &mut budget,
         &mut errors,
     )?;
+    unmatched_includes(&opts.includes, &entries, &target, &mut errors)?;
 
     let total_bytes: u64 = entries
         .iter()
@@ -236,7 +246,10 @@ pub fn restore(
             }
             Err(err) => {
                 failed.lock().unwrap_or_else(|p| p.into_inner()).insert(i);
-                warn(&e.target, format!("not restored: {err}"));
+                warn(
+                    &e.target,
+                    format!("not restored (no partial file left behind): {err}"),
+                );
             }
         }
         Progress::add(&progress.files_done, 1);
@@ -302,13 +315,15 @@ fn plan(
     exc: &Patterns,
     out: &mut Vec<Entry>,
     ancestors: &mut Vec<usize>,
+    budget: &mut crate::treewalk::Budget,
     errors: &mut Vec<Warning>,
 ) -> Result<()> {
+    budget.enter(tree)?;
     let nodes = match repo.load_tree(index, tree) {
         Ok(n) => n,
-        // Storage that cannot be reached stops the restore; a missing or
-        // damaged tree only loses that directory.
-        Err(EngineError::Backend(b)) if b.kind != capsule_backend::ErrorKind::NotFound => {
+        // Storage that cannot be reached stops the restore; a missing,
+        // truncated or damaged tree only loses that directory.
+        Err(EngineError::Backend(b)) if b.is_destination_failure() => {
             return Err(EngineError::Backend(b))
         }
         Err(e) => {
@@ -316,9 +331,11 @@ fn plan(
                 path: target_dir.display().to_string(),
                 message: format!("directory contents lost: {e}"),
             });
+            budget.leave();
             return Ok(());
         }
     };
+    budget.take(nodes.len() as u64)?;
     for node in nodes {
         let name = OsStr::from_bytes(&node.name).to_owned();
         let snap_path = snap_dir.join(&name);
@@ -348,11 +365,52 @@ fn plan(
             if let Some(sub) = subtree {
                 ancestors.push(i);
                 plan(
-                    repo, index, &sub, &snap_path, &target, sel, inc, exc, out, ancestors, errors,
+                    repo, index, &sub, &snap_path, &target, sel, inc, exc, out, ancestors, budget,
+                    errors,
                 )?;
                 ancestors.pop();
             }
         }
+    }
+    budget.leave();
+    Ok(())
+}
+
+/// An include pattern that selects nothing is a mistake (a typo, a path
+/// from another snapshot): restoring nothing and exiting 0 would hide it.
+/// When directories were lost, the pattern may have matched inside them,
+/// so it is listed with those losses instead.
+fn unmatched_includes(
+    includes: &[String],
+    entries: &[Entry],
+    target: &Path,
+    errors: &mut Vec<Warning>,
+) -> Result<()> {
+    let mut unmatched = Vec::new();
+    for p in includes {
+        let one = Patterns::new(std::slice::from_ref(p))?;
+        let hit = entries.iter().any(|e| {
+            let rel = e.target.strip_prefix(target).unwrap_or(&e.target);
+            one.matches(&Path::new("/").join(rel), &e.node.name)
+        });
+        if !hit {
+            unmatched.push(p.clone());
+        }
+    }
+    if unmatched.is_empty() {
+        return Ok(());
+    }
+    if errors.is_empty() {
+        return Err(EngineError::PathNotFound(format!(
+            "nothing in the snapshot matches --include {}",
+            unmatched.join(", ")
+        )));
+    }
+    for p in unmatched {
+        errors.push(Warning {
+            path: p,
+            message: "--include pattern matched nothing (it may lie in a lost directory)".into(),
+        });
     }
     Ok(())
 }
@@ -403,6 +461,24 @@ fn restore_file(
         .custom_flags(nofollow)
         .open(path)
         .map_err(|e| EngineError::io("create", path, e))?;
+    let r = write_content(repo, index, &mut f, path, node, progress);
+    if r.is_err() {
+        // A file that failed must not pass for restored under its real
+        // name: remove what this call created (and only that).
+        drop(f);
+        let _ = std::fs::remove_file(path);
+    }
+    r
+}
+
+fn write_content(
+    repo: &Repository,
+    index: &MasterIndex,
+    f: &mut std::fs::File,
+    path: &Path,
+    node: &Node,
+    progress: &Progress,
+) -> Result<()> {
     let mut off: u64 = 0;
     for id in &node.content {
         let data = repo.read_blob(index, BlobType::Data, id)?;

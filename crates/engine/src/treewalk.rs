@@ -13,24 +13,82 @@ use crate::index::MasterIndex;
 use crate::repo::Repository;
 use crate::{EngineError, Result};
 
+/// How many more entries a walk may visit, and the trees on the path from
+/// the root (a tree that is its own ancestor is damage, not a directory).
+#[derive(Debug)]
+pub struct Budget {
+    left: u64,
+    claimed: u64,
+    ancestors: Vec<BlobId>,
+}
+
+impl Budget {
+    /// A budget of `entries` (see [`entry_budget`]).
+    pub fn new(entries: u64) -> Self {
+        Budget {
+            left: entries,
+            claimed: entries,
+            ancestors: Vec::new(),
+        }
+    }
+
+    /// Counts `n` entries; an error once the budget is spent.
+    pub fn take(&mut self, n: u64) -> Result<()> {
+        if n > self.left {
+            return Err(EngineError::corrupt(
+                "snapshot",
+                format!(
+                    "its trees hold more than the {} entries it records: subtrees shared over and over (a tree bomb); stopped before exhausting memory",
+                    self.claimed
+                ),
+            ));
+        }
+        self.left -= n;
+        Ok(())
+    }
+
+    /// Enters `tree`; an error if it is already on the path (a cycle).
+    pub fn enter(&mut self, tree: &BlobId) -> Result<()> {
+        if self.ancestors.contains(tree) {
+            return Err(EngineError::corrupt(
+                format!("tree {}", tree.short()),
+                "the tree contains itself (a cycle)",
+            ));
+        }
+        self.ancestors.push(*tree);
+        Ok(())
+    }
+
+    /// Leaves the tree entered last.
+    pub fn leave(&mut self) {
+        self.ancestors.pop();
+    }
+}
+
 /// Calls `f` for every entry below `tree`, depth first in name order, with
-/// its path relative to the snapshot root (starting with `/`).
+/// its path relative to the snapshot root (starting with `/`). Stops with
+/// an error when `budget` is spent or a tree contains itself.
 pub fn walk(
     repo: &Repository,
     index: &MasterIndex,
     tree: &BlobId,
     base: &Path,
+    budget: &mut Budget,
     f: &mut dyn FnMut(&Path, &Node) -> Result<()>,
 ) -> Result<()> {
-    for node in repo.load_tree(index, tree)? {
+    budget.enter(tree)?;
+    let nodes = repo.load_tree(index, tree)?;
+    budget.take(nodes.len() as u64)?;
+    for node in nodes {
         let p = base.join(OsStr::from_bytes(&node.name));
         f(&p, &node)?;
         if node.kind() == NodeKind::Dir {
             if let Some(sub) = &node.subtree {
-                walk(repo, index, sub, &p, f)?;
+                walk(repo, index, sub, &p, budget, f)?;
             }
         }
     }
+    budget.leave();
     Ok(())
 }
 
@@ -69,4 +127,18 @@ pub fn find(
 /// Normalizes a user-given snapshot path to start with `/`.
 pub fn snapshot_path(p: &str) -> PathBuf {
     Path::new("/").join(p.trim_start_matches('/'))
+}
+
+/// The most entries a walk of `snap` may meet: what the snapshot records,
+/// plus room for the directories above its source paths. A few KB of
+/// crafted trees can describe 2^40 paths by sharing subtrees; walks stop
+/// at this bound and call the snapshot damaged instead of exhausting the
+/// machine.
+pub fn entry_budget(snap: &capsule_format::snapshot::Snapshot) -> u64 {
+    let s = &snap.summary;
+    s.files
+        .saturating_add(s.dirs)
+        .saturating_add(s.others)
+        .saturating_add(s.errors)
+        .saturating_add(4096)
 }

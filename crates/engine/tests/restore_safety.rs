@@ -201,3 +201,72 @@ fn symlinks_planted_in_the_target_are_not_followed() {
         .file_type()
         .is_symlink());
 }
+
+/// 40 trees, each holding two directories that are both the next tree:
+/// a few KB that describe 2^40 paths. Every walk stops at what the
+/// snapshot records, and check calls the snapshot a tree bomb.
+#[test]
+fn tree_bomb_is_bounded_and_reported() {
+    let t = tempfile::tempdir().unwrap();
+    let r = repo(&t.path().join("repo"));
+    let c = Crafter::new(r.clone());
+    let leaf = c.blob(BlobType::Data, b"x");
+    let mut next = c.tree(&[file(b"f", leaf, 1)]);
+    for _ in 0..40 {
+        next = c.tree(&[dir(b"a", next), dir(b"b", next)]);
+    }
+    let index = c.finish();
+    let snap = capsule_format::snapshot::Snapshot {
+        version: capsule_format::FORMAT_VERSION,
+        time: "2026-01-01T00:00:00Z".into(),
+        time_unix: 1_767_225_600,
+        time_nanos: 0,
+        duration_secs: 1.0,
+        hostname: "h".into(),
+        username: "u".into(),
+        paths: vec!["/".into()],
+        tree: next.to_hex(),
+        parent: None,
+        tags: vec![],
+        incomplete: false,
+        summary: capsule_format::snapshot::SnapshotSummary {
+            files: 1,
+            dirs: 80,
+            ..Default::default()
+        },
+        program: "crafted".into(),
+    };
+    r.save_snapshot(&snap).unwrap();
+    let budget = capsule_engine::treewalk::entry_budget(&snap);
+
+    let opts = RestoreOptions {
+        target: t.path().join("target"),
+        max_entries: budget,
+        ..Default::default()
+    };
+    let e = restore(&r, &index, &next, &opts, &Progress::default()).unwrap_err();
+    assert!(e.to_string().contains("tree bomb"), "{e}");
+
+    let mut b = capsule_engine::treewalk::Budget::new(budget);
+    let mut seen = 0u64;
+    let e =
+        capsule_engine::treewalk::walk(&r, &index, &next, Path::new("/"), &mut b, &mut |_, _| {
+            seen += 1;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("tree bomb"), "{e}");
+    assert!(seen <= budget, "{seen}");
+
+    let report = capsule_engine::check::check(&r, false, &Progress::default()).unwrap();
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.object.starts_with("snapshots/") && p.problem.contains("tree bomb")),
+        "{:?}",
+        report.problems
+    );
+    // Each shared tree was loaded once, not 2^k times.
+    assert_eq!(report.trees, 41);
+}

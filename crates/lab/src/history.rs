@@ -35,13 +35,29 @@ pub fn state_dir() -> Option<PathBuf> {
 fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d).map_err(|e| LabError::io("create", d, e))?;
+        // Run records are not encrypted and name the paths backed up.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| LabError::io("protect", d, e))?;
     }
     let tmp = path.with_extension("json.tmp");
     let data = serde_json::to_vec_pretty(v).map_err(|e| LabError::BadRecord {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
-    std::fs::write(&tmp, data).map_err(|e| LabError::io("write", &tmp, e))?;
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| LabError::io("write", &tmp, e))?;
+        f.write_all(&data)
+            .map_err(|e| LabError::io("write", &tmp, e))?;
+    }
     std::fs::rename(&tmp, path).map_err(|e| LabError::io("write", path, e))
 }
 

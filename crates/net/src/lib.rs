@@ -21,7 +21,6 @@ mod rt;
 pub mod s3;
 pub mod sftp;
 pub mod smb;
-pub mod toxiproxy;
 pub mod url;
 
 use std::sync::Arc;

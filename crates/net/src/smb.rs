@@ -96,7 +96,11 @@ impl SmbBackend {
             )
         })?;
         let config = ClientConfig {
-            addr: format!("{}:{}", t.host, t.port),
+            addr: if t.host.contains(':') {
+                format!("[{}]:{}", t.host, t.port)
+            } else {
+                format!("{}:{}", t.host, t.port)
+            },
             timeout: Duration::from_secs(10),
             username: t.user.clone(),
             password,

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 
 use capsule_backend::{conformance, Backend};
-use capsule_net::toxiproxy::Toxiproxy;
 use capsule_net::{Destination, Options};
+use capsule_testkit::toxiproxy::Toxiproxy;
 
 /// Reads a variable set by the server script, or decides the test is off.
 fn env(key: &str) -> Option<String> {

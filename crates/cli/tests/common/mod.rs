@@ -450,3 +450,113 @@ pub fn journal_in(cache_dir: &Path) -> Option<PathBuf> {
         .map(|e| e.path().join("unindexed-packs"))
         .find(|p| p.exists())
 }
+
+/// Runs capsule with arguments and extra environment variables.
+pub type CapsuleRunner<'a> = dyn Fn(&[&str], &[(&str, String)]) -> Output + Sync + 'a;
+
+/// Eight clients (own source, own cache, own host name, as eight machines
+/// would be) back up into one repository at once, `rounds` times each,
+/// while `check --read-data` runs beside them in a loop; then every
+/// snapshot must be there, the repository clean, and each client's latest
+/// snapshot must restore what it backed up. `run` runs capsule against the
+/// repository with extra environment. `CAPSULE_SOAK_ROUNDS` lengthens it
+/// (docs/RELIABILITY.md has the hour-long run).
+pub fn soak(work: &Path, run: &CapsuleRunner<'_>) {
+    let rounds: usize = std::env::var("CAPSULE_SOAK_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let clients = 8;
+    let srcs: Vec<PathBuf> = (0..clients)
+        .map(|i| {
+            let s = work.join(format!("client{i}"));
+            std::fs::create_dir_all(s.join("d")).unwrap();
+            // Shared content across clients (dedup races) and unique files.
+            std::fs::write(s.join("shared"), noise(400_000, 42)).unwrap();
+            std::fs::write(s.join(format!("d/own{i}")), noise(300_000, 1000 + i as u64)).unwrap();
+            s
+        })
+        .collect();
+    let o = run(&["init"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut failures: Vec<String> = Vec::new();
+    let failures_m = std::sync::Mutex::new(&mut failures);
+    std::thread::scope(|s| {
+        let checker = s.spawn(|| {
+            let mut checks = 0;
+            // Bounded: stops when the clients are done, or after 200 checks.
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && checks < 200 {
+                let o = run(&["--no-cache", "check", "--read-data"], &[]);
+                checks += 1;
+                if !o.status.success() {
+                    failures_m.lock().unwrap().push(format!(
+                        "check during backups exited {:?}: {}",
+                        o.status.code(),
+                        String::from_utf8_lossy(&o.stderr)
+                    ));
+                }
+            }
+            checks
+        });
+        let handles: Vec<_> = (0..clients)
+            .map(|i| {
+                let (src, failures_m) = (&srcs[i], &failures_m);
+                s.spawn(move || {
+                    let cache = work.join(format!("cache{i}"));
+                    let env = [
+                        ("CAPSULE_CACHE_DIR", cache.display().to_string()),
+                        (
+                            "CAPSULE_STATE_DIR",
+                            cache.join("state").display().to_string(),
+                        ),
+                    ];
+                    for round in 0..rounds {
+                        std::fs::write(src.join("round"), format!("{i} {round}")).unwrap();
+                        let host = format!("client{i}");
+                        let o = run(&["backup", "--host", &host, src.to_str().unwrap()], &env);
+                        if !o.status.success() {
+                            failures_m.lock().unwrap().push(format!(
+                                "client {i} round {round} exited {:?}: {}",
+                                o.status.code(),
+                                String::from_utf8_lossy(&o.stderr)
+                            ));
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let checks = checker.join().unwrap();
+        eprintln!("soak: {clients} clients x {rounds} rounds, {checks} concurrent checks");
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let o = run(&["--json", "snapshots"], &[]);
+    let snaps: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        snaps.as_array().unwrap().len(),
+        clients * rounds,
+        "snapshots lost"
+    );
+    let o = run(&["--no-cache", "check", "--read-data"], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (i, src) in srcs.iter().enumerate() {
+        let target = work.join(format!("restore{i}"));
+        let id = snaps
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|s| s["snapshot"]["hostname"] == format!("client{i}"))
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let o = run(&["restore", &id, "--target", target.to_str().unwrap()], &[]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_same_tree(src, &restored(&target, src), false);
+    }
+}

@@ -60,6 +60,13 @@ pub struct BackupOptions {
     /// [`crate::journal`]); `None` keeps none, and an interrupted run's
     /// unindexed packs are then uploaded again.
     pub journal: Option<PathBuf>,
+    /// List the packs on the destination first and treat every indexed
+    /// pack that is missing or has the wrong size as lost (`--force`).
+    pub verify_packs: bool,
+    /// Packs known to be missing or damaged (from the last `check`): their
+    /// blobs count as not stored, so a backup uploads them again instead
+    /// of referencing lost data.
+    pub damaged_packs: Vec<ObjectId>,
 }
 
 /// A problem with one source entry; the backup went on without it.
@@ -113,6 +120,9 @@ pub struct BackupReport {
     pub duration_secs: f64,
     /// Entries skipped, with reasons.
     pub warnings: Vec<Warning>,
+    /// Packs treated as lost (known damaged, or found missing with
+    /// `verify_packs`): nothing in this snapshot refers to their copies.
+    pub packs_distrusted: Vec<String>,
 }
 
 #[derive(Default)]
@@ -185,6 +195,22 @@ pub fn normalize_source(p: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// Indexed packs that are not on the destination with their indexed size.
+fn missing_packs(repo: &Repository, index: &MasterIndex) -> Result<Vec<ObjectId>> {
+    let mut stored = std::collections::HashMap::new();
+    for prefix in ["data/", "tree/"] {
+        for o in repo.backend().list(prefix)? {
+            stored.insert(o.name, o.size);
+        }
+    }
+    Ok(index
+        .packs()
+        .iter()
+        .filter(|p| stored.get(&p.name()) != Some(&p.size))
+        .map(|p| p.id)
+        .collect())
+}
+
 /// Picks the parent snapshot: explicit, or the latest with the same host and
 /// the same set of paths.
 fn find_parent(
@@ -245,6 +271,18 @@ pub fn backup(
         Some(p) => Some((p.clone(), crate::journal::recover(&repo, &mut index, p)?)),
         None => None,
     };
+    let mut lost: std::collections::HashSet<ObjectId> =
+        opts.damaged_packs.iter().copied().collect();
+    if opts.verify_packs {
+        lost.extend(missing_packs(&repo, &index)?);
+    }
+    let packs_distrusted: Vec<String> = index
+        .packs()
+        .iter()
+        .filter(|p| lost.contains(&p.id))
+        .map(|p| p.name())
+        .collect();
+    index.forget_packs(&lost);
     let index = Arc::new(index);
     let parent = find_parent(&repo, opts, &host, &path_strings)?;
     let parent_root = match &parent {
@@ -381,5 +419,6 @@ pub fn backup(
         storage,
         duration_secs: started.elapsed().as_secs_f64(),
         warnings,
+        packs_distrusted,
     })
 }

@@ -102,9 +102,24 @@ fn save_plan(
             let path = dir.join(name);
             let pnode = find(&parent_nodes, name.as_bytes());
             match plan {
-                Plan::Source => save_entry(ctx, &path, name, pnode, &ctx.excludes, None),
+                // A source is backed up as named: one that is a symlink
+                // stands for what it points to (storing only the link would
+                // save nothing of `~/Documents -> /data/docs`). A dangling
+                // link is all there is, so it is stored as a link.
+                Plan::Source => {
+                    let real = match std::fs::symlink_metadata(&path) {
+                        Ok(m) if m.file_type().is_symlink() => {
+                            std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone())
+                        }
+                        _ => path.clone(),
+                    };
+                    save_entry(ctx, &real, name, pnode, &ctx.excludes, None)
+                }
+                // A directory above a source, followed if it is a symlink:
+                // stored as a directory, so the source below stays
+                // reachable in the snapshot (a symlink node would hide it).
                 Plan::Dir(sub) => {
-                    let m = match std::fs::symlink_metadata(&path) {
+                    let m = match std::fs::metadata(&path) {
                         Ok(m) => m,
                         Err(e) => {
                             ctx.warn(&path, format!("cannot read metadata: {e}"));
@@ -165,7 +180,11 @@ fn save_dir(
     let nodes: Vec<Node> = nodes.into_iter().flatten().collect();
     // Every entry as the parent recorded it: reuse its tree blob as is,
     // without encoding or hashing it again.
-    if let Some(id) = parent.filter(|_| !parent_nodes.is_empty() && nodes == parent_nodes) {
+    // The parent's tree must still be stored: after a pack was found lost,
+    // its blobs are forgotten and must be written again.
+    if let Some(id) =
+        parent.filter(|id| !parent_nodes.is_empty() && nodes == parent_nodes && ctx.saver.has(id))
+    {
         Progress::add(&ctx.counters.trees_reused, 1);
         return Ok(id);
     }
@@ -411,7 +430,7 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
     }
     Progress::add(&ctx.counters.read_ns, elapsed_ns(t0));
 
-    let limit = before.len();
+    let mut limit = before.len();
     let chunker = &ctx.chunker;
     let max = chunker.sizes().max;
     let window = 2 * max;
@@ -420,6 +439,26 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
     let mut start = 0usize;
     let mut eof = false;
     let mut total: u64 = 0;
+    // Files of procfs and sysfs report size 0 yet have content: probe, and
+    // read such a file whole (it is small and generated on read).
+    let mut pseudo = false;
+    if limit == 0 {
+        match read_pseudo(&mut f) {
+            Ok(data) if !data.is_empty() => {
+                pseudo = true;
+                total = data.len() as u64;
+                limit = total;
+                Progress::add(&ctx.progress.bytes_read, total);
+                buf = data;
+                eof = true;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                ctx.warn(path, format!("read failed: {e}"));
+                return Ok(None);
+            }
+        }
+    }
     loop {
         if !eof && buf.len() - start < max {
             if start > 0 {
@@ -466,7 +505,7 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
     Progress::add(&ctx.counters.files_read, 1);
     Progress::add(&ctx.counters.bytes_read, total);
     if let Ok(after) = f.metadata() {
-        if after.len() != limit
+        if (after.len() != limit && !pseudo)
             || after.mtime() != before.mtime()
             || after.mtime_nsec() != before.mtime_nsec()
             || after.ctime() != before.ctime()
@@ -488,6 +527,23 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
             .insert(link_key, (total, content.clone()));
     }
     Ok(Some(content))
+}
+
+/// Most content read from a file that reports size 0 (see `read_file`).
+const PSEUDO_FILE_MAX: u64 = 64 << 20;
+
+/// Reads a file that reported size 0 to its end: empty for a real empty
+/// file, the content for a procfs or sysfs file.
+fn read_pseudo(f: &mut File) -> std::io::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    f.take(PSEUDO_FILE_MAX + 1).read_to_end(&mut data)?;
+    if data.len() as u64 > PSEUDO_FILE_MAX {
+        return Err(std::io::Error::other(format!(
+            "it reports size 0 but holds more than {} MiB (a generated file that never ends?)",
+            PSEUDO_FILE_MAX >> 20
+        )));
+    }
+    Ok(data)
 }
 
 /// A running estimating scan.

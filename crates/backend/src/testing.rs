@@ -1,0 +1,343 @@
+//! Test backends: an in-memory store, and a decorator that injects faults
+//! into any backend. Built only with the `testing` feature (engine and CLI
+//! tests turn it on); nothing here ships in capsule.
+//!
+//! The fault decorator counts every call and fails, truncates or lies on
+//! the calls a [`FaultPlan`] names, so a test can put a crash, a cut
+//! connection or a full disk at call N of a real operation, and replay it
+//! from its seed.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::{Backend, BackendError, Capabilities, ErrorKind, ObjectInfo};
+
+/// Objects in memory. Cheap to clone (a deep copy of the store), so one
+/// repository state can be the start of many fault runs.
+#[derive(Debug, Default)]
+pub struct MemoryBackend {
+    objects: Mutex<BTreeMap<String, Arc<Vec<u8>>>>,
+}
+
+impl MemoryBackend {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A copy of the store as it is now.
+    pub fn fork(&self) -> MemoryBackend {
+        MemoryBackend {
+            objects: Mutex::new(self.lock().clone()),
+        }
+    }
+
+    /// Every object name, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    /// Replaces an object's bytes (to damage it on purpose).
+    pub fn overwrite(&self, name: &str, data: Vec<u8>) {
+        self.lock().insert(name.to_string(), Arc::new(data));
+    }
+
+    /// An object's bytes.
+    pub fn bytes(&self, name: &str) -> Option<Vec<u8>> {
+        self.lock().get(name).map(|b| b.to_vec())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Vec<u8>>>> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn not_found(op: &'static str, name: &str) -> BackendError {
+    BackendError::new(ErrorKind::NotFound, op, name, "no such object")
+}
+
+impl Backend for MemoryBackend {
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        crate::validate_name(name)?;
+        let mut m = self.lock();
+        if m.contains_key(name) {
+            return Err(BackendError::new(
+                ErrorKind::AlreadyExists,
+                "put",
+                name,
+                "exists",
+            ));
+        }
+        m.insert(name.to_string(), Arc::new(data.to_vec()));
+        Ok(())
+    }
+
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        let b = self
+            .lock()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| not_found("get", name))?;
+        match range {
+            None => Ok(b.to_vec()),
+            Some(r) if r.start <= r.end && r.end <= b.len() as u64 => {
+                Ok(b[r.start as usize..r.end as usize].to_vec())
+            }
+            Some(r) => Err(BackendError::new(
+                ErrorKind::InvalidRange,
+                "get",
+                name,
+                format!("range {r:?} outside {} bytes", b.len()),
+            )),
+        }
+    }
+
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        let m = self.lock();
+        let b = m.get(name).ok_or_else(|| not_found("stat", name))?;
+        Ok(ObjectInfo {
+            name: name.to_string(),
+            size: b.len() as u64,
+        })
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        Ok(self
+            .lock()
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| ObjectInfo {
+                name: k.clone(),
+                size: v.len() as u64,
+            })
+            .collect())
+    }
+
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        self.lock().remove(name);
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            concurrency: 4,
+            durable_put: true,
+            local: true,
+        }
+    }
+
+    fn location(&self) -> String {
+        "memory".into()
+    }
+}
+
+/// What to do to one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Fail with a transient I/O error (a cut connection).
+    Fail,
+    /// Fail, and every later call too: the process died here.
+    Crash,
+    /// `put`: store the first half of the object, then crash (a backend
+    /// that breaks the atomic-put contract). Other calls: crash.
+    TornWrite,
+    /// `get`: return only the first half of what was asked for.
+    ShortRead,
+    /// `put`: report success having stored nothing.
+    LostWrite,
+    /// `put`: the destination is full.
+    Full,
+}
+
+/// Which calls get which fault. Calls are counted from 1 across all
+/// methods, in the order they reach the decorator.
+#[derive(Debug, Clone, Default)]
+pub struct FaultPlan {
+    /// Faults at exact call numbers.
+    pub at: BTreeMap<u64, Fault>,
+    /// A fault on every Nth call: `(n, fault)`.
+    pub every: Option<(u64, Fault)>,
+}
+
+impl FaultPlan {
+    /// One fault at call `n`.
+    pub fn at(n: u64, f: Fault) -> Self {
+        let mut p = FaultPlan::default();
+        p.at.insert(n, f);
+        p
+    }
+}
+
+/// Wraps a backend and injects the faults of a [`FaultPlan`].
+#[derive(Debug)]
+pub struct FaultBackend {
+    inner: Arc<dyn Backend>,
+    plan: FaultPlan,
+    calls: AtomicU64,
+    crashed: AtomicBool,
+    injected: AtomicU64,
+}
+
+impl FaultBackend {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Backend>, plan: FaultPlan) -> Self {
+        FaultBackend {
+            inner,
+            plan,
+            calls: AtomicU64::new(0),
+            crashed: AtomicBool::new(false),
+            injected: AtomicU64::new(0),
+        }
+    }
+
+    /// Calls seen so far.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// Faults injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::SeqCst)
+    }
+
+    /// Whether a crash fault has fired.
+    pub fn crashed(&self) -> bool {
+        self.crashed.load(Ordering::SeqCst)
+    }
+
+    fn err(op: &'static str, name: &str, what: &str) -> BackendError {
+        BackendError::transient(ErrorKind::Io, op, name, format!("injected fault: {what}"))
+    }
+
+    /// The fault for this call, if any; counts the call.
+    fn next(&self, op: &'static str, name: &str) -> Result<Option<Fault>, BackendError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.crashed() {
+            return Err(Self::err(op, name, "after the crash"));
+        }
+        let f = self.plan.at.get(&n).copied().or_else(|| {
+            self.plan
+                .every
+                .filter(|(every, _)| *every > 0 && n.is_multiple_of(*every))
+                .map(|(_, f)| f)
+        });
+        if f.is_some() {
+            self.injected.fetch_add(1, Ordering::SeqCst);
+        }
+        match f {
+            Some(Fault::Fail) => Err(Self::err(op, name, "call failed")),
+            Some(Fault::Crash) => {
+                self.crashed.store(true, Ordering::SeqCst);
+                Err(Self::err(op, name, "crash"))
+            }
+            Some(Fault::TornWrite) if op != "put" => {
+                self.crashed.store(true, Ordering::SeqCst);
+                Err(Self::err(op, name, "crash"))
+            }
+            Some(Fault::Full) if op == "put" => Err(BackendError::new(
+                ErrorKind::NoSpace,
+                op,
+                name,
+                "injected fault: destination full",
+            )),
+            other => Ok(other),
+        }
+    }
+}
+
+impl Backend for FaultBackend {
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        match self.next("put", name)? {
+            Some(Fault::LostWrite) => Ok(()),
+            Some(Fault::TornWrite) => {
+                let _ = self.inner.put(name, &data[..data.len() / 2]);
+                self.crashed.store(true, Ordering::SeqCst);
+                Err(Self::err("put", name, "torn write, then crash"))
+            }
+            _ => self.inner.put(name, data),
+        }
+    }
+
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        let short = self.next("get", name)? == Some(Fault::ShortRead);
+        let mut b = self.inner.get(name, range)?;
+        if short {
+            b.truncate(b.len() / 2);
+        }
+        Ok(b)
+    }
+
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        self.next("stat", name)?;
+        self.inner.stat(name)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.next("list", prefix)?;
+        self.inner.list(prefix)
+    }
+
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        self.next("delete", name)?;
+        self.inner.delete(name)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn location(&self) -> String {
+        format!("faults({})", self.inner.location())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_backend_meets_the_contract() {
+        crate::conformance::run_all(&MemoryBackend::new());
+    }
+
+    /// The whole decorator stack the CLI builds (cache over retries over
+    /// request accounting), plus the fault decorator with no faults, keeps
+    /// the contract: a decorator that forgot a method would show here.
+    #[test]
+    fn decorator_stack_meets_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let mem: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+        let faults: Arc<dyn Backend> = Arc::new(FaultBackend::new(mem, FaultPlan::default()));
+        let metered: Arc<dyn Backend> = Arc::new(crate::MeteredBackend::new(faults));
+        let retry: Arc<dyn Backend> = Arc::new(crate::RetryBackend::new(
+            metered,
+            crate::RetryPolicy::default(),
+        ));
+        let cached = crate::CachingBackend::new(retry, dir.path()).unwrap();
+        crate::conformance::run_all(&cached);
+    }
+
+    #[test]
+    fn faults_fire_on_the_calls_planned() {
+        let mem = Arc::new(MemoryBackend::new());
+        let f = FaultBackend::new(mem.clone(), FaultPlan::at(2, Fault::TornWrite));
+        f.put("a", b"1234").unwrap();
+        assert!(f.put("b", b"5678").is_err());
+        assert!(f.crashed());
+        assert!(f.get("a", None).is_err(), "calls after a crash fail");
+        assert_eq!(
+            mem.bytes("b").unwrap(),
+            b"56",
+            "a torn write leaves a prefix"
+        );
+        let f = FaultBackend::new(mem.clone(), FaultPlan::at(1, Fault::LostWrite));
+        f.put("c", b"x").unwrap();
+        assert!(mem.bytes("c").is_none());
+        let f = FaultBackend::new(mem.clone(), FaultPlan::at(1, Fault::ShortRead));
+        assert_eq!(f.get("a", None).unwrap(), b"12");
+        let f = FaultBackend::new(mem, FaultPlan::at(1, Fault::Full));
+        assert_eq!(f.put("d", b"x").unwrap_err().kind, ErrorKind::NoSpace);
+    }
+}
