@@ -193,6 +193,8 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// destination lab: no temporary name, `writes` separate write requests
     /// of equal size, and a request for stable storage only when `sync`. It
     /// may replace an existing object. Never used for repository data.
+    /// A synced call must cost the same round trips as an unsynced one (send
+    /// the sync with the close), so that the lab's flush time is the sync.
     ///
     /// The default calls `put` (object stores have no unsynced write).
     fn probe_write(

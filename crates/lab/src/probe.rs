@@ -396,7 +396,11 @@ pub fn verdict(per_write_ms: f64, flush_ms: f64) -> SyncVerdict {
     // grow with load). The ratio matters beside the absolute floor. Seen
     // beside CPU burners: a buffered SFTP write cost 0.11 ms against a
     // 6 ms flush, while a sync-always SMB share's write cost 0.26 ms against
-    // 1.5 ms at 0 ms RTT, and 1.74 ms against 19.5 ms at 10 ms.
+    // 1.5 ms at 0 ms RTT, and 1.74 ms against 19.5 ms at 10 ms. The flush
+    // must not carry a round trip of its own (the backends send it with the
+    // close): CI once saw a sync-always share's 0.28 ms writes against a
+    // 10.74 ms "flush" at 10 ms RTT, which was the round trip, and called
+    // it buffered.
     const SYNCED_WRITE_MS: f64 = 0.08;
     let threshold = SYNCED_WRITE_MS.max(flush_ms / 20.0);
     let (mode, explanation) = if per_write_ms >= threshold {
@@ -452,6 +456,11 @@ mod tests {
         assert_eq!(verdict(0.26, 1.52).mode, SyncMode::Forced);
         assert_eq!(verdict(2.73, 14.36).mode, SyncMode::Forced);
         assert_eq!(verdict(1.74, 19.5).mode, SyncMode::Forced);
+        // Since a synced probe costs no extra round trip (flush and close
+        // travel together): sync-always SMB, buffered SMB and SFTP at 0 ms.
+        assert_eq!(verdict(0.21, 0.43).mode, SyncMode::Forced);
+        assert_eq!(verdict(0.004, 0.81).mode, SyncMode::OnRequest);
+        assert_eq!(verdict(0.012, 0.98).mode, SyncMode::OnRequest);
     }
 
     #[test]
