@@ -129,24 +129,10 @@ fn streamed_ranges(b: &dyn Backend) {
     let size: u64 = (5 << 20) + 12_345;
     let seed = 0x1234_5678_9abc_def1;
     let name = "conformance/streamed";
-    b.put_stream(
-        name,
-        size,
-        &mut Pattern {
-            state: seed,
-            left: size,
-        },
-    )
-    .expect("put_stream");
+    b.put_stream(name, size, &mut Pattern::new(seed, size))
+        .expect("put_stream");
     let mut all = Vec::with_capacity(size as usize);
-    std::io::Read::read_to_end(
-        &mut Pattern {
-            state: seed,
-            left: size,
-        },
-        &mut all,
-    )
-    .expect("pattern");
+    std::io::Read::read_to_end(&mut Pattern::new(seed, size), &mut all).expect("pattern");
     for r in [
         0..1,
         0..4096,
@@ -271,6 +257,17 @@ struct Pattern {
     left: u64,
 }
 
+impl Pattern {
+    /// `size` bytes of the stream that `seed` names; the same seed gives the
+    /// same bytes, so an object can be checked without being held.
+    fn new(seed: u64, size: u64) -> Self {
+        Pattern {
+            state: seed,
+            left: size,
+        }
+    }
+}
+
 impl std::io::Read for Pattern {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = (buf.len() as u64).min(self.left) as usize;
@@ -306,23 +303,9 @@ pub fn large_object(b: &dyn Backend, size: u64) {
     let name = "conformance/large";
     let seed = 0x9E37_79B9_7F4A_7C15;
     let mut expect = HashSink(blake3::Hasher::new(), 0);
-    std::io::copy(
-        &mut Pattern {
-            state: seed,
-            left: size,
-        },
-        &mut expect,
-    )
-    .expect("hash pattern");
-    b.put_stream(
-        name,
-        size,
-        &mut Pattern {
-            state: seed,
-            left: size,
-        },
-    )
-    .expect("put_stream");
+    std::io::copy(&mut Pattern::new(seed, size), &mut expect).expect("hash pattern");
+    b.put_stream(name, size, &mut Pattern::new(seed, size))
+        .expect("put_stream");
     assert_eq!(b.stat(name).expect("stat large").size, size);
     let mut got = HashSink(blake3::Hasher::new(), 0);
     assert_eq!(
@@ -337,14 +320,7 @@ pub fn large_object(b: &dyn Backend, size: u64) {
     );
     // The last 10 bytes, read by range, match the pattern's tail.
     let mut tail = Vec::new();
-    std::io::copy(
-        &mut Pattern {
-            state: seed,
-            left: size,
-        },
-        &mut TailSink(&mut tail, 10),
-    )
-    .expect("tail");
+    std::io::copy(&mut Pattern::new(seed, size), &mut TailSink(&mut tail, 10)).expect("tail");
     assert_eq!(
         b.get(name, Some(size - 10..size)).expect("tail range"),
         tail
