@@ -463,6 +463,7 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
         includes: a.includes,
         excludes: a.excludes,
         max_entries: treewalk::entry_budget(&snap),
+        connections: 0,
     };
     let r = capsule_engine::restore::restore(&repo, &index, &root_of(&snap)?, &opts, &progress);
     drop(bar);

@@ -1,5 +1,6 @@
-//! Reading metadata from, and applying it to, the local file system. Every
-//! call acts on the link itself, never on what a symlink points to.
+//! Reading metadata from the local file system. Every call acts on the
+//! link itself, never on what a symlink points to. (Restore applies
+//! metadata through descriptors: see `restore::fsys`.)
 
 use std::ffi::OsStr;
 use std::fs::Metadata;
@@ -8,7 +9,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use capsule_format::tree::{Node, NodeKind, Timestamp};
-use rustix::fs::{AtFlags, Timespec, Timestamps, XattrFlags, CWD};
 
 /// Fills a node's metadata fields from `lstat` results.
 pub fn node_from_metadata(name: &OsStr, m: &Metadata) -> Node {
@@ -101,42 +101,6 @@ pub fn read_xattrs(path: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     }
     out.sort();
     Ok(out)
-}
-
-/// Sets extended attributes on `path` (not following symlinks).
-pub fn write_xattrs(path: &Path, xattrs: &[(Vec<u8>, Vec<u8>)]) -> std::io::Result<()> {
-    for (k, v) in xattrs {
-        rustix::fs::lsetxattr(path, &k[..], v, XattrFlags::empty())?;
-    }
-    Ok(())
-}
-
-fn ts(t: Timestamp) -> Timespec {
-    Timespec {
-        tv_sec: t.secs,
-        tv_nsec: t.nanos as _,
-    }
-}
-
-/// Sets atime and mtime with nanoseconds (not following symlinks).
-pub fn set_times(path: &Path, node: &Node) -> std::io::Result<()> {
-    let times = Timestamps {
-        last_access: ts(node.atime),
-        last_modification: ts(node.mtime),
-    };
-    rustix::fs::utimensat(CWD, path, &times, AtFlags::SYMLINK_NOFOLLOW)?;
-    Ok(())
-}
-
-/// Sets owner (only effective as root) without following symlinks.
-pub fn set_owner(path: &Path, node: &Node) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(path, Some(node.uid), Some(node.gid))
-}
-
-/// Sets permission bits. Never called on symlinks (Linux ignores their mode).
-pub fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
 }
 
 /// Whether this process can set arbitrary owners.

@@ -157,6 +157,7 @@ fn restore_snapshot(
     let opts = RestoreOptions {
         target: target.clone(),
         max_entries: capsule_engine::treewalk::entry_budget(&snap),
+        connections: 0,
         ..Default::default()
     };
     let errors = match restore(repo, &index, &root, &opts, &Progress::default()) {

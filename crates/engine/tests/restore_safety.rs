@@ -242,6 +242,7 @@ fn tree_bomb_is_bounded_and_reported() {
     let opts = RestoreOptions {
         target: t.path().join("target"),
         max_entries: budget,
+        connections: 0,
         ..Default::default()
     };
     let e = restore(&r, &index, &next, &opts, &Progress::default()).unwrap_err();
@@ -269,4 +270,113 @@ fn tree_bomb_is_bounded_and_reported() {
     );
     // Each shared tree was loaded once, not 2^k times.
     assert_eq!(report.trees, 41);
+}
+
+/// Another local process swaps every directory the restore creates for a
+/// symlink to a directory outside the target, as fast as it can. Every
+/// entry is reached through its parent's descriptor with `O_NOFOLLOW`, so
+/// nothing lands outside, and whatever could not be written is reported.
+#[test]
+fn directories_swapped_for_symlinks_during_a_restore_are_not_followed() {
+    let t = tempfile::tempdir().unwrap();
+    let outside = t.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let repo = repo(&t.path().join("repo"));
+    let c = Crafter::new(repo.clone());
+    let data = c.blob(BlobType::Data, b"restored data");
+    let names: Vec<Vec<u8>> = (0..200).map(|i| format!("d{i:03}").into_bytes()).collect();
+    let mut dirs = Vec::new();
+    for n in &names {
+        let inner = c.tree(&[file(b"f", data, 13)]);
+        dirs.push(dir(n, inner));
+    }
+    let root = c.tree(&dirs);
+    let idx = c.finish();
+    let target = t.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let swaps = std::sync::atomic::AtomicUsize::new(0);
+    let stash = t.path().join("stash");
+    std::fs::create_dir(&stash).unwrap();
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            // Bounded: at most 200 swaps, and it stops with the restore.
+            let mut left: Vec<&Vec<u8>> = names.iter().collect();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) && !left.is_empty() {
+                left.retain(|n| {
+                    let name = std::str::from_utf8(n).unwrap();
+                    let p = target.join(name);
+                    match std::fs::symlink_metadata(&p) {
+                        Ok(m) if m.is_dir() => {
+                            std::fs::rename(&p, stash.join(name)).unwrap();
+                            std::os::unix::fs::symlink(&outside, &p).unwrap();
+                            swaps.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            false
+                        }
+                        _ => true,
+                    }
+                });
+                std::thread::yield_now();
+            }
+        });
+        let r = run(&repo, &idx, &root, &target);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    });
+    assert_empty(&outside);
+    let swapped = swaps.into_inner();
+    eprintln!(
+        "{swapped} directories swapped; {} entries reported",
+        r.errors.len()
+    );
+    // Each of the 200 files was either restored (into the directory the
+    // restore created, wherever it was moved) or reported.
+    let placed = (0..200)
+        .filter(|i| {
+            let n = format!("d{i:03}");
+            std::fs::read(target.join(&n).join("f")).is_ok_and(|b| b == b"restored data")
+                || std::fs::read(stash.join(&n).join("f")).is_ok_and(|b| b == b"restored data")
+        })
+        .count() as u64;
+    assert_eq!(placed, r.files);
+    let file_errors = r.errors.iter().filter(|e| e.path.ends_with("/f")).count();
+    assert_eq!(r.files as usize + file_errors, 200, "{:?}", r.errors);
+}
+
+/// A path far longer than `PATH_MAX` (4,096 bytes) restores: no call ever
+/// gets more than one name.
+#[test]
+fn paths_longer_than_path_max_restore() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = repo(&t.path().join("repo"));
+    let c = Crafter::new(repo.clone());
+    let data = c.blob(BlobType::Data, b"deep");
+    let name = vec![b'n'; 200];
+    let mut sub = c.tree(&[file(b"leaf", data, 4)]);
+    for _ in 0..30 {
+        sub = c.tree(&[dir(&name, sub)]);
+    }
+    let idx = c.finish();
+    let target = t.path().join("target");
+    let r = run(&repo, &idx, &sub, &target);
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!((r.files, r.dirs), (1, 30));
+    // Walk down by descriptor to read it back (std's path calls would hit
+    // ENAMETOOLONG themselves).
+    use rustix::fs::{openat, Mode, OFlags};
+    let mut fd = rustix::fs::open(&target, OFlags::DIRECTORY, Mode::empty()).unwrap();
+    for _ in 0..30 {
+        fd = openat(
+            &fd,
+            &name[..],
+            OFlags::DIRECTORY | OFlags::NOFOLLOW,
+            Mode::empty(),
+        )
+        .unwrap();
+    }
+    let f = openat(&fd, "leaf", OFlags::RDONLY, Mode::empty()).unwrap();
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut std::fs::File::from(f), &mut s).unwrap();
+    assert_eq!(s, "deep");
 }

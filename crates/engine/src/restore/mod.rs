@@ -1,35 +1,34 @@
 //! Restore a snapshot (or part of it) into a target directory.
 //!
 //! Safety: entry names are validated when trees are decoded (single
-//! components, no `..`), every directory on the way is checked to be a real
-//! directory (never a symlink), and files are created with
-//! `O_CREAT|O_EXCL|O_NOFOLLOW`, so nothing a repository contains can make
-//! restore write outside the target.
+//! components, no `..`), and every entry is created relative to its parent
+//! directory's descriptor with `O_NOFOLLOW` ([`fsys`]), so nothing a
+//! repository contains, and no symlink another process swaps in while the
+//! restore runs, can make restore write outside the target.
 //!
-//! Order: directories (pre-order), then file contents in parallel, then
-//! symlinks/specials and hard links, then directory metadata deepest first
-//! (so restoring children does not disturb their parent's times or a
-//! read-only mode).
+//! Order: directories (pre-order), then file contents pack by pack with
+//! many reads in flight ([`fetch`]), then symlinks/specials and hard links,
+//! then directory metadata deepest first (so restoring children does not
+//! disturb their parent's times or a read-only mode).
+
+mod fetch;
+mod fsys;
+
+pub use fetch::{FetchStats, MAX_GAP, MAX_REQUEST};
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::fs::OpenOptions;
-use std::io::{ErrorKind, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use capsule_format::tree::{Node, NodeKind};
-use capsule_format::{BlobId, BlobType};
+use capsule_format::BlobId;
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
-use rayon::prelude::*;
 
 use crate::backup::Warning;
 use crate::index::MasterIndex;
-use crate::meta;
 use crate::progress::Progress;
 use crate::repo::Repository;
 use crate::{EngineError, Result};
@@ -46,6 +45,8 @@ pub struct RestoreOptions {
     /// Most entries the snapshot's trees may hold
     /// ([`crate::treewalk::entry_budget`]); 0 means no bound.
     pub max_entries: u64,
+    /// Reads in flight at once; 0 picks the destination's concurrency.
+    pub connections: usize,
 }
 
 /// What a restore did.
@@ -63,6 +64,8 @@ pub struct RestoreReport {
     pub duration_secs: f64,
     /// Entries that could not be restored.
     pub errors: Vec<Warning>,
+    /// What reading the file contents cost.
+    pub fetch: FetchStats,
 }
 
 /// Path patterns: a pattern containing `/` matches the whole snapshot path,
@@ -102,9 +105,24 @@ impl Patterns {
 }
 
 struct Entry {
+    /// Where it goes, for messages only: every file system call goes
+    /// through [`fsys::Target`].
     target: PathBuf,
+    /// The directory entry holding it; `None` for the target itself.
+    parent: Option<usize>,
     node: Node,
     needed: bool,
+}
+
+struct Entries(Vec<Entry>);
+
+impl fsys::Layout for Entries {
+    fn parent(&self, i: usize) -> Option<usize> {
+        self.0[i].parent
+    }
+    fn name(&self, i: usize) -> &[u8] {
+        &self.0[i].node.name
+    }
 }
 
 /// Restores the tree `root` of a snapshot.
@@ -139,6 +157,7 @@ pub fn restore(
         root,
         Path::new("/"),
         &target,
+        None,
         inc.empty,
         &inc,
         &exc,
@@ -164,58 +183,40 @@ pub fn restore(
     );
     progress.totals_final.store(true, Ordering::Relaxed);
 
-    let errors = Mutex::new(errors);
-    let warn = |p: &Path, m: String| {
+    let mut report = RestoreReport::default();
+    let mut warn = |p: &Path, m: String| {
         Progress::add(&progress.errors, 1);
-        errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Warning {
-                path: p.display().to_string(),
-                message: m,
-            })
+        errors.push(Warning {
+            path: p.display().to_string(),
+            message: m,
+        })
     };
-    let report = Mutex::new(RestoreReport::default());
-    let bump = |f: fn(&mut RestoreReport) -> &mut u64, n: u64| {
-        *f(&mut report.lock().unwrap_or_else(|p| p.into_inner())) += n;
-    };
+    let entries = Entries(entries);
+    let fs = fsys::Target::open(&target, &entries)
+        .map_err(|e| EngineError::io("open target", &target, e))?;
+    let entries = &entries.0;
 
     // 1. Directories, parents first.
-    let mut dir_ok: HashMap<PathBuf, bool> = HashMap::new();
-    dir_ok.insert(target.clone(), true);
-    for e in entries
-        .iter()
-        .filter(|e| e.needed && e.node.kind() == NodeKind::Dir)
-    {
-        let parent_ok = e
-            .target
-            .parent()
-            .map(|p| dir_ok.get(p).copied().unwrap_or(false))
-            .unwrap_or(false);
-        let ok = parent_ok
-            && match ensure_dir(&e.target) {
-                Ok(()) => true,
-                Err(err) => {
-                    warn(&e.target, format!("cannot create directory: {err}"));
-                    false
-                }
-            };
-        dir_ok.insert(e.target.clone(), ok);
+    let mut dir_ok = vec![false; entries.len()];
+    let parent_ok = |dir_ok: &[bool], e: &Entry| e.parent.is_none_or(|p| dir_ok[p]);
+    for (i, e) in entries.iter().enumerate() {
+        if !e.needed || e.node.kind() != NodeKind::Dir || !parent_ok(&dir_ok, e) {
+            continue;
+        }
+        match fs.mkdir(i) {
+            Ok(()) => dir_ok[i] = true,
+            Err(err) => warn(&e.target, format!("cannot create directory: {err}")),
+        }
     }
-    let parent_ok = |p: &Path| {
-        p.parent()
-            .map(|p| dir_ok.get(p).copied().unwrap_or(false))
-            .unwrap_or(false)
-    };
 
     // 2. File contents. The first occurrence of a hard-linked inode is
     // written; later ones become links to it.
     let mut leaders: HashMap<(u64, u64), usize> = HashMap::new();
-    let mut files: Vec<usize> = Vec::new();
+    let mut files: Vec<fetch::FileJob> = Vec::new();
     let mut links: Vec<(usize, usize)> = Vec::new();
     let mut others: Vec<usize> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
-        if !e.needed || !parent_ok(&e.target) {
+        if !e.needed || !parent_ok(&dir_ok, e) {
             continue;
         }
         match e.node.kind() {
@@ -224,49 +225,75 @@ pub fn restore(
                 Some(&l) => links.push((l, i)),
                 None => {
                     leaders.insert((e.node.device, e.node.inode), i);
-                    files.push(i);
+                    files.push(fetch::FileJob {
+                        entry: i,
+                        node: &e.node,
+                    });
                 }
             },
-            NodeKind::File => files.push(i),
+            NodeKind::File => files.push(fetch::FileJob {
+                entry: i,
+                node: &e.node,
+            }),
             NodeKind::Dir => {}
             _ => others.push(i),
         }
     }
-    let failed: Mutex<std::collections::HashSet<usize>> = Mutex::default();
-    let written = AtomicU64::new(0);
-    files.par_iter().for_each(|&i| {
-        let e = &entries[i];
-        match restore_file(repo, index, &e.target, &e.node, progress) {
-            Ok(()) => {
-                written.fetch_add(e.node.size, Ordering::Relaxed);
-                bump(|r| &mut r.files, 1);
-                if let Err(err) = apply_meta(&e.target, &e.node) {
-                    warn(&e.target, format!("metadata not fully restored: {err}"));
+    let workers = match opts.connections {
+        0 => {
+            let caps = repo.backend().capabilities();
+            let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+            // A local disk gains nothing from more readers than cores to
+            // decode what they read; a remote one needs its concurrency.
+            if caps.local {
+                cpus.max(2)
+            } else {
+                caps.concurrency.max(cpus)
+            }
+        }
+        n => n,
+    };
+    let outcomes = fetch::write_files(
+        repo,
+        index,
+        &fs,
+        &files,
+        workers,
+        progress,
+        &mut report.fetch,
+    )?;
+    let mut failed: std::collections::HashSet<usize> = Default::default();
+    for (f, o) in files.iter().zip(outcomes) {
+        let e = &entries[f.entry];
+        match o {
+            Ok(meta_warning) => {
+                report.files += 1;
+                report.bytes += e.node.size;
+                if let Some(m) = meta_warning {
+                    warn(&e.target, m);
                 }
             }
-            Err(err) => {
-                failed.lock().unwrap_or_else(|p| p.into_inner()).insert(i);
+            Err(why) => {
+                failed.insert(f.entry);
                 warn(
                     &e.target,
-                    format!("not restored (no partial file left behind): {err}"),
+                    format!("not restored (no partial file left behind): {why}"),
                 );
             }
         }
-        Progress::add(&progress.files_done, 1);
-    });
+    }
 
     // 3. Symlinks, specials, hard links.
     for &i in &others {
         let e = &entries[i];
-        match restore_special(&e.target, &e.node) {
-            Ok(true) => bump(|r| &mut r.others, 1),
+        match fs.special(i, &e.node) {
+            Ok(true) => report.others += 1,
             Ok(false) => {}
             Err(err) => warn(&e.target, format!("not restored: {err}")),
         }
     }
-    let failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
     for &(l, i) in &links {
-        let (leader, e) = (&entries[l], &entries[i]);
+        let e = &entries[i];
         if failed.contains(&l) {
             warn(
                 &e.target,
@@ -274,33 +301,25 @@ pub fn restore(
             );
             continue;
         }
-        let r =
-            remove_existing(&e.target).and_then(|_| std::fs::hard_link(&leader.target, &e.target));
-        match r {
-            Ok(()) => bump(|r| &mut r.others, 1),
+        match fs.hard_link(l, i) {
+            Ok(()) => report.others += 1,
             Err(err) => warn(&e.target, format!("hard link not restored: {err}")),
         }
     }
 
     // 4. Directory metadata, deepest first.
-    for e in entries
-        .iter()
-        .rev()
-        .filter(|e| e.needed && e.node.kind() == NodeKind::Dir)
-    {
-        if dir_ok.get(&e.target).copied().unwrap_or(false) {
-            bump(|r| &mut r.dirs, 1);
-            if let Err(err) = apply_meta(&e.target, &e.node) {
+    for (i, e) in entries.iter().enumerate().rev() {
+        if dir_ok[i] {
+            report.dirs += 1;
+            if let Err(err) = fs.dir_meta(i, &e.node) {
                 warn(&e.target, format!("metadata not fully restored: {err}"));
             }
         }
     }
 
-    let mut r = report.into_inner().unwrap_or_else(|p| p.into_inner());
-    r.bytes = written.into_inner();
-    r.errors = errors.into_inner().unwrap_or_else(|p| p.into_inner());
-    r.duration_secs = started.elapsed().as_secs_f64();
-    Ok(r)
+    report.errors = errors;
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -310,6 +329,7 @@ fn plan(
     tree: &BlobId,
     snap_dir: &Path,
     target_dir: &Path,
+    parent: Option<usize>,
     selected: bool,
     inc: &Patterns,
     exc: &Patterns,
@@ -349,6 +369,7 @@ fn plan(
         let subtree = node.subtree;
         out.push(Entry {
             target: target.clone(),
+            parent,
             node,
             needed: sel,
         });
@@ -365,7 +386,18 @@ fn plan(
             if let Some(sub) = subtree {
                 ancestors.push(i);
                 plan(
-                    repo, index, &sub, &snap_path, &target, sel, inc, exc, out, ancestors, budget,
+                    repo,
+                    index,
+                    &sub,
+                    &snap_path,
+                    &target,
+                    Some(i),
+                    sel,
+                    inc,
+                    exc,
+                    out,
+                    ancestors,
+                    budget,
                     errors,
                 )?;
                 ancestors.pop();
@@ -413,153 +445,4 @@ fn unmatched_includes(
         });
     }
     Ok(())
-}
-
-/// Creates a directory, accepting an existing real directory; refuses a
-/// symlink or other file in the way.
-fn ensure_dir(p: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(std::io::Error::new(
-            ErrorKind::AlreadyExists,
-            "a non-directory (possibly a symlink) is in the way; refusing to follow it",
-        )),
-        Err(e) if e.kind() == ErrorKind::NotFound => std::fs::create_dir(p),
-        Err(e) => Err(e),
-    }
-}
-
-/// Removes a file or symlink at `p` so a new entry can be created there.
-/// Never removes directories.
-fn remove_existing(p: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => Err(std::io::Error::new(
-            ErrorKind::AlreadyExists,
-            "a directory is in the way",
-        )),
-        Ok(_) => std::fs::remove_file(p),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-const SPARSE_BLOCK: usize = 4096;
-
-fn restore_file(
-    repo: &Repository,
-    index: &MasterIndex,
-    path: &Path,
-    node: &Node,
-    progress: &Progress,
-) -> Result<()> {
-    remove_existing(path).map_err(|e| EngineError::io("replace", path, e))?;
-    let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(nofollow)
-        .open(path)
-        .map_err(|e| EngineError::io("create", path, e))?;
-    let r = write_content(repo, index, &mut f, path, node, progress);
-    if r.is_err() {
-        // A file that failed must not pass for restored under its real
-        // name: remove what this call created (and only that).
-        drop(f);
-        let _ = std::fs::remove_file(path);
-    }
-    r
-}
-
-fn write_content(
-    repo: &Repository,
-    index: &MasterIndex,
-    f: &mut std::fs::File,
-    path: &Path,
-    node: &Node,
-    progress: &Progress,
-) -> Result<()> {
-    let mut off: u64 = 0;
-    for id in &node.content {
-        let data = repo.read_blob(index, BlobType::Data, id)?;
-        if node.sparse {
-            // Skip all-zero aligned blocks so holes stay holes.
-            for (i, block) in data.chunks(SPARSE_BLOCK).enumerate() {
-                if block.iter().any(|&b| b != 0) {
-                    f.write_all_at(block, off + (i * SPARSE_BLOCK) as u64)
-                        .map_err(|e| EngineError::io("write", path, e))?;
-                }
-            }
-        } else {
-            f.write_all(&data)
-                .map_err(|e| EngineError::io("write", path, e))?;
-        }
-        off += data.len() as u64;
-        Progress::add(&progress.bytes_done, data.len() as u64);
-    }
-    if node.sparse {
-        f.set_len(off)
-            .map_err(|e| EngineError::io("set length", path, e))?;
-    }
-    if off != node.size {
-        return Err(EngineError::corrupt(
-            path.display().to_string(),
-            format!("content is {off} bytes, metadata says {}", node.size),
-        ));
-    }
-    Ok(())
-}
-
-/// Restores a symlink, FIFO or device. Returns false for sockets, which
-/// cannot be recreated meaningfully.
-fn restore_special(path: &Path, node: &Node) -> std::io::Result<bool> {
-    remove_existing(path)?;
-    match node.kind() {
-        NodeKind::Symlink => {
-            std::os::unix::fs::symlink(OsStr::from_bytes(&node.target), path)?;
-        }
-        NodeKind::Fifo | NodeKind::CharDev | NodeKind::BlockDev => {
-            let ft = match node.kind() {
-                NodeKind::Fifo => rustix::fs::FileType::Fifo,
-                NodeKind::CharDev => rustix::fs::FileType::CharacterDevice,
-                _ => rustix::fs::FileType::BlockDevice,
-            };
-            rustix::fs::mknodat(
-                rustix::fs::CWD,
-                path,
-                ft,
-                rustix::fs::Mode::from_raw_mode(0o600),
-                node.rdev as rustix::fs::Dev,
-            )?;
-        }
-        NodeKind::Socket => return Ok(false),
-        NodeKind::File | NodeKind::Dir => return Ok(false),
-    }
-    apply_meta(path, node)?;
-    Ok(true)
-}
-
-/// Applies xattrs, owner (as root), mode (not on symlinks) and times.
-fn apply_meta(path: &Path, node: &Node) -> std::io::Result<()> {
-    let mut first_err = None;
-    if let Err(e) = meta::write_xattrs(path, &node.xattrs) {
-        first_err.get_or_insert(e);
-    }
-    if meta::is_root() {
-        if let Err(e) = meta::set_owner(path, node) {
-            first_err.get_or_insert(e);
-        }
-    }
-    if node.kind() != NodeKind::Symlink {
-        if let Err(e) = meta::set_mode(path, node.mode) {
-            first_err.get_or_insert(e);
-        }
-    }
-    if let Err(e) = meta::set_times(path, node) {
-        first_err.get_or_insert(e);
-    }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
 }

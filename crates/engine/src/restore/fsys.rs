@@ -1,0 +1,395 @@
+//! The restore target, reached only through directory file descriptors.
+//!
+//! Every entry is created and opened relative to its parent directory's
+//! descriptor with `O_NOFOLLOW`, and every directory is opened with
+//! `O_DIRECTORY|O_NOFOLLOW`. So no symlink (planted in the target before the
+//! restore, or swapped in by another process while it runs) can make a
+//! write land outside the target, and no path is ever longer than one name,
+//! so `PATH_MAX` does not limit the depth of what restores.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Error, ErrorKind};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use capsule_format::tree::{Node, NodeKind, Timestamp};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, XattrFlags};
+
+/// Directory descriptors kept open at once. Deeper trees reopen what was
+/// dropped (each open is one `openat` per missing ancestor).
+const MAX_DIR_FDS: usize = 256;
+
+/// Where each planned entry lives: its parent directory (an index into the
+/// same list, `None` for the target itself) and its name.
+pub(super) trait Layout: Sync {
+    fn parent(&self, i: usize) -> Option<usize>;
+    fn name(&self, i: usize) -> &[u8];
+}
+
+/// The target directory and a bounded cache of its subdirectories'
+/// descriptors.
+pub(super) struct Target<'a, L: Layout> {
+    root: Arc<OwnedFd>,
+    layout: &'a L,
+    dirs: Mutex<HashMap<usize, Arc<OwnedFd>>>,
+}
+
+fn dir_flags() -> OFlags {
+    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+fn in_the_way(what: &str) -> Error {
+    Error::new(
+        ErrorKind::AlreadyExists,
+        format!("{what} is in the way; refusing to follow or replace it"),
+    )
+}
+
+impl<'a, L: Layout> Target<'a, L> {
+    /// Opens the target directory, which must already exist. It is opened
+    /// by path once; everything below it by descriptor.
+    pub(super) fn open(path: &Path, layout: &'a L) -> std::io::Result<Self> {
+        let root = rustix::fs::open(path, dir_flags(), Mode::empty())?;
+        Ok(Target {
+            root: Arc::new(root),
+            layout,
+            dirs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The descriptor of directory entry `dir` (`None`: the target).
+    pub(super) fn dir(&self, dir: Option<usize>) -> std::io::Result<Arc<OwnedFd>> {
+        let Some(d) = dir else {
+            return Ok(self.root.clone());
+        };
+        if let Some(fd) = self.lock().get(&d) {
+            return Ok(fd.clone());
+        }
+        let parent = self.dir(self.layout.parent(d))?;
+        let fd = Arc::new(rustix::fs::openat(
+            &*parent,
+            OsStr::from_bytes(self.layout.name(d)),
+            dir_flags(),
+            Mode::empty(),
+        )?);
+        let mut cache = self.lock();
+        if cache.len() >= MAX_DIR_FDS {
+            cache.clear();
+        }
+        cache.insert(d, fd.clone());
+        Ok(fd)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Arc<OwnedFd>>> {
+        self.dirs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn at(&self, i: usize) -> std::io::Result<(Arc<OwnedFd>, &OsStr)> {
+        Ok((
+            self.dir(self.layout.parent(i))?,
+            OsStr::from_bytes(self.layout.name(i)),
+        ))
+    }
+
+    /// Creates directory `i`, accepting a real directory already there and
+    /// refusing anything else (a symlink above all).
+    pub(super) fn mkdir(&self, i: usize) -> std::io::Result<()> {
+        let (p, name) = self.at(i)?;
+        match rustix::fs::mkdirat(&*p, name, Mode::from_raw_mode(0o700)) {
+            Ok(()) => Ok(()),
+            Err(e) if e == rustix::io::Errno::EXIST => {
+                let st = rustix::fs::statat(&*p, name, AtFlags::SYMLINK_NOFOLLOW)?;
+                if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+                    Ok(())
+                } else {
+                    Err(in_the_way("a non-directory (possibly a symlink)"))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes what is at entry `i`'s place, unless it is a directory.
+    pub(super) fn remove_existing(&self, i: usize) -> std::io::Result<()> {
+        let (p, name) = self.at(i)?;
+        match rustix::fs::statat(&*p, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+                Err(in_the_way("a directory"))
+            }
+            Ok(_) => Ok(rustix::fs::unlinkat(&*p, name, AtFlags::empty())?),
+            Err(e) if e == rustix::io::Errno::NOENT => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Creates regular file `i` afresh (replacing a file or symlink in its
+    /// place) with its final length, and returns it with its identity.
+    pub(super) fn create_file(&self, i: usize, len: u64) -> std::io::Result<(File, FileId)> {
+        self.remove_existing(i)?;
+        let (p, name) = self.at(i)?;
+        let fd = rustix::fs::openat(
+            &*p,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )?;
+        let f = File::from(fd);
+        // The final length first: sparse files keep their holes, and the
+        // blobs can then be written in any order.
+        f.set_len(len)?;
+        let id = FileId::of(&f)?;
+        Ok((f, id))
+    }
+
+    /// Opens file `i` again for writing, only if it is still the file this
+    /// restore created.
+    pub(super) fn reopen_file(&self, i: usize, id: FileId) -> std::io::Result<File> {
+        let (p, name) = self.at(i)?;
+        let fd = rustix::fs::openat(
+            &*p,
+            name,
+            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let f = File::from(fd);
+        if FileId::of(&f)? != id {
+            return Err(in_the_way("another file (replaced during the restore)"));
+        }
+        Ok(f)
+    }
+
+    /// Removes file `i` if it is still the one this restore created.
+    pub(super) fn remove_file(&self, i: usize, id: FileId) -> std::io::Result<()> {
+        let (p, name) = self.at(i)?;
+        let st = rustix::fs::statat(&*p, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        if (st.st_dev as u64, st.st_ino as u64) == (id.dev, id.ino) {
+            rustix::fs::unlinkat(&*p, name, AtFlags::empty())?;
+        }
+        Ok(())
+    }
+
+    /// Makes entry `i` a hard link to file `to`.
+    pub(super) fn hard_link(&self, to: usize, i: usize) -> std::io::Result<()> {
+        self.remove_existing(i)?;
+        let (tp, tname) = self.at(to)?;
+        let (p, name) = self.at(i)?;
+        // Flags 0: a symlink at the source is linked, never followed.
+        rustix::fs::linkat(&*tp, tname, &*p, name, AtFlags::empty())?;
+        Ok(())
+    }
+
+    /// Restores a symlink, FIFO or device with its metadata. Returns false
+    /// for sockets, which cannot be recreated meaningfully.
+    pub(super) fn special(&self, i: usize, node: &Node) -> std::io::Result<bool> {
+        let ft = match node.kind() {
+            NodeKind::Symlink => None,
+            NodeKind::Fifo => Some(FileType::Fifo),
+            NodeKind::CharDev => Some(FileType::CharacterDevice),
+            NodeKind::BlockDev => Some(FileType::BlockDevice),
+            NodeKind::Socket | NodeKind::File | NodeKind::Dir => return Ok(false),
+        };
+        self.remove_existing(i)?;
+        let (p, name) = self.at(i)?;
+        match ft {
+            None => rustix::fs::symlinkat(OsStr::from_bytes(&node.target), &*p, name)?,
+            Some(ft) => rustix::fs::mknodat(
+                &*p,
+                name,
+                ft,
+                Mode::from_raw_mode(0o600),
+                node.rdev as rustix::fs::Dev,
+            )?,
+        }
+        self.meta_at(i, node)?;
+        Ok(true)
+    }
+
+    /// Applies a symlink's or special file's metadata by name, never
+    /// following a link. (Opening a FIFO or device to use its descriptor
+    /// could block or have effects.)
+    fn meta_at(&self, i: usize, node: &Node) -> std::io::Result<()> {
+        let (p, name) = self.at(i)?;
+        let mut first = None;
+        // An O_PATH descriptor of the entry itself: the kernel's
+        // /proc/self/fd link to it names exactly that inode.
+        let fd = rustix::fs::openat(
+            &*p,
+            name,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        for (k, v) in &node.xattrs {
+            if let Err(e) = rustix::fs::lsetxattr(&proc, &k[..], v, XattrFlags::empty()) {
+                first.get_or_insert(e.into());
+            }
+        }
+        if crate::meta::is_root() {
+            let r = rustix::fs::chownat(
+                &*p,
+                name,
+                Some(rustix::fs::Uid::from_raw(node.uid)),
+                Some(rustix::fs::Gid::from_raw(node.gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            );
+            if let Err(e) = r {
+                first.get_or_insert(e.into());
+            }
+        }
+        if node.kind() != NodeKind::Symlink {
+            // chmod through the O_PATH descriptor's /proc link acts on the
+            // special file itself (fchmod refuses O_PATH descriptors).
+            if let Err(e) = rustix::fs::chmod(&proc, Mode::from_raw_mode(node.mode & 0o7777)) {
+                first.get_or_insert(e.into());
+            }
+        }
+        if let Err(e) = rustix::fs::utimensat(&*p, name, &times(node), AtFlags::SYMLINK_NOFOLLOW) {
+            first.get_or_insert(e.into());
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Applies directory `i`'s metadata through its descriptor.
+    pub(super) fn dir_meta(&self, i: usize, node: &Node) -> std::io::Result<()> {
+        let fd = self.dir(Some(i))?;
+        apply_fd_meta(&*fd, node)
+    }
+}
+
+/// Which inode a created file is, so it is never confused with a file
+/// another process put in its place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    fn of(f: &File) -> std::io::Result<Self> {
+        let st = rustix::fs::fstat(f)?;
+        Ok(FileId {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+        })
+    }
+}
+
+fn ts(t: Timestamp) -> Timespec {
+    Timespec {
+        tv_sec: t.secs,
+        tv_nsec: t.nanos as _,
+    }
+}
+
+fn times(node: &Node) -> Timestamps {
+    Timestamps {
+        last_access: ts(node.atime),
+        last_modification: ts(node.mtime),
+    }
+}
+
+/// Applies xattrs, owner (as root), mode and times to an open file or
+/// directory. Times go last: the others would change ctime only, but
+/// writing xattrs can touch mtime on some file systems.
+pub(super) fn apply_fd_meta(fd: impl AsFd, node: &Node) -> std::io::Result<()> {
+    let fd = fd.as_fd();
+    let mut first: Option<Error> = None;
+    for (k, v) in &node.xattrs {
+        if let Err(e) = rustix::fs::fsetxattr(fd, &k[..], v, XattrFlags::empty()) {
+            first.get_or_insert(e.into());
+        }
+    }
+    if crate::meta::is_root() {
+        let r = rustix::fs::fchown(
+            fd,
+            Some(rustix::fs::Uid::from_raw(node.uid)),
+            Some(rustix::fs::Gid::from_raw(node.gid)),
+        );
+        if let Err(e) = r {
+            first.get_or_insert(e.into());
+        }
+    }
+    if let Err(e) = rustix::fs::fchmod(fd, Mode::from_raw_mode(node.mode & 0o7777)) {
+        first.get_or_insert(e.into());
+    }
+    if let Err(e) = rustix::fs::futimens(fd, &times(node)) {
+        first.get_or_insert(e.into());
+    }
+    first.map_or(Ok(()), Err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Entry 0 is directory "d" in the target, entry 1 file "f" in it.
+    struct Two;
+    impl Layout for Two {
+        fn parent(&self, i: usize) -> Option<usize> {
+            (i == 1).then_some(0)
+        }
+        fn name(&self, i: usize) -> &[u8] {
+            [b"d", b"f"][i]
+        }
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_symlink_after_creation_is_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let (target, outside) = (t.path().join("target"), t.path().join("outside"));
+        std::fs::create_dir_all(&target).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let fs = Target::open(&target, &Two).unwrap();
+        fs.mkdir(0).unwrap();
+        // Another process swaps the new directory for a symlink to outside.
+        std::fs::rename(target.join("d"), t.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, target.join("d")).unwrap();
+        let err = fs.create_file(1, 5).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc_eloop_or_enotdir(&err)));
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // The same swap once the directory is open: the write lands in the
+        // directory that was created (wherever it was moved), never
+        // through the symlink.
+        std::fs::remove_file(target.join("d")).unwrap();
+        std::fs::rename(t.path().join("moved"), target.join("d")).unwrap();
+        let fs = Target::open(&target, &Two).unwrap();
+        let _ = fs.dir(Some(0)).unwrap();
+        std::fs::rename(target.join("d"), t.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(&outside, target.join("d")).unwrap();
+        let (mut f, _) = fs.create_file(1, 0).unwrap();
+        f.write_all(b"x").unwrap();
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        assert!(t.path().join("moved/f").exists());
+    }
+
+    fn libc_eloop_or_enotdir(e: &Error) -> i32 {
+        // openat(O_DIRECTORY|O_NOFOLLOW) on a symlink: ELOOP (or ENOTDIR
+        // on some kernels).
+        match e.raw_os_error() {
+            Some(n) if n == rustix::io::Errno::NOTDIR.raw_os_error() => n,
+            _ => rustix::io::Errno::LOOP.raw_os_error(),
+        }
+    }
+
+    #[test]
+    fn a_file_replaced_by_another_is_not_reopened_or_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("target");
+        std::fs::create_dir_all(target.join("d")).unwrap();
+        let fs = Target::open(&target, &Two).unwrap();
+        let (_, id) = fs.create_file(1, 3).unwrap();
+        std::fs::remove_file(target.join("d/f")).unwrap();
+        std::fs::write(target.join("d/f"), b"someone else's").unwrap();
+        assert!(fs.reopen_file(1, id).is_err());
+        fs.remove_file(1, id).unwrap();
+        assert_eq!(
+            std::fs::read(target.join("d/f")).unwrap(),
+            b"someone else's"
+        );
+    }
+}
