@@ -447,6 +447,42 @@ pub struct RestoreArgs {
     /// Skip entries matching this glob, with everything below them.
     #[arg(short, long = "exclude", value_name = "PATTERN")]
     excludes: Vec<String>,
+    /// What to do with a file already in the target: if-changed keeps one
+    /// whose size and mtime (with --verify: content) match the snapshot, so
+    /// restoring again, or after an interrupted restore, fetches only what
+    /// differs; if-newer also keeps files newer than the snapshot's.
+    #[arg(long, value_enum, default_value_t = OverwriteArg::IfChanged)]
+    overwrite: OverwriteArg,
+    /// Remove files and directories the snapshot does not have from every
+    /// directory restored whole, so the target equals the snapshot
+    /// (excluded names are left alone).
+    #[arg(long)]
+    delete: bool,
+    /// Compare files already in the target by content, and read back every
+    /// file written to check it against the snapshot.
+    #[arg(long)]
+    verify: bool,
+}
+
+/// `restore --overwrite` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum OverwriteArg {
+    Always,
+    IfChanged,
+    IfNewer,
+    Never,
+}
+
+impl From<OverwriteArg> for capsule_engine::restore::Overwrite {
+    fn from(o: OverwriteArg) -> Self {
+        use capsule_engine::restore::Overwrite as O;
+        match o {
+            OverwriteArg::Always => O::Always,
+            OverwriteArg::IfChanged => O::IfChanged,
+            OverwriteArg::IfNewer => O::IfNewer,
+            OverwriteArg::Never => O::Never,
+        }
+    }
 }
 
 pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
@@ -464,6 +500,9 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
         excludes: a.excludes,
         max_entries: treewalk::entry_budget(&snap),
         connections: 0,
+        overwrite: a.overwrite.into(),
+        delete: a.delete,
+        verify: a.verify,
     };
     let r = capsule_engine::restore::restore(&repo, &index, &root_of(&snap)?, &opts, &progress);
     drop(bar);
@@ -486,6 +525,33 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
         bytes(r.bytes),
         r.duration_secs
     ));
+    let mut also = Vec::new();
+    if r.unchanged > 0 {
+        also.push(format!("{} files already there unchanged", r.unchanged));
+    }
+    if r.kept > 0 {
+        also.push(format!("{} entries kept (--overwrite)", r.kept));
+    }
+    if r.deleted > 0 {
+        also.push(format!("{} entries deleted (--delete)", r.deleted));
+    }
+    if a.verify {
+        also.push(format!("{} files verified", r.verified));
+    }
+    if !also.is_empty() {
+        out.say(also.join(", "));
+    }
+    let f = &r.fetch;
+    if f.requests > 0 {
+        out.say(format!(
+            "fetched {} in {} requests from {} packs ({} needed), {} at once",
+            bytes(f.bytes_fetched),
+            f.requests,
+            f.packs,
+            bytes(f.bytes_needed),
+            f.workers
+        ));
+    }
     if r.errors.is_empty() {
         Ok(exit::OK)
     } else {

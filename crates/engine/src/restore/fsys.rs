@@ -172,6 +172,49 @@ impl<'a, L: Layout> Target<'a, L> {
         Ok(())
     }
 
+    /// What is at entry `i`'s place now (not following a symlink), if
+    /// anything.
+    pub(super) fn stat(&self, i: usize) -> std::io::Result<Option<rustix::fs::Stat>> {
+        let (p, name) = self.at(i)?;
+        match rustix::fs::statat(&*p, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(Some(st)),
+            Err(e) if e == rustix::io::Errno::NOENT => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Opens regular file `i` for reading, never through a symlink.
+    pub(super) fn open_read(&self, i: usize) -> std::io::Result<File> {
+        let (p, name) = self.at(i)?;
+        let fd = rustix::fs::openat(
+            &*p,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(File::from(fd))
+    }
+
+    /// Names in directory `dir` (`None`: the target), without `.` and `..`.
+    pub(super) fn list(&self, dir: Option<usize>) -> std::io::Result<Vec<Vec<u8>>> {
+        let fd = self.dir(dir)?;
+        let mut out = Vec::new();
+        for e in rustix::fs::Dir::read_from(&*fd)? {
+            let name = e?.file_name().to_bytes().to_vec();
+            if name != b"." && name != b".." {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes `name` from directory `dir` and, if it is a directory,
+    /// everything below it, all by descriptor. Returns the entries removed.
+    pub(super) fn remove_all(&self, dir: Option<usize>, name: &[u8]) -> std::io::Result<u64> {
+        let p = self.dir(dir)?;
+        remove_all_at(&p, OsStr::from_bytes(name), 0)
+    }
+
     /// Makes entry `i` a hard link to file `to`.
     pub(super) fn hard_link(&self, to: usize, i: usize) -> std::io::Result<()> {
         self.remove_existing(i)?;
@@ -258,6 +301,35 @@ impl<'a, L: Layout> Target<'a, L> {
         let fd = self.dir(Some(i))?;
         apply_fd_meta(&*fd, node)
     }
+}
+
+/// Depth below which `remove_all` refuses to go (a crafted or looping
+/// tree would otherwise exhaust the stack).
+const MAX_REMOVE_DEPTH: usize = 512;
+
+fn remove_all_at(parent: &OwnedFd, name: &OsStr, depth: usize) -> std::io::Result<u64> {
+    let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        rustix::fs::unlinkat(parent, name, AtFlags::empty())?;
+        return Ok(1);
+    }
+    if depth >= MAX_REMOVE_DEPTH {
+        return Err(Error::other("directory tree too deep to remove"));
+    }
+    let fd = rustix::fs::openat(parent, name, dir_flags(), Mode::empty())?;
+    let mut names = Vec::new();
+    for e in rustix::fs::Dir::read_from(&fd)? {
+        let n = e?.file_name().to_bytes().to_vec();
+        if n != b"." && n != b".." {
+            names.push(n);
+        }
+    }
+    let mut removed = 0;
+    for n in names {
+        removed += remove_all_at(&fd, OsStr::from_bytes(&n), depth + 1)?;
+    }
+    rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    Ok(removed + 1)
 }
 
 /// Which inode a created file is, so it is never confused with a file

@@ -2,12 +2,12 @@
 //!
 //! Safety: entry names are validated when trees are decoded (single
 //! components, no `..`), and every entry is created relative to its parent
-//! directory's descriptor with `O_NOFOLLOW` ([`fsys`]), so nothing a
+//! directory's descriptor with `O_NOFOLLOW` (module `fsys`), so nothing a
 //! repository contains, and no symlink another process swaps in while the
 //! restore runs, can make restore write outside the target.
 //!
 //! Order: directories (pre-order), then file contents pack by pack with
-//! many reads in flight ([`fetch`]), then symlinks/specials and hard links,
+//! many reads in flight (module `fetch`), then symlinks/specials and hard links,
 //! then directory metadata deepest first (so restoring children does not
 //! disturb their parent's times or a read-only mode).
 
@@ -47,6 +47,31 @@ pub struct RestoreOptions {
     pub max_entries: u64,
     /// Reads in flight at once; 0 picks the destination's concurrency.
     pub connections: usize,
+    /// What to do with a file already in the target.
+    pub overwrite: Overwrite,
+    /// Remove what the target holds beyond the snapshot, in every
+    /// directory restored whole, so the target equals the snapshot.
+    pub delete: bool,
+    /// Recognise unchanged files by content rather than size and mtime,
+    /// and read back every file written to compare it with the snapshot.
+    pub verify: bool,
+}
+
+/// What restore does with a file already in its place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overwrite {
+    /// Always write the snapshot's version.
+    Always,
+    /// Keep a file whose size and mtime (or content, with `verify`) match
+    /// the snapshot's; write the rest. A second restore into the same
+    /// target, or one restarted after a kill, fetches only what differs.
+    #[default]
+    IfChanged,
+    /// Like `IfChanged`, but also keep a file newer than the snapshot's.
+    IfNewer,
+    /// Never replace anything already in the target.
+    Never,
 }
 
 /// What a restore did.
@@ -60,6 +85,15 @@ pub struct RestoreReport {
     pub others: u64,
     /// Bytes of file content written.
     pub bytes: u64,
+    /// Files already in the target as the snapshot has them, left alone.
+    pub unchanged: u64,
+    /// Entries left alone by the overwrite policy although they differ.
+    pub kept: u64,
+    /// Entries removed by `delete` (counting everything below a removed
+    /// directory).
+    pub deleted: u64,
+    /// Files read back and found identical to the snapshot (`verify`).
+    pub verified: u64,
     /// Wall-clock seconds.
     pub duration_secs: f64,
     /// Entries that could not be restored.
@@ -112,6 +146,9 @@ struct Entry {
     parent: Option<usize>,
     node: Node,
     needed: bool,
+    /// Selected itself (not only needed to hold something selected): a
+    /// directory selected is restored whole.
+    whole: bool,
 }
 
 struct Entries(Vec<Entry>);
@@ -239,6 +276,33 @@ pub fn restore(
             _ => others.push(i),
         }
     }
+    // Files already in place are kept as the policy says; only the rest
+    // is fetched.
+    let mut keep = |f: &fetch::FileJob| -> bool {
+        let e = &entries[f.entry];
+        match existing(repo, index, &fs, f.entry, &e.node, opts) {
+            Existing::Same => {
+                report.unchanged += 1;
+                Progress::add(&progress.files_done, 1);
+                Progress::add(&progress.bytes_done, e.node.size);
+                // Owner, mode and xattrs may still differ.
+                if let Err(err) = fs
+                    .open_read(f.entry)
+                    .and_then(|h| fsys::apply_fd_meta(&h, &e.node))
+                {
+                    warn(&e.target, format!("metadata not fully restored: {err}"));
+                }
+                true
+            }
+            Existing::KeptByPolicy => {
+                report.kept += 1;
+                Progress::add(&progress.files_done, 1);
+                true
+            }
+            Existing::Replace => false,
+        }
+    };
+    files.retain(|f| !keep(f));
     let workers = match opts.connections {
         0 => {
             let caps = repo.backend().capabilities();
@@ -263,8 +327,17 @@ pub fn restore(
         &mut report.fetch,
     )?;
     let mut failed: std::collections::HashSet<usize> = Default::default();
-    for (f, o) in files.iter().zip(outcomes) {
+    for (f, mut o) in files.iter().zip(outcomes) {
         let e = &entries[f.entry];
+        if opts.verify && o.is_ok() {
+            match same_content(repo, index, &fs, f.entry, &e.node) {
+                Ok(true) => report.verified += 1,
+                Ok(false) => {
+                    o = Err("verification failed: what was written differs from the snapshot (disk or memory error?)".into())
+                }
+                Err(err) => o = Err(format!("verification failed: cannot read it back: {err}")),
+            }
+        }
         match o {
             Ok(meta_warning) => {
                 report.files += 1;
@@ -286,6 +359,10 @@ pub fn restore(
     // 3. Symlinks, specials, hard links.
     for &i in &others {
         let e = &entries[i];
+        if opts.overwrite == Overwrite::Never && matches!(fs.stat(i), Ok(Some(_))) {
+            report.kept += 1;
+            continue;
+        }
         match fs.special(i, &e.node) {
             Ok(true) => report.others += 1,
             Ok(false) => {}
@@ -294,6 +371,10 @@ pub fn restore(
     }
     for &(l, i) in &links {
         let e = &entries[i];
+        if opts.overwrite == Overwrite::Never && matches!(fs.stat(i), Ok(Some(_))) {
+            report.kept += 1;
+            continue;
+        }
         if failed.contains(&l) {
             warn(
                 &e.target,
@@ -307,7 +388,58 @@ pub fn restore(
         }
     }
 
-    // 4. Directory metadata, deepest first.
+    // 4. With `delete`, what the snapshot lacks goes from every directory
+    // restored whole (and from the target itself on a full restore).
+    // Excluded names stay: the user kept them out of the restore, not out
+    // of the target.
+    if opts.delete {
+        let mut children: HashMap<Option<usize>, std::collections::HashSet<&[u8]>> = HashMap::new();
+        for e in entries {
+            children.entry(e.parent).or_default().insert(&e.node.name);
+        }
+        let mut dirs: Vec<Option<usize>> = Vec::new();
+        if inc.empty {
+            dirs.push(None);
+        }
+        dirs.extend(
+            (0..entries.len())
+                .filter(|&i| dir_ok[i] && entries[i].whole)
+                .map(Some),
+        );
+        for d in dirs {
+            let (shown, snap_dir) = match d {
+                None => (target.clone(), PathBuf::from("/")),
+                Some(i) => (
+                    entries[i].target.clone(),
+                    Path::new("/").join(entries[i].target.strip_prefix(&target).unwrap_or(&target)),
+                ),
+            };
+            let names = match fs.list(d) {
+                Ok(n) => n,
+                Err(err) => {
+                    warn(&shown, format!("cannot list for --delete: {err}"));
+                    continue;
+                }
+            };
+            let keep = children.get(&d);
+            for n in names {
+                if keep.is_some_and(|k| k.contains(&n[..]))
+                    || (!exc.empty && exc.matches(&snap_dir.join(OsStr::from_bytes(&n)), &n))
+                {
+                    continue;
+                }
+                match fs.remove_all(d, &n) {
+                    Ok(k) => report.deleted += k,
+                    Err(err) => warn(
+                        &shown.join(OsStr::from_bytes(&n)),
+                        format!("not deleted: {err}"),
+                    ),
+                }
+            }
+        }
+    }
+
+    // 5. Directory metadata, deepest first.
     for (i, e) in entries.iter().enumerate().rev() {
         if dir_ok[i] {
             report.dirs += 1;
@@ -372,6 +504,7 @@ fn plan(
             parent,
             node,
             needed: sel,
+            whole: sel,
         });
         if sel {
             // Everything above a selected entry is needed to hold it.
@@ -445,4 +578,80 @@ fn unmatched_includes(
         });
     }
     Ok(())
+}
+
+enum Existing {
+    /// Nothing in the way, or something to replace.
+    Replace,
+    /// The snapshot's file is already there.
+    Same,
+    /// Something else is there, and the policy keeps it.
+    KeptByPolicy,
+}
+
+/// What is at file entry `i`'s place, judged by the overwrite policy.
+fn existing<L: fsys::Layout>(
+    repo: &Repository,
+    index: &MasterIndex,
+    fs: &fsys::Target<'_, L>,
+    i: usize,
+    node: &Node,
+    opts: &RestoreOptions,
+) -> Existing {
+    let Ok(Some(st)) = fs.stat(i) else {
+        // Nothing there (or it cannot be looked at: creating it will say
+        // why).
+        return Existing::Replace;
+    };
+    if opts.overwrite == Overwrite::Always {
+        return Existing::Replace;
+    }
+    let is_file =
+        rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile;
+    let mtime = (st.st_mtime, st.st_mtime_nsec as u32);
+    let snap_mtime = (node.mtime.secs, node.mtime.nanos);
+    let same = is_file
+        && if opts.verify {
+            same_content(repo, index, fs, i, node).unwrap_or(false)
+        } else {
+            st.st_size as u64 == node.size && mtime == snap_mtime
+        };
+    let newer = is_file && mtime > snap_mtime;
+    if same {
+        Existing::Same
+    } else if opts.overwrite == Overwrite::Never || (opts.overwrite == Overwrite::IfNewer && newer)
+    {
+        Existing::KeptByPolicy
+    } else {
+        Existing::Replace
+    }
+}
+
+/// Whether file entry `i` holds exactly the snapshot's content: each blob's
+/// span hashes to its ID, and nothing follows the last.
+fn same_content<L: fsys::Layout>(
+    repo: &Repository,
+    index: &MasterIndex,
+    fs: &fsys::Target<'_, L>,
+    i: usize,
+    node: &Node,
+) -> std::io::Result<bool> {
+    use std::io::Read;
+    let mut f = std::io::BufReader::with_capacity(1 << 20, fs.open_read(i)?);
+    let mut buf = Vec::new();
+    for id in &node.content {
+        let Some(loc) = index.get(id) else {
+            return Ok(false);
+        };
+        buf.resize(loc.raw_length as usize, 0);
+        match f.read_exact(&mut buf) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        if repo.key().blob_id(&buf) != *id {
+            return Ok(false);
+        }
+    }
+    Ok(f.read(&mut [0u8; 1])? == 0)
 }

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Restore benchmark: capsule against restic, borg and rsync, restoring the
+# same data from the same real servers (Samba, OpenSSH, MinIO on loopback)
+# at each RTT (Toxiproxy), all in one run. Prints a Markdown table.
+#
+#   bench/restore.sh [--rtt "2 10"] [--small N] [--big MIB] [--toolchain] [--output FILE]
+#
+# Data: N × 64 KiB random files plus one file of MIB MiB (defaults 4,000 and
+# 200: 450 MiB), or with --toolchain ~/.rustup/toolchains.
+# Every restore goes into a fresh directory on the same disk with a cold
+# capsule cache (`--no-cache`), so tree packs are fetched too, as on a new
+# laptop. Wall time, MB/s and peak RSS come from GNU time; capsule's
+# requests and bytes fetched from its --json report.
+# Needs root (apt-get for restic, borgbackup, rclone, rsync).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rtts="2 10" output="" small_n=4000 big_mib=200 toolchain=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rtt) rtts=$2; shift ;;
+    --small) small_n=$2; shift ;;
+    --big) big_mib=$2; shift ;;
+    --toolchain) toolchain=1 ;;
+    --output) output=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+missing=()
+for p in restic:restic borg:borgbackup rclone:rclone rsync:rsync /usr/bin/time:time; do
+  command -v "${p%%:*}" >/dev/null || missing+=("${p#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cargo build --release -q -p capsule
+capsule=$PWD/target/release/capsule
+work=$(mktemp -d /tmp/capsule-restorebench.XXXXXX)
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+use_servers
+
+export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench BORG_PASSPHRASE=bench
+export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
+export CAPSULE_SFTP_KEY=$CAPSULE_TEST_SFTP_KEY
+export AWS_ACCESS_KEY_ID=$CAPSULE_TEST_S3_KEY AWS_SECRET_ACCESS_KEY=$CAPSULE_TEST_S3_SECRET
+export BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK=yes BORG_RELOCATED_REPO_ACCESS_IS_OK=yes
+ssh_opts="-i $CAPSULE_TEST_SFTP_KEY -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+export BORG_RSH="ssh $ssh_opts"
+smb_dir=$CAPSULE_TEST_SMB_DIR sftp_dir=$CAPSULE_TEST_SFTP_DIR
+
+data=$work/data
+if [ "$toolchain" = 1 ]; then
+  cp -a "$HOME/.rustup/toolchains" "$data"
+else
+  python3 - "$data" "$small_n" "$big_mib" <<'EOF'
+import os, sys, random
+root, n, big = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rnd = random.Random(7)
+for i in range(n):
+    d = os.path.join(root, f"d{i // 500:03d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i:05d}.bin"), "wb") as f:
+        f.write(rnd.randbytes(64 * 1024))
+with open(os.path.join(root, "big.bin"), "wb") as f:
+    for _ in range(big):
+        f.write(rnd.randbytes(1 << 20))
+EOF
+fi
+files=$(find "$data" -type f | wc -l)
+bytes=$(du -sb "$data" | cut -f1)
+sync
+
+rows=()
+n=0
+fresh() { n=$((n + 1)); r="${work##*.}-r$n"; out=$work/out-$n; }
+
+# measure DEST RTT TOOL CMD...: restores with CMD into $out, checks the
+# result against the source, records wall, MB/s, peak RSS and $extra.
+extra=""
+measure() {
+  local dest=$1 rtt=$2 tool=$3; shift 3
+  mkdir -p "$out"
+  if ! /usr/bin/time -f "%e %M" -o "$work/time" "$@" >"$work/last.log" 2>&1; then
+    echo "  FAILED: $tool $dest $rtt" >&2; tail -5 "$work/last.log" >&2
+    rows+=("$dest|$rtt|$tool|failed|—|—|—"); return 0
+  fi
+  local wall rss
+  read -r wall rss <"$work/time"
+  # Every tool restores the absolute source path below its target.
+  local got; got=$(find "$out" -type d -path "*${data}" | head -1)
+  if [ -z "$got" ] || ! diff -rq "$data" "$got" >/dev/null; then
+    echo "  WRONG OUTPUT: $tool $dest $rtt" >&2
+    rows+=("$dest|$rtt|$tool|wrong output|—|—|—"); rm -rf "$out"; return 0
+  fi
+  local mbs; mbs=$(python3 -c "print(f'{$bytes / 1e6 / max($wall, 1e-9):.0f}')")
+  rows+=("$dest|$rtt|$tool|$wall|$mbs|$((rss / 1024))|$extra")
+  echo "  $dest $rtt ms $tool: $wall s, $mbs MB/s, $((rss / 1024)) MiB" >&2
+  rm -rf "$out"; sync
+  extra=""
+}
+
+# capsule_restore DEST RTT URL: backup, then a cold restore with --json.
+capsule_restore() {
+  "$capsule" -r "$3" -q init && "$capsule" -r "$3" -q backup "$data"
+  fresh
+  measure "$1" "$2" capsule "$capsule" -r "$3" --no-cache --json restore latest -t "$out"
+  extra=$(python3 - "$work/last.log" <<'EOF' || true
+import json, sys
+s = open(sys.argv[1]).read()
+f = json.JSONDecoder().raw_decode(s[s.index("{"):])[0]["fetch"]
+print(f"{f['requests']} requests, {f['bytes_fetched'] / f['bytes_needed']:.2f}× fetched/needed")
+EOF
+)
+  # measure() cleared $extra before this; put it on the row just added.
+  [ -n "$extra" ] && rows[-1]="${rows[-1]}$extra"
+  extra=""
+}
+
+restic_restore() { # DEST RTT REPO [restic args...]
+  local dest=$1 rtt=$2 repo=$3; shift 3
+  restic "$@" -r "$repo" init -q >/dev/null 2>&1
+  restic "$@" -r "$repo" backup -q "$data" >/dev/null
+  fresh
+  measure "$dest" "$rtt" restic restic "$@" -r "$repo" restore latest -q --target "$out"
+}
+
+# Local disk: the reference.
+fresh; capsule_restore local 0 "$work/capsule-local"
+restic_restore local 0 "$work/restic-local"
+fresh; borg init -e repokey-blake2 "$work/borg-local" 2>/dev/null; borg create "$work/borg-local::a" "$data"
+fresh; measure local 0 borg sh -c "cd '$out' && borg extract '$work/borg-local::a'"
+rm -rf "$work"/capsule-local "$work"/restic-local "$work"/borg-local
+
+for rtt in $rtts; do
+  proxies "restore-$rtt" "$rtt"
+  # SMB
+  fresh; mkdir -p "$smb_dir/$r"; capsule_restore SMB "$rtt" "smb://backup@$smb/backup/$r"
+  rm -rf "${smb_dir:?}/$r"
+  export RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${smb%:*} RCLONE_CONFIG_NAS_PORT=${smb#*:} \
+    RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD")
+  fresh; mkdir -p "$smb_dir/$r"; restic_restore SMB "$rtt" "rclone:nas:backup/$r"
+  rows[-1]=${rows[-1]/|restic|/|restic (rclone)|}
+  rm -rf "${smb_dir:?}/$r"
+  # SFTP
+  fresh; capsule_restore SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r"
+  rm -rf "${sftp_dir:?}/$r"
+  fresh; restic_restore SFTP "$rtt" "sftp:root@${sftp%:*}:$sftp_dir/$r" \
+    -o sftp.command="ssh $ssh_opts -p ${sftp#*:} root@${sftp%:*} -s sftp"
+  rm -rf "${sftp_dir:?}/$r"
+  fresh; borg init -e repokey-blake2 "ssh://root@$sftp$sftp_dir/$r" 2>/dev/null
+  borg create "ssh://root@$sftp$sftp_dir/$r::a" "$data"
+  repo="ssh://root@$sftp$sftp_dir/$r::a"; fresh
+  measure SFTP "$rtt" "borg (ssh)" sh -c "cd '$out' && borg extract '$repo'"
+  rm -rf "${sftp_dir:?}/${repo##*/}"
+  # rsync pulls the plain tree: no decryption, no packs; a ceiling.
+  fresh; mkdir -p "$sftp_dir/$r$(dirname "$data")"; cp -a "$data" "$sftp_dir/$r$(dirname "$data")/"
+  src=$r; fresh
+  measure SFTP "$rtt" "rsync over ssh (plain files)" \
+    rsync -a -e "ssh $ssh_opts -p ${sftp#*:}" "root@${sftp%:*}:$sftp_dir/$src/" "$out/"
+  rm -rf "${sftp_dir:?}/$src"
+  # S3
+  fresh; capsule_restore S3 "$rtt" "s3+http://$s3/capsule-test/$r"
+  fresh; restic_restore S3 "$rtt" "s3:http://$s3/capsule-test/$r"
+done
+
+{
+  echo "Data: $files files, $((bytes / 1048576)) MiB. Machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; servers on loopback; RTT added by Toxiproxy."
+  echo "Versions: $("$capsule" --version); $(restic version | head -1); $(borg --version); $(rclone version | head -1); $(rsync --version | head -1)"
+  echo
+  echo "| destination | RTT ms | tool | restore s | MB/s | peak RSS MiB | capsule fetches |"
+  echo "|---|---:|---|---:|---:|---:|---|"
+  for row in "${rows[@]}"; do
+    IFS='|' read -r d rtt tool wall mbs rss ex <<<"$row"
+    echo "| $d | $rtt | $tool | $wall | $mbs | $rss | ${ex:-} |"
+  done
+} | tee "${output:-/dev/null}"
