@@ -544,12 +544,21 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
     let f = &r.fetch;
     if f.requests > 0 {
         out.say(format!(
-            "fetched {} in {} requests from {} packs ({} needed), {} at once",
+            "fetched {} in {} requests from {} of {} packs ({} needed), {} at once",
             bytes(f.bytes_fetched),
             f.requests,
             f.packs,
+            f.packs_in_repository,
             bytes(f.bytes_needed),
             f.workers
+        ));
+        out.say(format!(
+            "bound: {} ({})",
+            serde_json::to_value(&f.bound.kind)?
+                .as_str()
+                .unwrap_or("?")
+                .replace('_', " "),
+            f.bound.evidence
         ));
     }
     if r.errors.is_empty() {

@@ -209,6 +209,14 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     if let Some(code) = backend_error(e).and_then(destination_exit_code) {
         return code;
     }
+    if let Some(EngineError::Io { source, .. }) = e.downcast_ref::<EngineError>() {
+        if matches!(
+            source.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        ) {
+            return exit::FULL;
+        }
+    }
     match e.downcast_ref::<EngineError>() {
         Some(EngineError::WrongPassword { .. }) => exit::PASSWORD,
         Some(
@@ -280,6 +288,14 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
         EngineError::Corrupt { .. } | EngineError::MissingBlob(_) => Some(
             "run `capsule check --read-data` to see what is damaged and which files it affects",
         ),
+        EngineError::Io { op: "write", source, .. }
+            if matches!(
+                source.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ) =>
+        {
+            Some("the disk being written to is full; free space and run the command again (a restore keeps the files it completed and does not fetch them again)")
+        }
         EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::NoSpace => {
             Some("the repository's disk is full; free space and run the backup again (it resumes)")
         }

@@ -200,3 +200,107 @@ fn verify_finds_content_changed_behind_an_unchanged_size_and_mtime() {
     );
     assert_same_tree(&src, &restored(&target, &src), false);
 }
+
+/// A small tmpfs, unmounted on drop.
+struct SmallFs {
+    dir: PathBuf,
+    _t: tempfile::TempDir,
+}
+
+impl SmallFs {
+    fn new(size: &str) -> Option<SmallFs> {
+        if !is_root() {
+            assert!(
+                std::env::var_os("CAPSULE_REQUIRE_SERVERS").is_none(),
+                "the full-target test needs root (a tmpfs mount)"
+            );
+            eprintln!("skipped: a tmpfs mount needs root");
+            return None;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        Some(SmallFs { dir, _t: t })
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+/// A target disk that fills up: exit 16 with one clear line, and no file
+/// left looking complete when it is not. After space is freed, the same
+/// command finishes the job.
+#[test]
+fn a_full_target_is_exit_16_and_leaves_no_incomplete_file() {
+    let (t, src, repo) = backed_up(40, 200_000);
+    let Some(fs) = SmallFs::new("3m") else { return };
+    let target = fs.dir.join("target");
+    let o = capsule(
+        &repo,
+        &[
+            "--no-cache",
+            "restore",
+            "latest",
+            "--target",
+            target.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(16), "{err}");
+    assert!(err.contains("full"), "{err}");
+    let dir = restored(&target, &src);
+    let left = files_under(&dir);
+    for f in &left {
+        let rel = f.strip_prefix(&dir).unwrap();
+        assert_eq!(
+            std::fs::read(f).unwrap(),
+            std::fs::read(src.join(rel)).unwrap(),
+            "{} is left incomplete",
+            rel.display()
+        );
+    }
+    eprintln!("{} complete files left; stderr: {err}", left.len());
+    // Nothing about the repository was harmed: a restore with room to
+    // spare completes.
+    drop(fs);
+    let target = t.path().join("target2");
+    let r = restore_json(&repo, &target, &[]);
+    assert_eq!(n(&r, "files"), 40);
+    assert_same_tree(&src, &restored(&target, &src), false);
+}
+
+/// Restoring one folder of a snapshot reads only the packs holding it, and
+/// `--json` says how many of the repository's packs that was.
+#[test]
+fn a_partial_restore_reads_only_the_packs_it_needs() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    // Two folders backed up in two runs, so their data is in different packs.
+    for (d, seed) in [("one", 1), ("two", 2)] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+        std::fs::write(src.join(d).join("big"), noise(20 << 20, seed)).unwrap();
+        if d == "one" {
+            init(&repo);
+        }
+        ok(&repo, &["backup", src.to_str().unwrap()]);
+    }
+    let include = format!("{}/one", src.display());
+    let r = restore_json(&repo, &t.path().join("target"), &["--include", &include]);
+    let f = &r["fetch"];
+    assert_eq!(n(&r, "files"), 1, "{r}");
+    assert!(n(f, "packs") < n(f, "packs_in_repository"), "{f}");
+    assert!(n(f, "bytes_fetched") < 21 << 20, "{f}");
+    assert_eq!(
+        std::fs::read(restored(&t.path().join("target"), &src).join("one/big")).unwrap(),
+        noise(20 << 20, 1)
+    );
+}

@@ -51,6 +51,9 @@ const SPARSE_BLOCK: usize = 4096;
 pub struct FetchStats {
     /// Distinct packs read from.
     pub packs: u64,
+    /// Data packs in the repository: a partial restore reads only the
+    /// `packs` that hold what it needs.
+    pub packs_in_repository: u64,
     /// Ranged reads made (retries and fallbacks included).
     pub requests: u64,
     /// Bytes those reads returned.
@@ -66,12 +69,92 @@ pub struct FetchStats {
     /// Seconds they spent decrypting, decompressing, verifying and
     /// writing, summed.
     pub work_secs: f64,
+    /// Of `work_secs`, seconds spent in writes to the target.
+    pub write_secs: f64,
+    /// Round trip per request, from a least-squares fit of request time
+    /// against request size (the intercept); the slope is the transfer.
+    pub request_latency_secs: f64,
+    /// What limited the restore, with the evidence.
+    pub bound: Bound,
+}
+
+/// What a restore waited on most.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundKind {
+    /// Nothing was fetched.
+    #[default]
+    None,
+    /// Waiting for answers, most of it the fixed cost of each request
+    /// (round trips, and queueing at the server): more requests in flight
+    /// (`--connections`) help when the server has room.
+    DestinationRoundTrips,
+    /// Waiting for answers, most of it transfer: the link or the server.
+    DestinationBandwidth,
+    /// Writing to the target disk.
+    TargetDisk,
+    /// Decrypting, decompressing and verifying.
+    Cpu,
+}
+
+/// A restore's bound and why.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Bound {
+    /// The limit.
+    pub kind: BoundKind,
+    /// The figures behind it.
+    pub evidence: String,
+}
+
+impl FetchStats {
+    /// Classifies the bound from the summed times. Waiting is split into
+    /// latency (requests × the quickest request, spread over the workers)
+    /// and the rest (transfer); work into writing and decoding.
+    fn classify(&mut self) {
+        if self.requests == 0 {
+            return;
+        }
+        let latency = (self.requests as f64 * self.request_latency_secs).min(self.wait_secs);
+        let transfer = self.wait_secs - latency;
+        let write = self.write_secs;
+        let cpu = (self.work_secs - write).max(0.0);
+        let parts = [
+            (BoundKind::DestinationRoundTrips, latency),
+            (BoundKind::DestinationBandwidth, transfer),
+            (BoundKind::TargetDisk, write),
+            (BoundKind::Cpu, cpu),
+        ];
+        let total: f64 = parts.iter().map(|p| p.1).sum::<f64>().max(1e-9);
+        let (kind, _) =
+            parts.iter().cloned().fold(
+                (BoundKind::None, -1.0),
+                |a, b| if b.1 > a.1 { b } else { a },
+            );
+        let pct = |x: f64| x / total * 100.0;
+        self.bound = Bound {
+            kind,
+            evidence: format!(
+                "of {:.1} worker-seconds: {:.0}% per-request time ({} requests, {:.1} ms each beyond their transfer), {:.0}% transfer ({:.0} MB fetched), {:.0}% writing, {:.0}% decoding; {} requests in flight",
+                total,
+                pct(latency),
+                self.requests,
+                self.request_latency_secs * 1e3,
+                pct(transfer),
+                self.bytes_fetched as f64 / 1e6,
+                pct(write),
+                pct(cpu),
+                self.workers
+            ),
+        };
+    }
 }
 
 /// One file to write: its entry in the plan and its metadata.
 pub(super) struct FileJob<'n> {
     pub entry: usize,
     pub node: &'n Node,
+    /// Where it goes, for messages.
+    pub path: &'n std::path::Path,
 }
 
 struct BlobJob {
@@ -161,6 +244,11 @@ pub(super) fn write_files<L: Layout>(
     blobs.sort_by_key(|b| (b.loc.pack, b.loc.offset));
     let requests = coalesce(&blobs);
     stats.blobs = blobs.len() as u64;
+    stats.packs_in_repository = index
+        .packs()
+        .iter()
+        .filter(|p| p.blob_type == BlobType::Data)
+        .count() as u64;
     stats.bytes_needed = blobs.iter().map(|b| b.loc.length as u64).sum();
     stats.packs = {
         let mut p: Vec<u32> = requests.iter().map(|r| r.pack).collect();
@@ -197,12 +285,18 @@ pub(super) fn write_files<L: Layout>(
 
     let open_files = AtomicUsize::new(0);
     let next = AtomicUsize::new(0);
-    let abort: Mutex<Option<BackendError>> = Mutex::new(None);
+    // What stops the whole restore: the destination failing for good, or
+    // the target disk filling up (every later file would fail the same
+    // way, so going on would only turn one clear error into thousands).
+    let abort: Mutex<Option<EngineError>> = Mutex::new(None);
     let stop = AtomicBool::new(false);
     let requests_made = AtomicU64::new(0);
     let fetched = AtomicU64::new(0);
     let wait_ns = AtomicU64::new(0);
     let work_ns = AtomicU64::new(0);
+    let write_ns = AtomicU64::new(0);
+    // Sums for the fit of request time against size: n, Σx, Σy, Σxx, Σxy.
+    let fit: Mutex<[f64; 5]> = Mutex::default();
 
     let fail_blob = |b: &BlobJob, why: &str| {
         for &(k, _) in &b.places {
@@ -210,12 +304,24 @@ pub(super) fn write_files<L: Layout>(
             s.failed.get_or_insert_with(|| why.to_string());
         }
     };
-    let destination_failed = |e: BackendError| {
+    let stop_with = |e: EngineError| {
         abort
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert(e);
         stop.store(true, Ordering::Relaxed);
+    };
+    let destination_failed = |e: BackendError| stop_with(EngineError::Backend(e));
+    let target_full = |k: usize, e: &std::io::Error| {
+        if e.kind() == std::io::ErrorKind::StorageFull
+            || e.kind() == std::io::ErrorKind::QuotaExceeded
+        {
+            stop_with(EngineError::io(
+                "write",
+                files[k].path,
+                std::io::Error::new(e.kind(), e.to_string()),
+            ));
+        }
     };
 
     // Writes one blob's plaintext to file `k` at `off`.
@@ -237,6 +343,7 @@ pub(super) fn write_files<L: Layout>(
                         Some(id) => target.reopen_file(f.entry, id),
                     };
                     let file = Arc::new(opened.map_err(|e| {
+                        target_full(k, &e);
                         let m = format!("cannot create: {e}");
                         s.failed = Some(m.clone());
                         m
@@ -250,6 +357,7 @@ pub(super) fn write_files<L: Layout>(
                 }
             }
         };
+        let t = Instant::now();
         let r = if f.node.sparse {
             data.chunks(SPARSE_BLOCK)
                 .enumerate()
@@ -258,9 +366,11 @@ pub(super) fn write_files<L: Layout>(
         } else {
             file.write_all_at(data, off)
         };
+        write_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         Progress::add(&progress.bytes_done, data.len() as u64);
         let mut s = lock(k);
         if let Err(e) = r {
+            target_full(k, &e);
             let m = format!("write failed: {e}");
             s.failed.get_or_insert(m.clone());
             return Err(m);
@@ -307,7 +417,18 @@ pub(super) fn write_files<L: Layout>(
                     let t = Instant::now();
                     requests_made.fetch_add(1, Ordering::Relaxed);
                     let got = repo.backend().get(&name, Some(req.range.clone()));
-                    wait_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    let waited = t.elapsed().as_nanos() as u64;
+                    wait_ns.fetch_add(waited, Ordering::Relaxed);
+                    {
+                        let (x, y) = (
+                            (req.range.end - req.range.start) as f64,
+                            waited as f64 / 1e9,
+                        );
+                        let mut f = fit.lock().unwrap_or_else(|p| p.into_inner());
+                        for (acc, v) in f.iter_mut().zip([1.0, x, y, x * x, x * y]) {
+                            *acc += v;
+                        }
+                    }
                     let t = Instant::now();
                     match got {
                         Ok(buf) => {
@@ -345,6 +466,20 @@ pub(super) fn write_files<L: Layout>(
     stats.bytes_fetched = fetched.into_inner();
     stats.wait_secs = wait_ns.into_inner() as f64 / 1e9;
     stats.work_secs = work_ns.into_inner() as f64 / 1e9;
+    stats.write_secs = write_ns.into_inner() as f64 / 1e9;
+    stats.request_latency_secs = {
+        let [n, sx, sy, sxx, sxy] = fit.into_inner().unwrap_or_else(|p| p.into_inner());
+        let den = n * sxx - sx * sx;
+        if n < 2.0 || den.abs() < f64::EPSILON {
+            // All requests the same size: latency cannot be told from
+            // transfer; call none of it latency.
+            0.0
+        } else {
+            let slope = ((n * sxy - sx * sy) / den).max(0.0);
+            ((sy - slope * sx) / n).clamp(0.0, sy / n)
+        }
+    };
+    stats.classify();
 
     let aborted = abort.into_inner().unwrap_or_else(|p| p.into_inner());
     let mut outcomes: Vec<Outcome> = Vec::with_capacity(files.len());
@@ -371,7 +506,7 @@ pub(super) fn write_files<L: Layout>(
         }
     }
     match aborted {
-        Some(e) => Err(EngineError::Backend(e)),
+        Some(e) => Err(e),
         None => Ok(outcomes),
     }
 }

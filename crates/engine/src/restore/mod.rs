@@ -14,7 +14,7 @@
 mod fetch;
 mod fsys;
 
-pub use fetch::{FetchStats, MAX_GAP, MAX_REQUEST};
+pub use fetch::{Bound, BoundKind, FetchStats, MAX_GAP, MAX_REQUEST};
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -265,12 +265,14 @@ pub fn restore(
                     files.push(fetch::FileJob {
                         entry: i,
                         node: &e.node,
+                        path: &e.target,
                     });
                 }
             },
             NodeKind::File => files.push(fetch::FileJob {
                 entry: i,
                 node: &e.node,
+                path: &e.target,
             }),
             NodeKind::Dir => {}
             _ => others.push(i),
