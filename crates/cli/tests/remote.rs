@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -364,6 +364,100 @@ fn vanish_mid_backup(kind: Kind) {
     assert_same_tree(&src, &restored(&target, &src), false);
 }
 
+/// The destination vanishes mid-restore. The restore retries, then gives
+/// up with "unreachable" (14), leaving only complete files; the same
+/// command run again finishes, without fetching those files again.
+fn vanish_mid_restore(kind: Kind) {
+    let name = format!("vanish-restore-{kind:?}").to_lowercase();
+    let Some(r) = Remote::new(kind, &name) else {
+        return;
+    };
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..24 {
+        std::fs::write(src.join(format!("f{i:02}")), noise(5 << 20, 700 + i)).unwrap();
+    }
+    r.ok(&["init", "--pack-size-mib", "4"]);
+    r.ok(&["backup", src.to_str().unwrap()]);
+    let target = work.path().join("restored");
+    let dir = restored(&target, &src);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+    c.arg("--repo")
+        .arg(&r.url)
+        .args(["--no-cache", "--connections", "2", "restore", "latest"])
+        .arg("--target")
+        .arg(&target)
+        .env("CAPSULE_CACHE_DIR", r.cache.path())
+        .env("CAPSULE_STATE_DIR", r.cache.path().join("state"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in &r.env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().unwrap();
+    // A file is complete once its times are set (the last step).
+    let complete = || {
+        files_under(&dir)
+            .iter()
+            .filter(|f| {
+                let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+                m(f) == m(&src.join(f.file_name().unwrap()))
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && !(dir.exists() && complete() >= 4) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{kind:?}: restore finished before the destination could vanish"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    r.proxy.set_enabled(false).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{kind:?}: restore did not give up on a vanished destination");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    r.proxy.set_enabled(true).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(14), "{kind:?}: {err}");
+    // What is left is complete.
+    let left = files_under(&dir);
+    for f in &left {
+        assert_eq!(
+            std::fs::read(f).unwrap(),
+            std::fs::read(src.join(f.file_name().unwrap())).unwrap(),
+            "{kind:?}: {} left incomplete",
+            f.display()
+        );
+    }
+    let again = r.json(&[
+        "--no-cache",
+        "restore",
+        "latest",
+        "--target",
+        target.to_str().unwrap(),
+    ]);
+    eprintln!(
+        "{kind:?}: {} files complete at the cut; the rerun restored {}",
+        left.len(),
+        again["files"]
+    );
+    assert!(left.len() >= 4, "{kind:?}: complete files were removed");
+    assert_eq!(again["unchanged"].as_u64().unwrap(), left.len() as u64);
+    assert_eq!(again["files"].as_u64().unwrap(), 24 - left.len() as u64);
+    assert_same_tree(&src, &dir, false);
+}
+
 /// A server that goes away, bad credentials and a missing container each
 /// give one clear line and their own exit code.
 fn errors(kind: Kind) {
@@ -521,6 +615,18 @@ fn sftp_vanish_mid_backup() {
 #[test]
 fn s3_vanish_mid_backup() {
     vanish_mid_backup(Kind::S3);
+}
+#[test]
+fn smb_vanish_mid_restore() {
+    vanish_mid_restore(Kind::Smb);
+}
+#[test]
+fn sftp_vanish_mid_restore() {
+    vanish_mid_restore(Kind::Sftp);
+}
+#[test]
+fn s3_vanish_mid_restore() {
+    vanish_mid_restore(Kind::S3);
 }
 #[test]
 fn smb_errors() {
