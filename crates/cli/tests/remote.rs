@@ -529,6 +529,60 @@ fn errors(kind: Kind) {
     );
 }
 
+/// `init` on a bucket that does not exist creates it and says so; with
+/// credentials the store refuses, it fails with an access error and
+/// creates nothing.
+#[test]
+fn s3_init_creates_a_missing_bucket() {
+    let Some(r) = Remote::new(Kind::S3, "new-bucket") else {
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let bucket = format!("capsule-new-{}-{nanos}", std::process::id());
+    let url = r.url.replace("/capsule-test/", &format!("/{bucket}/"));
+    let run = |args: &[&str], extra: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+        c.arg("--repo")
+            .arg(&url)
+            .args(args)
+            .env("CAPSULE_CACHE_DIR", r.cache.path());
+        for (k, v) in &r.env {
+            c.env(k, v);
+        }
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let o = run(&["init"], &[("AWS_SECRET_ACCESS_KEY", "wrong-secret")]);
+    assert_eq!(o.status.code(), Some(15), "{}", stderr(&o));
+    let o = run(&["snapshots"], &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(17),
+        "nothing was created: {}",
+        stderr(&o)
+    );
+    let o = run(&["init"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("created bucket {bucket}")),
+        "{}",
+        stderr(&o)
+    );
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("f"), b"into a new bucket").unwrap();
+    let o = run(&["backup", src.path().to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A second init finds the bucket there (and the repository in it).
+    let o = run(&["init"], &[]);
+    assert_eq!(o.status.code(), Some(11), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("created bucket"), "{}", stderr(&o));
+}
+
 /// A destination that fills up: one clear line, exit 16, nothing
 /// committed; after space is freed the next run completes. Uses a small
 /// tmpfs under the share / SFTP directory, so it needs root.

@@ -43,8 +43,8 @@ pub struct Options {
     /// Requests in flight at once (`CAPSULE_CONNECTIONS`); `None` picks the
     /// backend's default.
     pub concurrency: Option<usize>,
-    /// Create the base directory on SMB and SFTP if it is missing (for
-    /// `init`). Buckets are never created.
+    /// Create the base directory (SMB, SFTP) or the bucket (S3) if it is
+    /// missing (for `init`).
     pub create: bool,
 }
 
@@ -83,7 +83,15 @@ pub fn connect(dest: &Destination, opts: &Options) -> Result<Arc<dyn Backend>, B
     Ok(match dest {
         Destination::Smb(t) => Arc::new(smb::SmbBackend::connect(t, opts)?),
         Destination::Sftp(t) => Arc::new(sftp::SftpBackend::connect(t, opts)?),
-        Destination::S3(t) => Arc::new(s3::S3Backend::connect(t, opts)?),
+        Destination::S3(t) => {
+            let b = s3::S3Backend::connect(t, opts)?;
+            if opts.create && b.ensure_bucket()? {
+                // The one thing a connect says on its own: a bucket is a
+                // billing-visible resource, so its creation is never silent.
+                eprintln!("capsule: created bucket {} at {}", t.bucket, t.endpoint);
+            }
+            Arc::new(b)
+        }
         Destination::Local(p) => {
             return Err(BackendError::new(
                 capsule_backend::ErrorKind::InvalidName,

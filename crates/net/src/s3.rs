@@ -45,6 +45,8 @@ pub struct S3Backend {
     prefix: String,
     location: String,
     concurrency: usize,
+    /// For a bucket created outside us-east-1.
+    region: String,
 }
 
 /// Reads `key` from the `[section]` of an AWS-style ini file.
@@ -182,6 +184,9 @@ impl S3Backend {
                 }
             }
         }
+        let mut region = env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .unwrap_or_else(|| "us-east-1".into());
         if env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none() {
             let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
             let section = if profile == "default" {
@@ -189,10 +194,10 @@ impl S3Backend {
             } else {
                 format!("profile {profile}")
             };
-            let region = aws_file("AWS_CONFIG_FILE", "config")
+            region = aws_file("AWS_CONFIG_FILE", "config")
                 .and_then(|c| ini_value(&c, &section, "region"))
                 .unwrap_or_else(|| "us-east-1".into());
-            b = b.with_region(region);
+            b = b.with_region(&region);
         }
         let store = b.build().map_err(|e| {
             let mut err = classify("connect", &location, e);
@@ -210,6 +215,62 @@ impl S3Backend {
             prefix: t.prefix.clone(),
             location,
             concurrency: opts.concurrency.unwrap_or(8).max(1),
+            region,
+        })
+    }
+
+    /// Creates the bucket if it does not exist, as restic and kopia do at
+    /// `init`. Returns whether it created one. A bucket that exists costs
+    /// one listing request; credentials that may not create buckets give
+    /// an access error that says so.
+    pub fn ensure_bucket(&self) -> Result<bool, BackendError> {
+        block_on(async {
+            let probe = self.store.list_with_delimiter(None).await;
+            match probe.map_err(|e| classify("list", &self.location, e)) {
+                Ok(_) => return Ok(false),
+                Err(e) if e.kind == ErrorKind::NoContainer => {}
+                Err(e) => return Err(e),
+            }
+            // object_store has no CreateBucket; a presigned PUT of the
+            // bucket's own URL is one, signed with the same credentials.
+            let url = object_store::signer::Signer::signed_url(
+                &*self.store,
+                reqwest::Method::PUT,
+                &Path::from(""),
+                Duration::from_secs(300),
+            )
+            .await
+            .map_err(|e| classify("create bucket", &self.location, e))?;
+            let mut req = reqwest::Client::new().put(url);
+            if self.region != "us-east-1" {
+                req = req.body(format!(
+                    "<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><LocationConstraint>{}</LocationConstraint></CreateBucketConfiguration>",
+                    self.region
+                ));
+            }
+            let fail =
+                |kind, msg: String| BackendError::new(kind, "create bucket", &self.location, msg);
+            let resp = req
+                .send()
+                .await
+                .map_err(|e| fail(ErrorKind::Unreachable, e.to_string()))?;
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            match status.as_u16() {
+                200..=299 => Ok(true),
+                // Created meanwhile by someone else with these credentials.
+                409 if body.contains("BucketAlreadyOwnedByYou") => Ok(false),
+                401 | 403 => Err(fail(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "the bucket does not exist and these credentials may not create it ({status}); create it, or use credentials that may"
+                    ),
+                )),
+                _ => Err(fail(
+                    ErrorKind::NoContainer,
+                    format!("the bucket does not exist and creating it failed: {status} {body}"),
+                )),
+            }
         })
     }
 
