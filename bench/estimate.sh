@@ -4,7 +4,9 @@
 # 10 ms round trip. Prints a Markdown table of predicted vs actual capsule
 # times for the initial backup and the hourly run with no history (the
 # model alone), and for a second hourly run predicted after the first two
-# were recorded (corrected by history, checked on a run it has not seen).
+# were recorded (corrected by history, checked on a run it has not seen),
+# and for a full restore from the destination with a cold cache into a new
+# directory (the model alone).
 #
 #   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--output FILE]
 #
@@ -97,9 +99,9 @@ for set in $sets; do
       export CAPSULE_STATE_DIR=$work/state-$r CAPSULE_CACHE_DIR=$work/cache-$r
       est() {
         "$capsule" estimate "$data" --to "$url" --hourly-files 100 --hourly-bytes 5000K --json |
-          python3 -c 'import json,sys; p=json.load(sys.stdin)["predicted"]; print(p["initial"], p["hourly"])'
+          python3 -c 'import json,sys; p=json.load(sys.stdin)["predicted"]; print(p["initial"], p["hourly"], p["restore"])'
       }
-      read -r p_init p_hour < <(est)
+      read -r p_init p_hour p_rest < <(est)
       "$capsule" -r "$url" -q init
       t0=$EPOCHREALTIME; "$capsule" -r "$url" -q backup "$data"; t1=$EPOCHREALTIME
       a_init=$(secs "$t0" "$t1")
@@ -113,13 +115,17 @@ for set in $sets; do
         secs "$t0" "$t1"
       }
       a_hour=$(hour 1)
-      read -r _ c_hour < <(est)
+      read -r _ c_hour _ < <(est)
       a_hour2=$(hour 2)
       rm -rf "$data"/hourly-"$r"-*
+      out=$work/restored-$r
+      t0=$EPOCHREALTIME; "$capsule" -r "$url" -q --no-cache restore latest --target "$out"; t1=$EPOCHREALTIME
+      a_rest=$(secs "$t0" "$t1")
+      rm -rf "$out"
       row=$(python3 -c "
-pi,ai,ph,ah,ch,ah2=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2
+pi,ai,ph,ah,ch,ah2,pr,ar=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest
 e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
-print('| $set ($files files) | $dest | $rtt ms | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, ai, e(pi,ai), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2)))")
+print('| $set ($files files) | $dest | $rtt ms | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, ai, e(pi,ai), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, ar, e(pr,ar)))")
       rows+=("$row")
       echo "$row" >&2
       case $dest in
@@ -136,7 +142,7 @@ done
   echo "predicted = \`capsule estimate\` with no history; actual = wall time of \`capsule backup\`;"
   echo "hourly = 100 new 50 KiB files; 2nd hourly = 100 more, predicted by the estimate re-run after the first two runs were recorded (corrected by history)."
   echo
-  echo "| dataset | destination | RTT | initial predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error |"
-  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| dataset | destination | RTT | initial predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | actual s | error |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
 } | tee "${output:-/dev/null}"

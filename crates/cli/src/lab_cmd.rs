@@ -393,6 +393,12 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
         human_secs(p.rule_of_thumb),
         "—"
     ));
+    out.say(format!(
+        "capsule full restore from there: {} (reads at {:.0} MB/s with {} in flight)",
+        human_secs(p.restore),
+        d.download_bw / 1e6,
+        d.concurrency
+    ));
     if e.history.is_empty() {
         out.say("no recorded backups to this destination yet: after real backups, estimates are checked against them and corrected");
     } else {

@@ -32,6 +32,10 @@ use capsule_backend::Backend;
 use capsule_net::Destination;
 use serde::{Deserialize, Serialize};
 
+use capsule_engine::progress::Progress;
+use capsule_engine::restore::{restore, RestoreOptions};
+use capsule_engine::Repository;
+
 use crate::dest::{delete_all, Connector};
 use crate::history::History;
 use crate::lab::{backup_step, Hints};
@@ -123,6 +127,13 @@ pub struct Calibration {
     pub stored_ratio: f64,
     /// Files and bytes in the two samples.
     pub samples: [(u64, u64); 2],
+    /// Seconds per file restored from a local repository (beyond its
+    /// bytes).
+    #[serde(default)]
+    pub restore_per_file: f64,
+    /// Seconds per byte restored from a local repository.
+    #[serde(default)]
+    pub restore_per_byte: f64,
 }
 
 /// The destination, probed briefly.
@@ -138,6 +149,10 @@ pub struct DestProbe {
     pub parallel_bw: f64,
     /// Uploads a backup keeps in flight.
     pub concurrency: usize,
+    /// Ranged reads of 4 MiB, as many in flight as a restore keeps,
+    /// bytes/s.
+    #[serde(default)]
+    pub download_bw: f64,
     /// Seconds to write one 50 KiB file with a flush, one at a time.
     pub per_file_copy: f64,
     /// Seconds of a whole run that backs up one new small file: connect,
@@ -160,6 +175,9 @@ pub struct Prediction {
     pub per_file_hourly: f64,
     /// The rule of thumb: bytes at 0.67 x the one-stream bandwidth.
     pub rule_of_thumb: f64,
+    /// capsule, a full restore from the destination to this machine.
+    #[serde(default)]
+    pub restore: f64,
 }
 
 /// One recorded run set against the model.
@@ -257,6 +275,26 @@ pub fn predict_run(
     fixed + unchanged + local.max(up) + tail
 }
 
+/// The model of a full restore: a run's fixed costs, then the larger of
+/// this machine's restore work (measured on the samples) and the download,
+/// whose reads of up to 4 MiB each pay a round trip, `concurrency` at once.
+pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> f64 {
+    let local = c.restore_per_file * files as f64 + c.restore_per_byte * bytes as f64;
+    let stored = bytes as f64 * c.stored_ratio;
+    let bw = if d.download_bw > 0.0 {
+        d.download_bw
+    } else {
+        d.parallel_bw
+    };
+    let net = if bw > 0.0 {
+        let reads = (stored / f64::from(4u32 << 20)).ceil();
+        stored / bw + reads * d.rtt / d.concurrency.max(1) as f64
+    } else {
+        0.0
+    };
+    d.run_unchanged + local.max(net)
+}
+
 /// Predictions for a source.
 pub fn predict(
     c: &Calibration,
@@ -276,6 +314,7 @@ pub fn predict(
         per_file_initial: per_file(s.files, s.bytes, s.dirs),
         per_file_hourly: per_file(hourly_files, hourly_bytes, 0),
         rule_of_thumb: s.bytes as f64 / (0.67 * d.stream_bw.max(1.0)),
+        restore: predict_restore(c, d, s.files, s.bytes),
     }
 }
 
@@ -368,6 +407,39 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         )?;
         Ok(Some((first, second)))
     };
+    // Restores of the same samples from their local repositories.
+    let restore_secs = |name: &str| -> Result<f64> {
+        let opened = conn.open(&Destination::Local(work.join(name)), false)?;
+        let repo = Repository::open(opened.backend.clone(), &password)?;
+        let (index, _) = repo.load_index()?;
+        let (_, snap) = repo.resolve_snapshot("latest")?;
+        let root = snap
+            .tree
+            .parse()
+            .map_err(|_| capsule_engine::EngineError::corrupt("snapshot", "bad tree id"))?;
+        let target = work.join(format!("{name}-restored"));
+        let t = Instant::now();
+        let r = restore(
+            &repo,
+            &index,
+            &root,
+            &RestoreOptions {
+                target: target.clone(),
+                ..RestoreOptions::default()
+            },
+            &Progress::default(),
+        )?;
+        let secs = t.elapsed().as_secs_f64();
+        let _ = std::fs::remove_dir_all(&target);
+        if !r.errors.is_empty() {
+            return Err(LabError::io(
+                "restore the sample",
+                &target,
+                std::io::Error::other(format!("{} entries failed", r.errors.len())),
+            ));
+        }
+        Ok(secs)
+    };
     // What any run costs here with nothing to do.
     let (e1, e2) = sample("empty", &[empty])?.expect("one path");
     let s = sample("small", &small)?;
@@ -418,6 +490,35 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         .or(s.as_ref())
         .map(|(f, _)| f.bytes_added as f64 / f.bytes_read.max(1) as f64)
         .unwrap_or(1.0);
+    // The same two-point fit for restores.
+    let rs = s
+        .as_ref()
+        .map(|(f, _)| (f.files_read as f64, f.bytes_read as f64));
+    let rl = l
+        .as_ref()
+        .map(|(f, _)| (f.files_read as f64, f.bytes_read as f64));
+    let rs = match rs {
+        Some((f, b)) => Some((f, b, restore_secs("small")?)),
+        None => None,
+    };
+    let rl = match rl {
+        Some((f, b)) => Some((f, b, restore_secs("large")?)),
+        None => None,
+    };
+    let (restore_per_file, restore_per_byte) = match (rs, rl) {
+        (Some((f1, b1, t1)), Some((f2, b2, t2))) => {
+            let det = f1 * b2 - f2 * b1;
+            match (det.abs() > 1e-9).then(|| ((t1 * b2 - t2 * b1) / det, (f1 * t2 - f2 * t1) / det))
+            {
+                Some((a, b)) if a >= 0.0 && b >= 0.0 => (a, b),
+                _ => (0.0, (t1 + t2) / (b1 + b2).max(1.0)),
+            }
+        }
+        (Some((f, b, t)), None) | (None, Some((f, b, t))) => {
+            (0.5 * t / f.max(1.0), 0.5 * t / b.max(1.0))
+        }
+        (None, None) => (0.0, 0.0),
+    };
     let dims = |x: &Option<(RunRecord, RunRecord)>| {
         x.as_ref()
             .map(|(f, _)| (f.files_read, f.bytes_read))
@@ -429,6 +530,8 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         per_unchanged_file: unchanged,
         stored_ratio: ratio.clamp(0.01, 1.2),
         samples: [dims(&s), dims(&l)],
+        restore_per_file,
+        restore_per_byte,
     })
 }
 
@@ -458,6 +561,10 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
         let t = Instant::now();
         parallel_puts(&b, "p", concurrency, piece)?;
         let parallel_bw = (concurrency as u64 * piece) as f64 / t.elapsed().as_secs_f64();
+        // Reading them back in 4 MiB ranges, all at once, as a restore does.
+        let t = Instant::now();
+        let got = parallel_gets(&b, "p", concurrency, piece)?;
+        let download_bw = got as f64 / t.elapsed().as_secs_f64().max(1e-9);
         // Per-file copying: small files one at a time, flushed.
         let data = Noise::bytes(5, 51_200);
         let t = Instant::now();
@@ -474,6 +581,7 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
             stream_bw,
             parallel_bw,
             concurrency,
+            download_bw,
             per_file_copy,
             run_changed,
             run_unchanged,
@@ -549,6 +657,46 @@ fn parallel_puts(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result
     match err {
         Some(e) => Err(e.into()),
         None => Ok(()),
+    }
+}
+
+/// Reads back what [`parallel_puts`] wrote, in 4 MiB ranges, `n` reads at
+/// once. Returns the bytes read.
+fn parallel_gets(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result<u64> {
+    let chunk = 4u64 << 20;
+    let ranges: Vec<(usize, u64)> = (0..n)
+        .flat_map(|i| (0..size.div_ceil(chunk)).map(move |k| (i, k * chunk)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let total = std::sync::atomic::AtomicU64::new(0);
+    let mut err = None;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|_| {
+                s.spawn(
+                    || -> std::result::Result<(), capsule_backend::BackendError> {
+                        use std::sync::atomic::Ordering::Relaxed;
+                        while let Some(&(i, off)) = ranges.get(next.fetch_add(1, Relaxed)) {
+                            let got = b.get(
+                                &format!("est/{tag}{i}"),
+                                Some(off..(off + chunk).min(size)),
+                            )?;
+                            total.fetch_add(got.len() as u64, Relaxed);
+                        }
+                        Ok(())
+                    },
+                )
+            })
+            .collect();
+        for h in hs {
+            if let Ok(Err(e)) = h.join() {
+                err.get_or_insert(e);
+            }
+        }
+    });
+    match err {
+        Some(e) => Err(e.into()),
+        None => Ok(total.into_inner()),
     }
 }
 
@@ -679,6 +827,8 @@ mod tests {
             per_unchanged_file: 1e-6,
             stored_ratio: 1.0,
             samples: [(0, 0); 2],
+            restore_per_file: 5e-5,
+            restore_per_byte: 2e-9,
         }
     }
 
@@ -689,6 +839,7 @@ mod tests {
             stream_bw: bw,
             parallel_bw: bw,
             concurrency: 8,
+            download_bw: bw,
             per_file_copy: 3.0 * rtt,
             run_changed: 0.6,
             run_unchanged: 0.4,
@@ -717,6 +868,18 @@ mod tests {
         // last pack's bytes at one stream (51 ms).
         let t = predict_run(&c, &d, 100_000, 100, 5_120_000);
         assert!((t - (0.6 + 0.0999 + 0.0612 + 0.0512)).abs() < 1e-6, "{t}");
+    }
+
+    #[test]
+    fn restores_cost_the_larger_of_local_work_and_the_download() {
+        let c = cal();
+        // 1 GB, 1,000 files: local work 0.05 + 2 s; at 10 MB/s the download
+        // is 100 s plus 239 reads of 4 MiB at 10 ms, 8 at once (0.3 s).
+        let t = predict_restore(&c, &dest(0.010, 10e6), 1000, 1_000_000_000);
+        assert!((t - (0.4 + 100.0 + 239.0 * 0.010 / 8.0)).abs() < 1e-6, "{t}");
+        // On a fast link this machine's work bounds it.
+        let t = predict_restore(&c, &dest(0.001, 1e10), 1000, 1_000_000_000);
+        assert!((t - (0.4 + 2.05)).abs() < 1e-6, "{t}");
     }
 
     #[test]
