@@ -458,6 +458,107 @@ fn vanish_mid_restore(kind: Kind) {
     assert_same_tree(&src, &dir, false);
 }
 
+/// The reliability suite's network cuts: the connection is cut after N
+/// bytes, N spread evenly over what an uncut run sends (backup, upstream)
+/// or receives (restore, downstream). Every run either completes or stops
+/// with "unreachable" (14); after each, `check --read-data` is clean; a
+/// cut restore run again completes; every output is bit-identical.
+/// `CAPSULE_CUT_OFFSETS` sets the offsets per phase (3 in the test command,
+/// 100 in the documented long run, docs/RELIABILITY.md).
+fn cut_sweep(kind: Kind) {
+    let offsets: u64 = env("CAPSULE_CUT_OFFSETS")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let name = format!("sweep-{kind:?}").to_lowercase();
+    let Some(r) = Remote::new(kind, &name) else {
+        return;
+    };
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(src.join("small")).unwrap();
+    for i in 0..40 {
+        std::fs::write(src.join(format!("small/f{i:02}")), noise(20_000, 900 + i)).unwrap();
+    }
+    r.ok(&["init", "--pack-size-mib", "4"]);
+    r.ok(&["backup", src.to_str().unwrap()]);
+    let src_s = src.to_str().unwrap();
+    let add =
+        |i: u64| std::fs::write(src.join(format!("new{i:03}")), noise(3 << 20, 2000 + i)).unwrap();
+    // What a run that adds one file sends, uncut.
+    add(0);
+    let up = r.json(&["backup", src_s])["destination"]["bytes_up"]
+        .as_u64()
+        .unwrap();
+    let code_of = |o: &Output, what: &str, limit: u64| {
+        let code = o.status.code().unwrap();
+        assert!(
+            code == 0 || code == 14,
+            "{kind:?} {what} cut after {limit} bytes: exit {code}: {}",
+            stderr(o)
+        );
+        code
+    };
+    let mut stopped = 0;
+    for i in 1..=offsets {
+        add(i);
+        let limit = up * i / (offsets + 1);
+        r.proxy
+            .toxic(
+                "sweep",
+                "limit_data",
+                "upstream",
+                &format!(r#"{{"bytes":{limit}}}"#),
+            )
+            .unwrap();
+        let o = r.run_with(&["backup", src_s], &[("CAPSULE_CONNECTIONS", "2")]);
+        r.proxy.remove_toxic("sweep").unwrap();
+        if code_of(&o, "backup", limit) == 14 {
+            stopped += 1;
+        }
+        let check = r.json(&["check", "--read-data"]);
+        assert_eq!(
+            check["ok"], true,
+            "{kind:?} backup cut after {limit}: {check}"
+        );
+    }
+    r.ok(&["backup", src_s]);
+    let reference = work.path().join("reference");
+    let full = r.json(&[
+        "--no-cache",
+        "restore",
+        "latest",
+        "--target",
+        reference.to_str().unwrap(),
+    ]);
+    assert_same_tree(&src, &restored(&reference, &src), false);
+    let down = full["destination"]["bytes_down"].as_u64().unwrap();
+    for i in 1..=offsets {
+        let limit = down * i / (offsets + 1);
+        let target = work.path().join(format!("cut-{i}"));
+        let t = target.to_str().unwrap();
+        r.proxy
+            .toxic(
+                "sweep",
+                "limit_data",
+                "downstream",
+                &format!(r#"{{"bytes":{limit}}}"#),
+            )
+            .unwrap();
+        let o = r.run(&["--no-cache", "restore", "latest", "--target", t]);
+        r.proxy.remove_toxic("sweep").unwrap();
+        if code_of(&o, "restore", limit) == 14 {
+            stopped += 1;
+            r.ok(&["--no-cache", "restore", "latest", "--target", t]);
+        }
+        assert_same_tree(&src, &restored(&target, &src), false);
+        std::fs::remove_dir_all(&target).unwrap();
+    }
+    eprintln!(
+        "{kind:?}: {} cuts ({offsets} in backup, {offsets} in restore), {stopped} stopped with exit 14, all recovered",
+        2 * offsets
+    );
+}
+
 /// A server that goes away, bad credentials and a missing container each
 /// give one clear line and their own exit code.
 fn errors(kind: Kind) {
@@ -681,6 +782,18 @@ fn sftp_vanish_mid_restore() {
 #[test]
 fn s3_vanish_mid_restore() {
     vanish_mid_restore(Kind::S3);
+}
+#[test]
+fn smb_cut_sweep() {
+    cut_sweep(Kind::Smb);
+}
+#[test]
+fn sftp_cut_sweep() {
+    cut_sweep(Kind::Sftp);
+}
+#[test]
+fn s3_cut_sweep() {
+    cut_sweep(Kind::S3);
 }
 #[test]
 fn smb_errors() {

@@ -876,7 +876,10 @@ mod tests {
         // 1 GB, 1,000 files: local work 0.05 + 2 s; at 10 MB/s the download
         // is 100 s plus 239 reads of 4 MiB at 10 ms, 8 at once (0.3 s).
         let t = predict_restore(&c, &dest(0.010, 10e6), 1000, 1_000_000_000);
-        assert!((t - (0.4 + 100.0 + 239.0 * 0.010 / 8.0)).abs() < 1e-6, "{t}");
+        assert!(
+            (t - (0.4 + 100.0 + 239.0 * 0.010 / 8.0)).abs() < 1e-6,
+            "{t}"
+        );
         // On a fast link this machine's work bounds it.
         let t = predict_restore(&c, &dest(0.001, 1e10), 1000, 1_000_000_000);
         assert!((t - (0.4 + 2.05)).abs() < 1e-6, "{t}");

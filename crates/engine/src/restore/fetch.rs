@@ -56,6 +56,8 @@ pub struct FetchStats {
     pub packs_in_repository: u64,
     /// Ranged reads made (retries and fallbacks included).
     pub requests: u64,
+    /// Ranged reads of tree packs, every directory level at once.
+    pub tree_requests: u64,
     /// Bytes those reads returned.
     pub bytes_fetched: u64,
     /// Bytes of the blobs the restore needed (their stored, encrypted size).

@@ -333,7 +333,10 @@ fn remove_all_at(parent: &OwnedFd, name: &OsStr, depth: usize) -> std::io::Resul
 }
 
 /// Which inode a created file is, so it is never confused with a file
-/// another process put in its place.
+/// another process put in its place. (Once restore has closed a file and
+/// someone deleted it, a new file may get the same inode number; it is
+/// still reached through restore's own directory descriptor, so this can
+/// never lead outside the target.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct FileId {
     dev: u64,
@@ -454,7 +457,9 @@ mod tests {
         let target = t.path().join("target");
         std::fs::create_dir_all(target.join("d")).unwrap();
         let fs = Target::open(&target, &Two).unwrap();
-        let (_, id) = fs.create_file(1, 3).unwrap();
+        // Held open, as restore holds a file it is writing: the inode
+        // cannot be freed and handed to the replacement.
+        let (_held, id) = fs.create_file(1, 3).unwrap();
         std::fs::remove_file(target.join("d/f")).unwrap();
         std::fs::write(target.join("d/f"), b"someone else's").unwrap();
         assert!(fs.reopen_file(1, id).is_err());

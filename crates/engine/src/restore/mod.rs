@@ -13,6 +13,7 @@
 
 mod fetch;
 mod fsys;
+mod trees;
 
 pub use fetch::{Bound, BoundKind, FetchStats, MAX_GAP, MAX_REQUEST};
 
@@ -178,6 +179,28 @@ pub fn restore(
     let target = std::fs::canonicalize(&opts.target)
         .map_err(|e| EngineError::io("resolve target", &opts.target, e))?;
 
+    let workers = match opts.connections {
+        0 => {
+            let caps = repo.backend().capabilities();
+            let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+            // A local disk gains nothing from more readers than cores to
+            // decode what they read; a remote one needs its concurrency.
+            if caps.local {
+                cpus.max(2)
+            } else {
+                caps.concurrency.max(cpus)
+            }
+        }
+        n => n,
+    };
+    // The trees first, every level at once (see `trees`).
+    let max_trees = if opts.max_entries == 0 {
+        usize::MAX
+    } else {
+        usize::try_from(opts.max_entries).unwrap_or(usize::MAX)
+    };
+    let (prefetched, tree_requests) = trees::prefetch(repo, index, root, workers, max_trees);
+
     // Plan: a pre-order list of entries, marking which are selected and
     // which directories are needed to hold them.
     let mut entries: Vec<Entry> = Vec::new();
@@ -191,6 +214,7 @@ pub fn restore(
     plan(
         repo,
         index,
+        &prefetched,
         root,
         Path::new("/"),
         &target,
@@ -305,20 +329,6 @@ pub fn restore(
         }
     };
     files.retain(|f| !keep(f));
-    let workers = match opts.connections {
-        0 => {
-            let caps = repo.backend().capabilities();
-            let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
-            // A local disk gains nothing from more readers than cores to
-            // decode what they read; a remote one needs its concurrency.
-            if caps.local {
-                cpus.max(2)
-            } else {
-                caps.concurrency.max(cpus)
-            }
-        }
-        n => n,
-    };
     let outcomes = fetch::write_files(
         repo,
         index,
@@ -451,6 +461,7 @@ pub fn restore(
         }
     }
 
+    report.fetch.tree_requests = tree_requests;
     report.errors = errors;
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
@@ -460,6 +471,7 @@ pub fn restore(
 fn plan(
     repo: &Repository,
     index: &MasterIndex,
+    prefetched: &trees::Trees,
     tree: &BlobId,
     snap_dir: &Path,
     target_dir: &Path,
@@ -473,7 +485,11 @@ fn plan(
     errors: &mut Vec<Warning>,
 ) -> Result<()> {
     budget.enter(tree)?;
-    let nodes = match repo.load_tree(index, tree) {
+    let loaded = match prefetched.get(tree) {
+        Some(nodes) => Ok(nodes.as_ref().clone()),
+        None => repo.load_tree(index, tree),
+    };
+    let nodes = match loaded {
         Ok(n) => n,
         // Storage that cannot be reached stops the restore; a missing,
         // truncated or damaged tree only loses that directory.
@@ -523,6 +539,7 @@ fn plan(
                 plan(
                     repo,
                     index,
+                    prefetched,
                     &sub,
                     &snap_path,
                     &target,
