@@ -219,17 +219,17 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
     let (src, repo) = (t.path().join("src"), t.path().join("repo"));
     std::fs::create_dir_all(&src).unwrap();
     let mut added = 0u64;
-    let mut add = |n: u64| {
+    let add = |added: &mut u64, n: u64| {
         for _ in 0..n {
             std::fs::write(
                 src.join(format!("f{added:04}")),
-                noise(300_000, 5000 + added),
+                noise(300_000, 5000 + *added),
             )
             .unwrap();
-            added += 1;
+            *added += 1;
         }
     };
-    add(10);
+    add(&mut added, 10);
     init(&repo);
     let mut pw = PASSWORD.to_string();
     let pwfile = t.path().join("new-password");
@@ -308,7 +308,7 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         let new_pw = format!("uncut-{i}");
         std::fs::write(&pwfile, &new_pw).unwrap();
         if *op == "backup" {
-            add(3);
+            add(&mut added, 3);
         }
         let a = args_of(op, &key);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
@@ -344,7 +344,7 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         let new_pw = format!("seed-{seed}");
         std::fs::write(&pwfile, &new_pw).unwrap();
         if op == "backup" {
-            add(3);
+            add(&mut added, 3);
         }
         let a = args_of(op, &key);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();

@@ -66,12 +66,7 @@ pub(super) fn prefetch(
 
 /// One level: grouped by pack, merged into ranged reads, fetched in
 /// parallel.
-fn fetch_level(
-    repo: &Repository,
-    index: &MasterIndex,
-    ids: &[BlobId],
-    workers: usize,
-) -> Level {
+fn fetch_level(repo: &Repository, index: &MasterIndex, ids: &[BlobId], workers: usize) -> Level {
     let mut wanted: Vec<(BlobId, crate::index::BlobLoc)> = ids
         .iter()
         .filter_map(|id| {
