@@ -466,7 +466,8 @@ fn vanish_mid_restore(kind: Kind) {
 /// `CAPSULE_CUT_OFFSETS` sets the offsets per phase (3 in the test command,
 /// 100 in the documented long run, docs/RELIABILITY.md).
 fn cut_sweep(kind: Kind) {
-    let offsets: u64 = env("CAPSULE_CUT_OFFSETS")
+    let offsets: u64 = std::env::var("CAPSULE_CUT_OFFSETS")
+        .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let name = format!("sweep-{kind:?}").to_lowercase();
