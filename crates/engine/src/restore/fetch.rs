@@ -39,7 +39,7 @@ use crate::EngineError;
 /// Largest ranged read the plan makes from several blobs.
 pub const MAX_REQUEST: u64 = 4 << 20;
 /// Largest gap between two needed blobs that one read spans.
-pub const MAX_GAP: u64 = 256 << 10;
+pub const MAX_GAP: u64 = 64 << 10;
 /// Files held open between their writes; beyond this a file is closed
 /// after each write and reopened (and its identity checked) for the next.
 const MAX_OPEN_FILES: usize = 512;
