@@ -73,6 +73,9 @@ pub struct KeyInfo {
     pub damaged: Option<String>,
 }
 
+/// See [`Repository::ENVELOPE_SLACK`].
+const ENVELOPE_SLACK: usize = 4096;
+
 /// Object name of a pack: data packs live under `data/`, tree packs under
 /// `tree/`, so tree packs (small, needed by every backup) can be cached and
 /// listed without reading pack headers.
@@ -655,11 +658,36 @@ impl Repository {
     ) -> Result<Vec<u8>> {
         let pack = index.pack_id(loc.pack);
         let name = pack_name(&pack, t);
+        // Nor is a crafted length read: compression only shrinks a blob, so
+        // its envelope is at most its plaintext plus framing.
+        if loc.length as usize > self.max_blob_len(t) + ENVELOPE_SLACK {
+            return Err(EngineError::corrupt(
+                format!("{name} blob {}", id.short()),
+                format!(
+                    "the index gives it {} stored bytes, more than a blob can take",
+                    loc.length
+                ),
+            ));
+        }
         let env = self.backend.get(
             &name,
             Some(loc.offset as u64..loc.offset as u64 + loc.length as u64),
         )?;
         self.decode_blob(&name, t, id, &env, loc.raw_length as usize)
+    }
+
+    /// Bytes an envelope may add to a blob's plaintext (nonce, tag,
+    /// framing), with room to spare.
+    pub const ENVELOPE_SLACK: usize = ENVELOPE_SLACK;
+
+    /// The largest plaintext a blob of type `t` can have here: a data blob
+    /// is one chunk (at most the chunker's maximum); a tree is bounded at
+    /// 256 MiB, about two million entries in one directory.
+    pub fn max_blob_len(&self, t: BlobType) -> usize {
+        match t {
+            BlobType::Data => (self.config.chunk_max as usize).max(1 << 20),
+            BlobType::Tree => 256 << 20,
+        }
     }
 
     /// Opens a blob envelope read from a pack and checks its ID.
@@ -672,6 +700,22 @@ impl Repository {
         raw_len: usize,
     ) -> Result<Vec<u8>> {
         let obj = || format!("{pack_name} blob {}", id.short());
+        // The length is checked before anything is allocated for it: a
+        // crafted index or pack header (a decompression bomb) could
+        // otherwise make every reader allocate gigabytes.
+        let limit = self.max_blob_len(t);
+        if raw_len > limit {
+            return Err(EngineError::corrupt(
+                obj(),
+                format!(
+                    "claims {raw_len} bytes, more than any {} blob of this repository can hold ({limit})",
+                    match t {
+                        BlobType::Data => "data",
+                        BlobType::Tree => "tree",
+                    }
+                ),
+            ));
+        }
         let framed = self
             .key
             .open(Aad::Blob(t, id), envelope)

@@ -380,3 +380,35 @@ fn paths_longer_than_path_max_restore() {
     std::io::Read::read_to_string(&mut std::fs::File::from(f), &mut s).unwrap();
     assert_eq!(s, "deep");
 }
+
+/// A decompression bomb: a blob whose index entry claims gigabytes. It is
+/// refused before anything is allocated for it, and only the file that
+/// needs it fails.
+#[test]
+fn a_blob_claiming_gigabytes_is_refused_before_allocating() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = repo(&t.path().join("repo"));
+    let c = Crafter::new(repo.clone());
+    let data = c.blob(BlobType::Data, b"small and honest");
+    let root = c.tree(&[file(b"ok", data, 16)]);
+    let idx = c.finish();
+    let loc = *idx.get(&data).unwrap();
+    let env = repo
+        .backend()
+        .get(
+            &capsule_engine::repo::pack_name(&idx.pack_id(loc.pack), BlobType::Data),
+            Some(loc.offset as u64..loc.offset as u64 + loc.length as u64),
+        )
+        .unwrap();
+    let e = repo
+        .decode_blob("pack", BlobType::Data, &data, &env, 3 << 30)
+        .unwrap_err();
+    assert!(e.to_string().contains("claims"), "{e}");
+    let e = repo
+        .decode_blob("pack", BlobType::Tree, &data, &env, 1 << 30)
+        .unwrap_err();
+    assert!(e.to_string().contains("claims"), "{e}");
+    // The honest blob still restores.
+    let r = run(&repo, &idx, &root, &t.path().join("target"));
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+}

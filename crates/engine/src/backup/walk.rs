@@ -71,6 +71,16 @@ fn load_parent(ctx: &Ctx<'_>, id: Option<BlobId>) -> Vec<Node> {
 
 fn save_tree(ctx: &Ctx<'_>, nodes: &[Node]) -> Result<BlobId> {
     let enc = encode_tree(nodes);
+    // Readers refuse larger trees (a decompression-bomb guard), so a
+    // snapshot must never hold one.
+    let limit = ctx.repo.max_blob_len(BlobType::Tree);
+    if enc.len() > limit {
+        return Err(crate::EngineError::Invalid(format!(
+            "a directory with {} entries encodes to {} bytes, more than a tree may hold ({limit}); split it or exclude part of it",
+            nodes.len(),
+            enc.len()
+        )));
+    }
     let id = ctx.repo.key().blob_id(&enc);
     ctx.saver.save(BlobType::Tree, id, enc)?;
     Ok(id)

@@ -212,6 +212,20 @@ pub(super) fn write_files<L: Layout>(
                 missing = Some(format!("blob {} is in no index", id.short()));
                 break;
             };
+            // A crafted index must not make a worker read or allocate
+            // gigabytes (see `Repository::decode_blob`).
+            let limit = repo.max_blob_len(BlobType::Data);
+            if loc.raw_length as usize > limit
+                || loc.length as usize > limit + Repository::ENVELOPE_SLACK
+            {
+                missing = Some(format!(
+                    "blob {} claims {} bytes ({} stored), more than a data blob can hold",
+                    id.short(),
+                    loc.raw_length,
+                    loc.length
+                ));
+                break;
+            }
             let b = *by_id.entry(*id).or_insert_with(|| {
                 blobs.push(BlobJob {
                     id: *id,
