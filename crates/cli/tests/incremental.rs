@@ -94,11 +94,19 @@ fn deleted_cache_is_rebuilt() {
     assert_eq!(warm["cache"]["fetched"], 0, "{warm}");
     assert!(warm["cache"]["hits"].as_u64().unwrap() > 0);
     // A current cache: opening (3), two listings and the new snapshot are
-    // all that reach the repository.
+    // all that reach the repository. Other tests creating directories in
+    // the shared temporary directory change an ancestor's mtime, and then
+    // the run stores one new tree: a pack and an index file more.
+    let new_tree = if warm["storage"]["packs"].as_u64().unwrap() > 0 {
+        2
+    } else {
+        0
+    };
     assert!(
-        warm["destination"]["requests"].as_u64().unwrap() <= 6,
+        warm["destination"]["requests"].as_u64().unwrap() <= 6 + new_tree,
         "{warm}"
     );
+    assert_eq!(warm["summary"]["files_read"], 0, "{warm}");
 
     std::fs::remove_dir_all(repo.with_extension("cache")).unwrap();
     std::fs::write(src.join("d/f7"), noise(6000, 777)).unwrap();
