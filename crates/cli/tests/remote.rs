@@ -138,6 +138,54 @@ impl Remote {
         c.output().expect("run capsule")
     }
 
+    /// Runs capsule with `args`; once `ready` holds (within 60 s, and
+    /// before the run ends), the destination vanishes (the proxy is
+    /// disabled) until the run gives up (within 90 s: the retry layer takes
+    /// about 15 s). Returns the run's exit status and stderr.
+    fn vanish_during(
+        &self,
+        args: &[&str],
+        ready: impl Fn() -> bool,
+    ) -> (std::process::ExitStatus, String) {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+        c.arg("--repo")
+            .arg(&self.url)
+            .args(args)
+            .env("CAPSULE_CACHE_DIR", self.cache.path())
+            .env("CAPSULE_STATE_DIR", self.cache.path().join("state"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().unwrap();
+        let kind = self.kind;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready() && Instant::now() < deadline {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{kind:?}: {args:?} finished before the destination could vanish"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.proxy.set_enabled(false).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{kind:?}: {args:?} did not give up on a vanished destination");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        self.proxy.set_enabled(true).unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        (status, err)
+    }
+
     fn run(&self, args: &[&str]) -> Output {
         self.run_with(args, &[])
     }
@@ -289,42 +337,7 @@ fn vanish_mid_backup(kind: Kind) {
     }
     r.ok(&["init", "--pack-size-mib", "4"]);
     let journal = || journal_in(r.cache.path());
-    let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
-    c.arg("--repo")
-        .arg(&r.url)
-        .args(["backup", src.to_str().unwrap()])
-        .env("CAPSULE_CACHE_DIR", r.cache.path())
-        .env("CAPSULE_STATE_DIR", r.cache.path().join("state"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in &r.env {
-        c.env(k, v);
-    }
-    let mut child = c.spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while journal().is_none() && Instant::now() < deadline {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "{kind:?}: backup finished before the destination could vanish"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    r.proxy.set_enabled(false).unwrap();
-    // Retries give up after about 15 s; bound the wait anyway.
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{kind:?}: backup did not give up on a vanished destination");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    r.proxy.set_enabled(true).unwrap();
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let (status, err) = r.vanish_during(&["backup", src.to_str().unwrap()], || journal().is_some());
     assert_eq!(status.code(), Some(14), "{kind:?}: {err}");
     assert!(
         journal().is_some(),
@@ -382,20 +395,6 @@ fn vanish_mid_restore(kind: Kind) {
     r.ok(&["backup", src.to_str().unwrap()]);
     let target = work.path().join("restored");
     let dir = restored(&target, &src);
-    let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
-    c.arg("--repo")
-        .arg(&r.url)
-        .args(["--no-cache", "--connections", "2", "restore", "latest"])
-        .arg("--target")
-        .arg(&target)
-        .env("CAPSULE_CACHE_DIR", r.cache.path())
-        .env("CAPSULE_STATE_DIR", r.cache.path().join("state"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    for (k, v) in &r.env {
-        c.env(k, v);
-    }
-    let mut child = c.spawn().unwrap();
     // A file is complete once its times are set (the last step).
     let complete = || {
         files_under(&dir)
@@ -406,29 +405,19 @@ fn vanish_mid_restore(kind: Kind) {
             })
             .count()
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline && !(dir.exists() && complete() >= 4) {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "{kind:?}: restore finished before the destination could vanish"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    r.proxy.set_enabled(false).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{kind:?}: restore did not give up on a vanished destination");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    r.proxy.set_enabled(true).unwrap();
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    let t = target.to_str().unwrap();
+    let (status, err) = r.vanish_during(
+        &[
+            "--no-cache",
+            "--connections",
+            "2",
+            "restore",
+            "latest",
+            "--target",
+            t,
+        ],
+        || dir.exists() && complete() >= 4,
+    );
     assert_eq!(status.code(), Some(14), "{kind:?}: {err}");
     // What is left is complete.
     let left = files_under(&dir);

@@ -634,20 +634,16 @@ fn fixed_costs(conn: &Connector, repo: &Destination, work: &Path) -> Result<(f64
     Ok(((changed + changed2) / 2.0, unchanged))
 }
 
-fn parallel_puts(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result<()> {
+/// Runs `f(i)` for `i` in `0..n` on `n` threads at once; the first error
+/// wins.
+fn on_threads(
+    n: usize,
+    f: impl Fn(usize) -> std::result::Result<(), capsule_backend::BackendError> + Sync,
+) -> Result<()> {
     let mut err = None;
     std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|i| {
-                s.spawn(move || {
-                    b.put_stream(
-                        &format!("est/{tag}{i}"),
-                        size,
-                        &mut Noise::new(i as u64 + 9, size),
-                    )
-                })
-            })
-            .collect();
+        let f = &f;
+        let hs: Vec<_> = (0..n).map(|i| s.spawn(move || f(i))).collect();
         for h in hs {
             if let Ok(Err(e)) = h.join() {
                 err.get_or_insert(e);
@@ -660,44 +656,34 @@ fn parallel_puts(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result
     }
 }
 
+fn parallel_puts(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result<()> {
+    on_threads(n, |i| {
+        b.put_stream(
+            &format!("est/{tag}{i}"),
+            size,
+            &mut Noise::new(i as u64 + 9, size),
+        )
+    })
+}
+
 /// Reads back what [`parallel_puts`] wrote, in 4 MiB ranges, `n` reads at
 /// once. Returns the bytes read.
 fn parallel_gets(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result<u64> {
+    use std::sync::atomic::Ordering::Relaxed;
     let chunk = 4u64 << 20;
     let ranges: Vec<(usize, u64)> = (0..n)
         .flat_map(|i| (0..size.div_ceil(chunk)).map(move |k| (i, k * chunk)))
         .collect();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let total = std::sync::atomic::AtomicU64::new(0);
-    let mut err = None;
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|_| {
-                s.spawn(
-                    || -> std::result::Result<(), capsule_backend::BackendError> {
-                        use std::sync::atomic::Ordering::Relaxed;
-                        while let Some(&(i, off)) = ranges.get(next.fetch_add(1, Relaxed)) {
-                            let got = b.get(
-                                &format!("est/{tag}{i}"),
-                                Some(off..(off + chunk).min(size)),
-                            )?;
-                            total.fetch_add(got.len() as u64, Relaxed);
-                        }
-                        Ok(())
-                    },
-                )
-            })
-            .collect();
-        for h in hs {
-            if let Ok(Err(e)) = h.join() {
-                err.get_or_insert(e);
-            }
+    on_threads(n, |_| {
+        while let Some(&(i, off)) = ranges.get(next.fetch_add(1, Relaxed)) {
+            let got = b.get(&format!("est/{tag}{i}"), Some(off..(off + chunk).min(size)))?;
+            total.fetch_add(got.len() as u64, Relaxed);
         }
-    });
-    match err {
-        Some(e) => Err(e.into()),
-        None => Ok(total.into_inner()),
-    }
+        Ok(())
+    })?;
+    Ok(total.into_inner())
 }
 
 /// Median of a non-empty slice.
