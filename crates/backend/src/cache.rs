@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Backend, BackendError, Capabilities, ErrorKind, ObjectInfo, Space};
+use crate::{Backend, BackendError, ErrorKind, LabBackend};
 
 const CACHED_PREFIXES: [&str; 3] = ["index/", "snapshots/", "tree/"];
 
@@ -36,7 +36,7 @@ pub struct CacheStats {
 /// A backend with a local cache directory in front of it.
 #[derive(Debug)]
 pub struct CachingBackend {
-    inner: Arc<dyn Backend>,
+    inner: Arc<dyn LabBackend>,
     dir: PathBuf,
     verified: Mutex<HashSet<String>>,
     stats: Arc<CacheStats>,
@@ -58,7 +58,7 @@ fn matches_name(name: &str, bytes: &[u8]) -> bool {
 impl CachingBackend {
     /// Wraps `inner`, caching in `dir` (created if missing, with a
     /// `CACHEDIR.TAG` so other backup tools skip it).
-    pub fn new(inner: Arc<dyn Backend>, dir: impl Into<PathBuf>) -> std::io::Result<Self> {
+    pub fn new(inner: Arc<dyn LabBackend>, dir: impl Into<PathBuf>) -> std::io::Result<Self> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
         // Trees name every path backed up: keep the cache private, also
@@ -157,7 +157,11 @@ fn read_range(
     Ok(v)
 }
 
-impl Backend for CachingBackend {
+impl crate::Layer for CachingBackend {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
         let r = self.inner.put(name, data);
         let stored = r.is_ok()
@@ -195,18 +199,6 @@ impl Backend for CachingBackend {
         }
     }
 
-    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
-        self.inner.stat(name)
-    }
-
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        self.inner.list(prefix)
-    }
-
-    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
-        self.inner.put_stream(name, size, data)
-    }
-
     fn get_stream(
         &self,
         name: &str,
@@ -214,7 +206,7 @@ impl Backend for CachingBackend {
         out: &mut dyn std::io::Write,
     ) -> Result<u64, BackendError> {
         if cacheable(name) {
-            let v = self.get(name, range)?;
+            let v = Backend::get(self, name, range)?;
             out.write_all(&v)
                 .map_err(|e| crate::write_out_error(name, e))?;
             return Ok(v.len() as u64);
@@ -228,36 +220,6 @@ impl Backend for CachingBackend {
             let _ = std::fs::remove_file(self.local(name));
         }
         Ok(())
-    }
-
-    fn probe_write(
-        &self,
-        name: &str,
-        data: &[u8],
-        writes: usize,
-        sync: bool,
-    ) -> Result<(), BackendError> {
-        self.inner.probe_write(name, data, writes, sync)
-    }
-
-    fn space(&self) -> Result<Option<Space>, BackendError> {
-        self.inner.space()
-    }
-
-    fn ping(&self) -> Result<(), BackendError> {
-        self.inner.ping()
-    }
-
-    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
-        self.inner.remove_empty_dirs()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn location(&self) -> String {
-        self.inner.location()
     }
 }
 

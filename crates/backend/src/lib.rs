@@ -134,8 +134,14 @@ pub struct Space {
     pub total: u64,
 }
 
-/// The contract every destination implements. All methods are safe to call
-/// from many threads at once.
+/// The contract every destination implements: what the engine needs to
+/// store and read a repository. All methods are safe to call from many
+/// threads at once.
+///
+/// The destination lab needs a few more operations; they live in
+/// [`LabBackend`], so that this contract stays the one a repository relies
+/// on. Decorators implement [`Layer`] instead, and forward whatever they do
+/// not change.
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Stores `data` under `name`.
     ///
@@ -189,12 +195,25 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Ok(data.len() as u64)
     }
 
-    /// Writes `data` under `name` the way a per-file copier does, for the
-    /// destination lab: no temporary name, `writes` separate write requests
-    /// of equal size, and a request for stable storage only when `sync`. It
-    /// may replace an existing object. Never used for repository data.
-    /// A synced call must cost the same round trips as an unsynced one (send
-    /// the sync with the close), so that the lab's flush time is the sync.
+    /// Static facts about this backend.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Where this backend points, for messages (`/srv/backup`, `s3://…`).
+    fn location(&self) -> String;
+}
+
+/// What the destination lab needs beyond [`Backend`]: writes shaped like a
+/// per-file copier's, free space, the cheapest round trip, and clean-up of
+/// the directories its objects left. Never used for repository data. Every
+/// method has a default that suits an object store, so a backend opts in
+/// with an empty `impl` and overrides only what its protocol does better.
+pub trait LabBackend: Backend {
+    /// Writes `data` under `name` the way a per-file copier does: no
+    /// temporary name, `writes` separate write requests of equal size, and a
+    /// request for stable storage only when `sync`. It may replace an
+    /// existing object. A synced call must cost the same round trips as an
+    /// unsynced one (send the sync with the close), so that the lab's flush
+    /// time is the sync.
     ///
     /// The default calls `put` (object stores have no unsynced write).
     fn probe_write(
@@ -231,12 +250,141 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         Ok(())
     }
+}
 
-    /// Static facts about this backend.
-    fn capabilities(&self) -> Capabilities;
+/// The forwarding base of a decorator (retries, accounting, cache, fault
+/// injection): every operation of [`Backend`] and [`LabBackend`] goes to
+/// [`Layer::inner`] unless the layer overrides it. A layer therefore writes
+/// only what it changes, and an operation added to the contract later
+/// reaches the destination through every layer instead of falling back to a
+/// default (the way OpenDAL's layered accessor works).
+///
+/// Every `Layer` is a [`Backend`] and a [`LabBackend`]. Implement it by path
+/// (`impl capsule_backend::Layer for …`) rather than importing it, so that
+/// method calls on the layer resolve to [`Backend`] alone.
+pub trait Layer: Send + Sync + std::fmt::Debug {
+    /// The backend this layer wraps.
+    fn inner(&self) -> &dyn LabBackend;
 
-    /// Where this backend points, for messages (`/srv/backup`, `s3://…`).
-    fn location(&self) -> String;
+    /// See [`Backend::put`].
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        self.inner().put(name, data)
+    }
+    /// See [`Backend::get`].
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        self.inner().get(name, range)
+    }
+    /// See [`Backend::stat`].
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        self.inner().stat(name)
+    }
+    /// See [`Backend::list`].
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.inner().list(prefix)
+    }
+    /// See [`Backend::delete`].
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        self.inner().delete(name)
+    }
+    /// See [`Backend::put_stream`].
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        self.inner().put_stream(name, size, data)
+    }
+    /// See [`Backend::get_stream`].
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        self.inner().get_stream(name, range, out)
+    }
+    /// See [`Backend::capabilities`].
+    fn capabilities(&self) -> Capabilities {
+        self.inner().capabilities()
+    }
+    /// See [`Backend::location`].
+    fn location(&self) -> String {
+        self.inner().location()
+    }
+    /// See [`LabBackend::probe_write`].
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        self.inner().probe_write(name, data, writes, sync)
+    }
+    /// See [`LabBackend::space`].
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        self.inner().space()
+    }
+    /// See [`LabBackend::ping`].
+    fn ping(&self) -> Result<(), BackendError> {
+        self.inner().ping()
+    }
+    /// See [`LabBackend::remove_empty_dirs`].
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        self.inner().remove_empty_dirs()
+    }
+}
+
+impl<L: Layer> Backend for L {
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        Layer::put(self, name, data)
+    }
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        Layer::get(self, name, range)
+    }
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        Layer::stat(self, name)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        Layer::list(self, prefix)
+    }
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        Layer::delete(self, name)
+    }
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        Layer::put_stream(self, name, size, data)
+    }
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        Layer::get_stream(self, name, range, out)
+    }
+    fn capabilities(&self) -> Capabilities {
+        Layer::capabilities(self)
+    }
+    fn location(&self) -> String {
+        Layer::location(self)
+    }
+}
+
+impl<L: Layer> LabBackend for L {
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        writes: usize,
+        sync: bool,
+    ) -> Result<(), BackendError> {
+        Layer::probe_write(self, name, data, writes, sync)
+    }
+    fn space(&self) -> Result<Option<Space>, BackendError> {
+        Layer::space(self)
+    }
+    fn ping(&self) -> Result<(), BackendError> {
+        Layer::ping(self)
+    }
+    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        Layer::remove_empty_dirs(self)
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -258,6 +406,23 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
         (**self).put_stream(name, size, data)
     }
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        (**self).get_stream(name, range, out)
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    fn location(&self) -> String {
+        (**self).location()
+    }
+}
+
+impl<B: LabBackend + ?Sized> LabBackend for Arc<B> {
     fn probe_write(
         &self,
         name: &str,
@@ -275,20 +440,6 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         (**self).remove_empty_dirs()
-    }
-    fn get_stream(
-        &self,
-        name: &str,
-        range: Option<Range<u64>>,
-        out: &mut dyn Write,
-    ) -> Result<u64, BackendError> {
-        (**self).get_stream(name, range, out)
-    }
-    fn capabilities(&self) -> Capabilities {
-        (**self).capabilities()
-    }
-    fn location(&self) -> String {
-        (**self).location()
     }
 }
 

@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
-use crate::{validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo, Space};
+use crate::{
+    validate_name, Backend, BackendError, Capabilities, ErrorKind, LabBackend, ObjectInfo, Space,
+};
 
 /// When writes reach stable storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,6 +314,20 @@ impl Backend for LocalBackend {
             .map_err(|e| io_err("delete", name, e))
     }
 
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            concurrency: 2,
+            durable_put: self.sync == SyncPolicy::Sync,
+            local: true,
+        }
+    }
+
+    fn location(&self) -> String {
+        self.root.display().to_string()
+    }
+}
+
+impl LabBackend for LocalBackend {
     fn probe_write(
         &self,
         name: &str,
@@ -384,18 +400,6 @@ impl Backend for LocalBackend {
             let _ = fs::remove_dir(d);
         }
         Ok(())
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            concurrency: 2,
-            durable_put: self.sync == SyncPolicy::Sync,
-            local: true,
-        }
-    }
-
-    fn location(&self) -> String {
-        self.root.display().to_string()
     }
 }
 

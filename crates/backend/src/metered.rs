@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::{Backend, BackendError, Capabilities, ObjectInfo, Space};
+use crate::{BackendError, LabBackend, ObjectInfo, Space};
 
 /// Counters of one destination, shared with whoever reports them.
 #[derive(Debug, Default)]
@@ -88,13 +88,13 @@ impl RequestStats {
 /// A backend that counts requests into a shared [`RequestStats`].
 #[derive(Debug)]
 pub struct MeteredBackend {
-    inner: Arc<dyn Backend>,
+    inner: Arc<dyn LabBackend>,
     stats: Arc<RequestStats>,
 }
 
 impl MeteredBackend {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn Backend>) -> Self {
+    pub fn new(inner: Arc<dyn LabBackend>) -> Self {
         MeteredBackend {
             inner,
             stats: Arc::new(RequestStats::default()),
@@ -119,7 +119,11 @@ impl MeteredBackend {
     }
 }
 
-impl Backend for MeteredBackend {
+impl crate::Layer for MeteredBackend {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
         let r = self.timed(&self.stats.puts, || self.inner.put(name, data));
         if r.is_ok() {
@@ -196,20 +200,12 @@ impl Backend for MeteredBackend {
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         self.timed(&self.stats.deletes, || self.inner.remove_empty_dirs())
     }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn location(&self) -> String {
-        self.inner.location()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{LocalBackend, SyncPolicy};
+    use crate::{Backend, LocalBackend, SyncPolicy};
 
     #[test]
     fn counts_each_call_and_its_bytes() {

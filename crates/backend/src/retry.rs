@@ -7,13 +7,12 @@
 //! its answer was lost, the retry reports `AlreadyExists`, which callers of
 //! content-addressed names treat as success.
 
-use std::io::{Read, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Backend, BackendError, Capabilities, ObjectInfo, Space};
+use crate::{BackendError, LabBackend, ObjectInfo, Space};
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone, Copy)]
@@ -56,14 +55,14 @@ impl RetryPolicy {
 /// A backend that retries transient failures of the one it wraps.
 #[derive(Debug)]
 pub struct RetryBackend {
-    inner: Arc<dyn Backend>,
+    inner: Arc<dyn LabBackend>,
     policy: RetryPolicy,
     retries: Arc<AtomicU64>,
 }
 
 impl RetryBackend {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn Backend>, policy: RetryPolicy) -> Self {
+    pub fn new(inner: Arc<dyn LabBackend>, policy: RetryPolicy) -> Self {
         RetryBackend {
             inner,
             policy,
@@ -95,29 +94,22 @@ impl RetryBackend {
     }
 }
 
-impl Backend for RetryBackend {
+/// `put_stream` and `get_stream` are not retried (the source cannot be
+/// rewound, and part of the object may already have been written out;
+/// callers with a seekable source retry themselves), nor is `ping` (it
+/// measures the round trip, and a retried one would hide the failure it is
+/// meant to show): the layer forwards them unchanged.
+impl crate::Layer for RetryBackend {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
         self.run(|| self.inner.put(name, data))
     }
 
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
         self.run(|| self.inner.get(name, range.clone()))
-    }
-
-    /// Not retried: the source cannot be rewound. Callers with a seekable
-    /// source retry themselves.
-    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
-        self.inner.put_stream(name, size, data)
-    }
-
-    /// Not retried: part of the object may already have been written out.
-    fn get_stream(
-        &self,
-        name: &str,
-        range: Option<Range<u64>>,
-        out: &mut dyn Write,
-    ) -> Result<u64, BackendError> {
-        self.inner.get_stream(name, range, out)
     }
 
     fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
@@ -146,29 +138,15 @@ impl Backend for RetryBackend {
         self.run(|| self.inner.space())
     }
 
-    /// Not retried: a ping measures the round trip, and a retried one would
-    /// hide the failure it is meant to show.
-    fn ping(&self) -> Result<(), BackendError> {
-        self.inner.ping()
-    }
-
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         self.run(|| self.inner.remove_empty_dirs())
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn location(&self) -> String {
-        self.inner.location()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorKind;
+    use crate::{Backend, Capabilities, ErrorKind};
     use std::sync::Mutex;
 
     /// Fails the first `fail` calls with the given error, then succeeds.
@@ -212,6 +190,8 @@ mod tests {
             "flaky".into()
         }
     }
+
+    impl LabBackend for Flaky {}
 
     fn quick() -> RetryPolicy {
         RetryPolicy {

@@ -8,11 +8,12 @@
 //! from its seed.
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Backend, BackendError, Capabilities, ErrorKind, ObjectInfo};
+use crate::{Backend, BackendError, Capabilities, ErrorKind, LabBackend, ObjectInfo};
 
 /// Objects in memory. Cheap to clone (a deep copy of the store), so one
 /// repository state can be the start of many fault runs.
@@ -133,6 +134,8 @@ impl Backend for MemoryBackend {
     }
 }
 
+impl LabBackend for MemoryBackend {}
+
 /// What to do to one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -173,7 +176,7 @@ impl FaultPlan {
 /// Wraps a backend and injects the faults of a [`FaultPlan`].
 #[derive(Debug)]
 pub struct FaultBackend {
-    inner: Arc<dyn Backend>,
+    inner: Arc<dyn LabBackend>,
     plan: FaultPlan,
     calls: AtomicU64,
     crashed: AtomicBool,
@@ -182,7 +185,7 @@ pub struct FaultBackend {
 
 impl FaultBackend {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn Backend>, plan: FaultPlan) -> Self {
+    pub fn new(inner: Arc<dyn LabBackend>, plan: FaultPlan) -> Self {
         FaultBackend {
             inner,
             plan,
@@ -247,7 +250,32 @@ impl FaultBackend {
     }
 }
 
-impl Backend for FaultBackend {
+/// Every repository operation counts as a call and may draw a fault; the
+/// streaming calls go through `put` and `get` so that they do too. The lab's
+/// operations pass through uncounted.
+impl crate::Layer for FaultBackend {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+
+    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        let mut buf = Vec::new();
+        crate::read_exact_len(data, size, &mut buf, name)?;
+        Backend::put(self, name, &buf)
+    }
+
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<Range<u64>>,
+        out: &mut dyn Write,
+    ) -> Result<u64, BackendError> {
+        let v = Backend::get(self, name, range)?;
+        out.write_all(&v)
+            .map_err(|e| crate::write_out_error(name, e))?;
+        Ok(v.len() as u64)
+    }
+
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
         match self.next("put", name)? {
             Some(Fault::LostWrite) => Ok(()),
@@ -284,10 +312,6 @@ impl Backend for FaultBackend {
         self.inner.delete(name)
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
     fn location(&self) -> String {
         format!("faults({})", self.inner.location())
     }
@@ -308,15 +332,52 @@ mod tests {
     #[test]
     fn decorator_stack_meets_the_contract() {
         let dir = tempfile::tempdir().unwrap();
-        let mem: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
-        let faults: Arc<dyn Backend> = Arc::new(FaultBackend::new(mem, FaultPlan::default()));
-        let metered: Arc<dyn Backend> = Arc::new(crate::MeteredBackend::new(faults));
-        let retry: Arc<dyn Backend> = Arc::new(crate::RetryBackend::new(
+        let mem: Arc<dyn LabBackend> = Arc::new(MemoryBackend::new());
+        let faults: Arc<dyn LabBackend> = Arc::new(FaultBackend::new(mem, FaultPlan::default()));
+        let metered: Arc<dyn LabBackend> = Arc::new(crate::MeteredBackend::new(faults));
+        let retry: Arc<dyn LabBackend> = Arc::new(crate::RetryBackend::new(
             metered,
             crate::RetryPolicy::default(),
         ));
         let cached = crate::CachingBackend::new(retry, dir.path()).unwrap();
         crate::conformance::run_all(&cached);
+    }
+
+    /// The lab's operations are not in the repository contract, yet they
+    /// must reach the destination through every layer rather than fall back
+    /// to a default: free space through the stack is the disk's.
+    #[test]
+    fn lab_operations_reach_the_destination_through_every_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        let local: Arc<dyn LabBackend> =
+            Arc::new(crate::LocalBackend::open(&repo, crate::SyncPolicy::NoSync).unwrap());
+        let faults: Arc<dyn LabBackend> =
+            Arc::new(FaultBackend::new(local.clone(), FaultPlan::default()));
+        let metered = crate::MeteredBackend::new(faults);
+        let stats = metered.stats();
+        let retry: Arc<dyn LabBackend> = Arc::new(crate::RetryBackend::new(
+            Arc::new(metered),
+            crate::RetryPolicy::default(),
+        ));
+        let top = crate::CachingBackend::new(retry, dir.path().join("cache")).unwrap();
+
+        assert_eq!(
+            top.space().unwrap().map(|s| s.total),
+            local.space().unwrap().map(|s| s.total),
+            "space() reaches the disk"
+        );
+        top.probe_write("lab/a/x", b"0123456789", 2, false).unwrap();
+        assert_eq!(std::fs::read(repo.join("lab/a/x")).unwrap(), b"0123456789");
+        top.delete("lab/a/x").unwrap();
+        top.remove_empty_dirs().unwrap();
+        assert!(!repo.join("lab").exists(), "remove_empty_dirs reached the disk");
+        top.ping().unwrap();
+        assert!(
+            stats.requests() >= 4,
+            "the accounting layer saw the lab's calls"
+        );
     }
 
     #[test]

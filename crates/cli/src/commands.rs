@@ -19,8 +19,11 @@ use crate::settings::{self, RepoLocation};
 use crate::{exit, GlobalArgs};
 
 fn open(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
-    let (repo, loc) = open_uncached(g, out)?;
-    let (repo, _) = settings::with_cache(g, repo)?;
+    let loc = settings::location(g)?;
+    let backend = settings::backend(g, &loc, false)?;
+    let pw = settings::password(g)?;
+    let repo = open_with(backend.clone(), &pw, out)?;
+    let (repo, _) = settings::with_cache(g, repo, backend)?;
     Ok((repo, loc))
 }
 
@@ -35,7 +38,7 @@ fn open_uncached(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocati
 /// Opens with a password, and warns of damaged or stray key files (which
 /// did not stop this key from opening it).
 fn open_with(
-    backend: Arc<dyn capsule_backend::Backend>,
+    backend: Arc<dyn capsule_backend::LabBackend>,
     pw: &[u8],
     out: &Output,
 ) -> Result<Repository> {
@@ -141,22 +144,21 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         loc.is_default && loc.local_path().is_some_and(|p| !p.join("config").exists());
     let t_connect = std::time::Instant::now();
     let mut connect_secs = 0.0;
+    let backend = settings::backend(g, &loc, new_default)?;
     let repo = if new_default {
         // The embedded default: created on first use.
-        let backend = settings::backend(g, &loc, true)?;
         let pw = settings::new_password(g, "password for the new default repository")?;
-        let r = Repository::init(backend, &pw, &InitOptions::default())?;
+        let r = Repository::init(backend.clone(), &pw, &InitOptions::default())?;
         if !out.json {
             eprintln!("created a new repository at {}", loc.display());
         }
         r
     } else {
-        let backend = settings::backend(g, &loc, false)?;
         connect_secs = t_connect.elapsed().as_secs_f64();
         let pw = settings::password(g)?;
-        open_with(backend, &pw, out)?
+        open_with(backend.clone(), &pw, out)?
     };
-    let (repo, cache) = settings::with_cache(g, repo)?;
+    let (repo, cache) = settings::with_cache(g, repo, backend)?;
     let open_secs = t_connect.elapsed().as_secs_f64() - connect_secs;
     let repo_id = repo.config().id.clone();
     let mut skip_dirs: Vec<PathBuf> = loc.local_path().map(PathBuf::from).into_iter().collect();

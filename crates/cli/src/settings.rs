@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use capsule_backend::{
-    Backend, LocalBackend, MeteredBackend, RequestStats, RetryBackend, RetryPolicy, SyncPolicy,
+    LabBackend, LocalBackend, MeteredBackend, RequestStats, RetryBackend, RetryPolicy, SyncPolicy,
 };
 use capsule_net::Destination;
 
@@ -88,8 +88,8 @@ static STATS: OnceLock<DestinationStats> = OnceLock::new();
 /// The stack, bottom up: the destination, request accounting (each attempt
 /// on the wire counts), retries of transient failures. The cache goes on
 /// top in [`with_cache`].
-pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<dyn Backend>> {
-    let raw: Arc<dyn Backend> = match &loc.dest {
+pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<dyn LabBackend>> {
+    let raw: Arc<dyn LabBackend> = match &loc.dest {
         Destination::Local(path) => {
             let sync = if g.no_fsync {
                 SyncPolicy::NoSync
@@ -211,17 +211,19 @@ pub fn write_damaged_packs(dir: &Path, packs: &[String]) -> std::io::Result<()> 
 /// Statistics and directory of the cache in use.
 pub type CacheHandle = (Arc<capsule_backend::CacheStats>, PathBuf);
 
-/// Puts the local cache in front of an open repository's backend, unless
-/// `--no-cache`. Returns the cache's statistics and directory.
+/// Puts the local cache in front of an open repository's backend (the
+/// `backend` it was opened on), unless `--no-cache`. Returns the cache's
+/// statistics and directory.
 pub fn with_cache(
     g: &GlobalArgs,
     repo: capsule_engine::Repository,
+    backend: Arc<dyn LabBackend>,
 ) -> Result<(capsule_engine::Repository, Option<CacheHandle>)> {
     let Some(dir) = cache_dir(g, &repo) else {
         return Ok((repo, None));
     };
     // The cache only saves time: if it cannot be created, work without it.
-    let cached = match capsule_backend::CachingBackend::new(repo.backend().clone(), &dir) {
+    let cached = match capsule_backend::CachingBackend::new(backend, &dir) {
         Ok(c) => c,
         Err(e) => {
             eprintln!(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use capsule_backend::{
-    Backend, LocalBackend, MeteredBackend, RequestStats, RetryBackend, RetryPolicy, SyncPolicy,
+    LabBackend, LocalBackend, MeteredBackend, RequestStats, RetryBackend, RetryPolicy, SyncPolicy,
 };
 use capsule_net::Destination;
 
@@ -15,7 +15,7 @@ use crate::Result;
 #[derive(Clone)]
 pub struct Opened {
     /// The stack to use.
-    pub backend: Arc<dyn Backend>,
+    pub backend: Arc<dyn LabBackend>,
     /// Its request counters.
     pub stats: Arc<RequestStats>,
     /// Seconds to connect (and log in).
@@ -35,7 +35,7 @@ impl Connector {
     /// Opens `dest`, creating its base directory if `create`.
     pub fn open(&self, dest: &Destination, create: bool) -> Result<Opened> {
         let t = Instant::now();
-        let raw: Arc<dyn Backend> = match dest {
+        let raw: Arc<dyn LabBackend> = match dest {
             Destination::Local(p) => {
                 let sync = if self.no_fsync {
                     SyncPolicy::NoSync
@@ -78,7 +78,7 @@ pub fn kind(dest: &Destination) -> &'static str {
 
 /// Deletes every object under `prefix` with `threads` requests in flight,
 /// then removes the empty directories left behind.
-pub fn delete_all(b: &dyn Backend, prefix: &str, threads: usize) -> Result<u64> {
+pub fn delete_all(b: &dyn LabBackend, prefix: &str, threads: usize) -> Result<u64> {
     let objects = b.list(prefix)?;
     let n = objects.len() as u64;
     let chunk = objects.len().div_ceil(threads.max(1)).max(1);

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use capsule_backend::Backend;
+use capsule_backend::LabBackend;
 use capsule_net::Destination;
 use serde::{Deserialize, Serialize};
 
@@ -656,7 +656,7 @@ fn on_threads(
     }
 }
 
-fn parallel_puts(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result<()> {
+fn parallel_puts(b: &Arc<dyn LabBackend>, tag: &str, n: usize, size: u64) -> Result<()> {
     on_threads(n, |i| {
         b.put_stream(
             &format!("est/{tag}{i}"),
@@ -668,7 +668,7 @@ fn parallel_puts(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result
 
 /// Reads back what [`parallel_puts`] wrote, in 4 MiB ranges, `n` reads at
 /// once. Returns the bytes read.
-fn parallel_gets(b: &Arc<dyn Backend>, tag: &str, n: usize, size: u64) -> Result<u64> {
+fn parallel_gets(b: &Arc<dyn LabBackend>, tag: &str, n: usize, size: u64) -> Result<u64> {
     use std::sync::atomic::Ordering::Relaxed;
     let chunk = 4u64 << 20;
     let ranges: Vec<(usize, u64)> = (0..n)

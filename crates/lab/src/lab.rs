@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capsule_backend::{Backend, CachingBackend};
+use capsule_backend::{CachingBackend, LabBackend};
 use capsule_engine::backup::{backup, BackupOptions};
 use capsule_engine::progress::Progress;
 use capsule_engine::repo::InitOptions;
@@ -448,7 +448,7 @@ pub fn backup_step(
         Repository::open(opened.backend.clone(), password)?
     };
     let dir = cache.join(&repo.config().id);
-    let cached = CachingBackend::new(repo.backend().clone(), &dir)
+    let cached = CachingBackend::new(opened.backend.clone(), &dir)
         .map_err(|e| LabError::io("create the cache", &dir, e))?;
     let repo_id = repo.config().id.clone();
     let repo = repo.with_backend(Arc::new(cached));
@@ -602,7 +602,7 @@ fn per_file_copy(opened: &Opened, dir: &Path, budget: Duration, hints: Hints) ->
 fn nearly_full(
     conn: &Connector,
     scratch: &Destination,
-    b: &Arc<dyn Backend>,
+    b: &Arc<dyn LabBackend>,
     pct: f64,
     paths: &[PathBuf],
     opts: &LabOptions,
@@ -679,7 +679,7 @@ fn nearly_full(
 }
 
 /// Writes `bytes` of filler in 64 MiB objects, four at a time.
-fn write_filler(b: &Arc<dyn Backend>, bytes: u64) -> Result<u64> {
+fn write_filler(b: &Arc<dyn LabBackend>, bytes: u64) -> Result<u64> {
     const PIECE: u64 = 64 << 20;
     let n = bytes.div_ceil(PIECE);
     let next = std::sync::atomic::AtomicU64::new(0);

@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::time::Instant;
 
-use capsule_backend::{Backend, BackendError, ErrorKind};
+use capsule_backend::{BackendError, ErrorKind, LabBackend};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
@@ -233,7 +233,7 @@ fn time<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
 }
 
 /// Times `n` cheapest requests.
-pub fn round_trip(b: &dyn Backend, n: usize) -> Result<Timing> {
+pub fn round_trip(b: &dyn LabBackend, n: usize) -> Result<Timing> {
     // One untimed request first: connections and caches warm up.
     b.ping()?;
     let mut v = Vec::with_capacity(n);
@@ -244,7 +244,7 @@ pub fn round_trip(b: &dyn Backend, n: usize) -> Result<Timing> {
 }
 
 /// Free space, as a report.
-pub fn space(b: &dyn Backend) -> Result<Option<SpaceReport>> {
+pub fn space(b: &dyn LabBackend) -> Result<Option<SpaceReport>> {
     Ok(b.space()?.map(|s| SpaceReport {
         free: s.free,
         total: s.total,
@@ -257,7 +257,7 @@ pub fn space(b: &dyn Backend) -> Result<Option<SpaceReport>> {
 }
 
 /// Writes then reads `size` bytes as one object.
-pub fn sequential(b: &dyn Backend, size: u64) -> Result<(Transfer, Transfer)> {
+pub fn sequential(b: &dyn LabBackend, size: u64) -> Result<(Transfer, Transfer)> {
     let name = "probe/sequential";
     b.delete(name)?;
     let r = (|| {
@@ -270,7 +270,7 @@ pub fn sequential(b: &dyn Backend, size: u64) -> Result<(Transfer, Transfer)> {
 }
 
 /// Creates, lists, reads and deletes `count` small objects one at a time.
-pub fn small_objects(b: &dyn Backend, count: usize, size: usize) -> Result<SmallObjects> {
+pub fn small_objects(b: &dyn LabBackend, count: usize, size: usize) -> Result<SmallObjects> {
     let count = count.max(1);
     let data = Noise::bytes(11, size);
     let names = |tag: &str| -> Vec<String> {
@@ -352,7 +352,11 @@ const SYNC_SIZE: usize = 1 << 20;
 /// and the flush costs one real sync. Where every write is forced to
 /// stable storage, each request costs a sync of its own, and the flush
 /// finds nothing left to do.
-pub fn forced_sync(b: &dyn Backend, remote_kind: Option<&str>, reps: usize) -> Result<SyncVerdict> {
+pub fn forced_sync(
+    b: &dyn LabBackend,
+    remote_kind: Option<&str>,
+    reps: usize,
+) -> Result<SyncVerdict> {
     if remote_kind == Some("s3") {
         return Ok(SyncVerdict {
             mode: SyncMode::NotApplicable,

@@ -25,7 +25,7 @@ pub mod url;
 
 use std::sync::Arc;
 
-use capsule_backend::{Backend, BackendError};
+use capsule_backend::{BackendError, LabBackend};
 
 pub use url::{Destination, ParseError};
 
@@ -79,7 +79,7 @@ impl Options {
 }
 
 /// Connects to a network destination. Local paths are not handled here.
-pub fn connect(dest: &Destination, opts: &Options) -> Result<Arc<dyn Backend>, BackendError> {
+pub fn connect(dest: &Destination, opts: &Options) -> Result<Arc<dyn LabBackend>, BackendError> {
     Ok(match dest {
         Destination::Smb(t) => Arc::new(smb::SmbBackend::connect(t, opts)?),
         Destination::Sftp(t) => Arc::new(sftp::SftpBackend::connect(t, opts)?),

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capsule_backend::{
-    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo,
+    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, LabBackend,
+    ObjectInfo,
 };
 use futures::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3, AmazonS3Builder, S3ConditionalPut};
@@ -404,25 +405,6 @@ impl Backend for S3Backend {
             .map_err(|e| classify("put", name, e))
     }
 
-    /// One plain PUT that may replace: an object store acknowledges only
-    /// what it has stored durably, so `sync` and `writes` change nothing.
-    fn probe_write(
-        &self,
-        name: &str,
-        data: &[u8],
-        _writes: usize,
-        _sync: bool,
-    ) -> Result<(), BackendError> {
-        validate_name(name)?;
-        let payload = PutPayload::from(bytes::Bytes::copy_from_slice(data));
-        block_on(
-            self.store
-                .put_opts(&self.key(name), payload, PutOptions::default()),
-        )
-        .map(|_| ())
-        .map_err(|e| classify("probe", name, e))
-    }
-
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
         validate_name(name)?;
         if size <= MULTIPART_ABOVE {
@@ -553,5 +535,26 @@ impl Backend for S3Backend {
 
     fn location(&self) -> String {
         self.location.clone()
+    }
+}
+
+impl LabBackend for S3Backend {
+    /// One plain PUT that may replace: an object store acknowledges only
+    /// what it has stored durably, so `sync` and `writes` change nothing.
+    fn probe_write(
+        &self,
+        name: &str,
+        data: &[u8],
+        _writes: usize,
+        _sync: bool,
+    ) -> Result<(), BackendError> {
+        validate_name(name)?;
+        let payload = PutPayload::from(bytes::Bytes::copy_from_slice(data));
+        block_on(
+            self.store
+                .put_opts(&self.key(name), payload, PutOptions::default()),
+        )
+        .map(|_| ())
+        .map_err(|e| classify("probe", name, e))
     }
 }

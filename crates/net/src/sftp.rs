@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capsule_backend::{
-    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo, Space,
+    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, LabBackend,
+    ObjectInfo, Space,
 };
 use futures::stream::{FuturesOrdered, FuturesUnordered};
 use futures::StreamExt;
@@ -849,6 +850,20 @@ impl Backend for SftpBackend {
         }))
     }
 
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            concurrency: self.concurrency,
+            durable_put: true,
+            local: false,
+        }
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+}
+
+impl LabBackend for SftpBackend {
     fn probe_write(
         &self,
         name: &str,
@@ -931,18 +946,6 @@ impl Backend for SftpBackend {
             lock(&self.dirs).clear();
             Ok(())
         }))
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            concurrency: self.concurrency,
-            durable_put: true,
-            local: false,
-        }
-    }
-
-    fn location(&self) -> String {
-        self.location.clone()
     }
 }
 

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capsule_backend::{
-    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, ObjectInfo, Space,
+    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, LabBackend,
+    ObjectInfo, Space,
 };
 use smb2::client::connection::Connection;
 use smb2::{ClientConfig, SmbClient, Tree};
@@ -568,6 +569,20 @@ impl Backend for SmbBackend {
         }
     }
 
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            concurrency: self.concurrency,
+            durable_put: true,
+            local: false,
+        }
+    }
+
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+}
+
+impl LabBackend for SmbBackend {
     fn probe_write(
         &self,
         name: &str,
@@ -611,17 +626,5 @@ impl Backend for SmbBackend {
             self.dirs.lock().unwrap_or_else(|p| p.into_inner()).clear();
             Ok(())
         })
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            concurrency: self.concurrency,
-            durable_put: true,
-            local: false,
-        }
-    }
-
-    fn location(&self) -> String {
-        self.location.clone()
     }
 }
