@@ -372,7 +372,10 @@ mod tests {
         assert_eq!(std::fs::read(repo.join("lab/a/x")).unwrap(), b"0123456789");
         top.delete("lab/a/x").unwrap();
         top.remove_empty_dirs().unwrap();
-        assert!(!repo.join("lab").exists(), "remove_empty_dirs reached the disk");
+        assert!(
+            !repo.join("lab").exists(),
+            "remove_empty_dirs reached the disk"
+        );
         top.ping().unwrap();
         assert!(
             stats.requests() >= 4,

@@ -51,4 +51,13 @@ mod tests {
         assert_eq!(super::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
         assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
     }
+
+    /// A crafted tree or snapshot may carry any time; listing it must not
+    /// panic (debug builds check arithmetic overflow).
+    #[test]
+    fn extreme_times_format() {
+        for t in [i64::MIN, i64::MIN + 1, -1, i64::MAX - 1, i64::MAX] {
+            assert!(super::rfc3339(t).ends_with('Z'));
+        }
+    }
 }

@@ -412,3 +412,57 @@ fn a_blob_claiming_gigabytes_is_refused_before_allocating() {
     let r = run(&repo, &idx, &root, &t.path().join("target"));
     assert!(r.errors.is_empty(), "{:?}", r.errors);
 }
+
+/// A few bytes of crafted tree cannot make restore allocate, create or
+/// promise more than the data behind it: a file claiming a petabyte is
+/// refused before anything is created, and absurd times and ids neither
+/// panic nor fail the files that carry them.
+#[test]
+fn absurd_sizes_times_and_ids_in_a_few_bytes_cost_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = repo(&t.path().join("repo"));
+    let c = Crafter::new(repo.clone());
+    let data = c.blob(BlobType::Data, b"small and honest");
+    let mut far_future = file(b"far-future", data, 16);
+    far_future.mtime = capsule_format::tree::Timestamp {
+        secs: i64::MAX,
+        nanos: 999_999_999,
+    };
+    far_future.atime = capsule_format::tree::Timestamp {
+        secs: i64::MIN,
+        nanos: 0,
+    };
+    far_future.uid = u32::MAX;
+    far_future.gid = u32::MAX;
+    let root = c.tree(&[
+        file(b"claims-a-petabyte", data, 1 << 50),
+        file(b"claims-nothing", data, 0),
+        far_future,
+        file(b"ok", data, 16),
+    ]);
+    let idx = c.finish();
+    let target = t.path().join("target");
+    let r = run(&repo, &idx, &root, &target);
+    let failed: Vec<String> = r.errors.iter().map(|e| format!("{e:?}")).collect();
+    assert_eq!(r.errors.len(), 2, "{failed:?}");
+    assert!(
+        failed.iter().any(|e| e.contains("claims-a-petabyte")),
+        "{failed:?}"
+    );
+    assert!(
+        failed.iter().any(|e| e.contains("claims-nothing")),
+        "{failed:?}"
+    );
+    assert!(
+        !target.join("claims-a-petabyte").exists(),
+        "no file (sparse or not) is created for a size the content does not back"
+    );
+    assert_eq!(
+        std::fs::read(target.join("ok")).unwrap(),
+        b"small and honest"
+    );
+    assert_eq!(
+        std::fs::read(target.join("far-future")).unwrap(),
+        b"small and honest"
+    );
+}

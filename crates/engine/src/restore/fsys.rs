@@ -275,8 +275,8 @@ impl<'a, L: Layout> Target<'a, L> {
             let r = rustix::fs::chownat(
                 &*p,
                 name,
-                Some(rustix::fs::Uid::from_raw(node.uid)),
-                Some(rustix::fs::Gid::from_raw(node.gid)),
+                owner(node).0,
+                owner(node).1,
                 AtFlags::SYMLINK_NOFOLLOW,
             );
             if let Err(e) = r {
@@ -379,11 +379,8 @@ pub(super) fn apply_fd_meta(fd: impl AsFd, node: &Node) -> std::io::Result<()> {
         }
     }
     if crate::meta::is_root() {
-        let r = rustix::fs::fchown(
-            fd,
-            Some(rustix::fs::Uid::from_raw(node.uid)),
-            Some(rustix::fs::Gid::from_raw(node.gid)),
-        );
+        let (uid, gid) = owner(node);
+        let r = rustix::fs::fchown(fd, uid, gid);
         if let Err(e) = r {
             first.get_or_insert(e.into());
         }
@@ -469,4 +466,14 @@ mod tests {
             b"someone else's"
         );
     }
+}
+
+/// The owner to give a restored entry. An id of -1 asks chown to leave the
+/// id unchanged (and rustix refuses to build it): no real owner has it, so
+/// a tree that says so, which only a crafted one does, changes nothing.
+fn owner(node: &Node) -> (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>) {
+    (
+        (node.uid != u32::MAX).then(|| rustix::fs::Uid::from_raw(node.uid)),
+        (node.gid != u32::MAX).then(|| rustix::fs::Gid::from_raw(node.gid)),
+    )
 }
