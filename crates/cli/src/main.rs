@@ -183,6 +183,11 @@ fn main() -> ExitCode {
         Command::Estimate(a) => lab_cmd::estimate(&cli.global, &out, a),
         Command::Report(a) => lab_cmd::report(&cli.global, &out, a),
     };
+    if std::env::var_os(settings::KILL_AT_CALL).is_some() {
+        if let Some(s) = settings::destination_stats() {
+            eprintln!("capsule-test: {} destination requests", s.requests());
+        }
+    }
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -126,6 +126,7 @@ pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<d
             capsule_net::connect(remote, &opts)?
         }
     };
+    let raw = KillAtCall::wrap_if_asked(raw);
     let metered = MeteredBackend::new(raw);
     let requests = metered.stats();
     let retry = RetryBackend::new(Arc::new(metered), RetryPolicy::default());
@@ -135,6 +136,113 @@ pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<d
         remote: loc.dest.is_remote(),
     });
     Ok(Arc::new(retry))
+}
+
+/// The reliability suite's crash points by call count: with
+/// `CAPSULE_TEST_KILL_AT_CALL=N` this process kills itself with SIGKILL as
+/// its Nth request reaches the destination, and with `N+` as the Nth
+/// returns (the request landed, but nothing that follows it happened).
+/// Requests are counted on the wire, as `destination.requests` counts them;
+/// with the variable set, the count is printed to stderr at exit so a test
+/// can measure an uncut run's. Only tests set it.
+#[derive(Debug)]
+struct KillAtCall {
+    inner: Arc<dyn LabBackend>,
+    at: u64,
+    after: bool,
+    calls: std::sync::atomic::AtomicU64,
+}
+
+/// The variable [`KillAtCall`] reads.
+pub const KILL_AT_CALL: &str = "CAPSULE_TEST_KILL_AT_CALL";
+
+impl KillAtCall {
+    /// `raw` with the hook on top when the variable asks for it.
+    fn wrap_if_asked(raw: Arc<dyn LabBackend>) -> Arc<dyn LabBackend> {
+        let Ok(v) = std::env::var(KILL_AT_CALL) else {
+            return raw;
+        };
+        let (n, after) = match v.strip_suffix('+') {
+            Some(n) => (n, true),
+            None => (v.as_str(), false),
+        };
+        Arc::new(KillAtCall {
+            inner: raw,
+            // Unparsable: count (for the exit line) and never kill.
+            at: n.trim().parse().unwrap_or(0),
+            after,
+            calls: Default::default(),
+        })
+    }
+
+    fn count<T>(&self, f: impl FnOnce() -> T) -> T {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if n == self.at && !self.after {
+            sigkill_self();
+        }
+        let r = f();
+        if n == self.at && self.after {
+            sigkill_self();
+        }
+        r
+    }
+}
+
+#[allow(unsafe_code)]
+fn sigkill_self() -> ! {
+    // SAFETY: kill(2) on our own pid with a constant signal has no memory
+    // effects; SIGKILL cannot be caught, so nothing runs after it.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    std::process::abort()
+}
+
+impl capsule_backend::Layer for KillAtCall {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), capsule_backend::BackendError> {
+        self.count(|| self.inner.put(name, data))
+    }
+    fn get(
+        &self,
+        name: &str,
+        range: Option<std::ops::Range<u64>>,
+    ) -> Result<Vec<u8>, capsule_backend::BackendError> {
+        self.count(|| self.inner.get(name, range))
+    }
+    fn stat(
+        &self,
+        name: &str,
+    ) -> Result<capsule_backend::ObjectInfo, capsule_backend::BackendError> {
+        self.count(|| self.inner.stat(name))
+    }
+    fn list(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<capsule_backend::ObjectInfo>, capsule_backend::BackendError> {
+        self.count(|| self.inner.list(prefix))
+    }
+    fn delete(&self, name: &str) -> Result<(), capsule_backend::BackendError> {
+        self.count(|| self.inner.delete(name))
+    }
+    fn put_stream(
+        &self,
+        name: &str,
+        size: u64,
+        data: &mut dyn std::io::Read,
+    ) -> Result<(), capsule_backend::BackendError> {
+        self.count(|| self.inner.put_stream(name, size, data))
+    }
+    fn get_stream(
+        &self,
+        name: &str,
+        range: Option<std::ops::Range<u64>>,
+        out: &mut dyn std::io::Write,
+    ) -> Result<u64, capsule_backend::BackendError> {
+        self.count(|| self.inner.get_stream(name, range, out))
+    }
 }
 
 /// The destination's request counters, once a backend is open.

@@ -234,12 +234,13 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
     let mut pw = PASSWORD.to_string();
     let pwfile = t.path().join("new-password");
     let run = |pw: &str, args: &[&str]| capsule_env(&repo, args, &[("CAPSULE_PASSWORD", pw)]);
-    let spawn = |pw: &str, args: &[&str]| {
+    let spawn = |pw: &str, args: &[&str], kill_at_call: &str| {
         Command::new(env!("CARGO_BIN_EXE_capsule"))
             .arg("--repo")
             .arg(&repo)
             .args(args)
             .env("CAPSULE_PASSWORD", pw)
+            .env("CAPSULE_TEST_KILL_AT_CALL", kill_at_call)
             .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
             .env(
                 "CAPSULE_STATE_DIR",
@@ -279,7 +280,8 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         v["added"].as_str().unwrap().to_string()
     };
 
-    // Ground truth: each operation's uncut duration, measured here.
+    // Ground truth: each operation's uncut duration and destination
+    // requests, measured here.
     let ops = [
         "backup",
         "key add",
@@ -299,6 +301,7 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         v.into_iter().map(String::from).collect()
     };
     let mut uncut = Vec::new();
+    let mut uncut_calls = Vec::new();
     for (i, op) in ops.iter().enumerate() {
         let key = if *op == "key remove" {
             extra_key(&pw)
@@ -313,8 +316,24 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         let a = args_of(op, &key);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
         let started = Instant::now();
-        ok_with(&pw, &a);
+        let o = capsule_env(
+            &repo,
+            &a,
+            &[
+                ("CAPSULE_PASSWORD", &pw),
+                ("CAPSULE_TEST_KILL_AT_CALL", "0"),
+            ],
+        );
         uncut.push(started.elapsed());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "capsule {a:?}: {err}");
+        let calls: u64 = err
+            .lines()
+            .find_map(|l| l.strip_prefix("capsule-test: "))
+            .and_then(|l| l.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{op}: no request count in {err}"));
+        uncut_calls.push(calls);
         if *op == "key passwd" {
             pw = new_pw;
         }
@@ -335,7 +354,17 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         };
         let k = (next() % ops.len() as u64) as usize;
         let op = ops[k];
-        let delay = uncut[k].mul_f64((next() % 1000) as f64 / 1000.0 * 1.2);
+        // Odd seeds crash at a request count (before the request, or just
+        // after it returned), even ones after a delay, so crashes land
+        // both between and inside requests.
+        let (delay, at_call) = if seed % 2 == 1 {
+            let n = 1 + next() % uncut_calls[k].max(1);
+            let after = if next() % 2 == 0 { "+" } else { "" };
+            (Duration::from_secs(120), format!("{n}{after}"))
+        } else {
+            let d = uncut[k].mul_f64((next() % 1000) as f64 / 1000.0 * 1.2);
+            (d, "0".to_string())
+        };
         let key = if op == "key remove" {
             extra_key(&pw)
         } else {
@@ -348,16 +377,35 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         }
         let a = args_of(op, &key);
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        let mut child = spawn(&pw, &a);
-        std::thread::sleep(delay);
+        let mut child = spawn(&pw, &a, &at_call);
+        // A call-count crash kills itself; the delay only bounds the wait.
+        let deadline = Instant::now() + delay;
+        while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(Duration::from_millis(5).min(delay));
+        }
         let _ = child.kill();
         let status = child.wait().unwrap();
         let was_killed = !status.success();
         killed += u64::from(was_killed);
-        let ctx = format!(
-            "seed {seed}: {op} killed after {delay:?} (uncut {:?})",
-            uncut[k]
-        );
+        let ctx = if at_call == "0" {
+            format!(
+                "seed {seed}: {op} killed after {delay:?} (uncut {:?})",
+                uncut[k]
+            )
+        } else {
+            use std::os::unix::process::ExitStatusExt;
+            // A run that needs fewer requests than the uncut one (a warmer
+            // cache) may finish first; one that stops otherwise is a bug.
+            assert!(
+                status.success() || status.signal() == Some(9),
+                "seed {seed}: {op} was to kill itself at request {at_call} of {}, but {status}",
+                uncut_calls[k]
+            );
+            format!(
+                "seed {seed}: {op} killed at request {at_call} of {}",
+                uncut_calls[k]
+            )
+        };
 
         // Which password opens it now?
         if op == "key passwd" {
@@ -404,6 +452,9 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         ok_with(&pw, &["backup", &src_s]);
         completed = added;
     }
-    eprintln!("{points} seeded points, {killed} killed mid-operation, all recovered");
+    eprintln!(
+        "{points} seeded points, {killed} killed mid-operation, all recovered; requests per uncut operation: {:?}",
+        ops.iter().zip(&uncut_calls).collect::<Vec<_>>()
+    );
     assert!(killed > 0 || points < 5, "no operation was killed mid-way");
 }
