@@ -86,6 +86,80 @@ fn source_below_a_symlinked_directory_is_backed_up() {
     assert!(listing.contains("linkdir/sub/f"), "{listing}");
 }
 
+/// A tree deeper than `PATH_MAX` (4,096 bytes) backs up whole, with its
+/// extended attributes and symlinks, and restores: the walk reaches every
+/// entry through its parent directory's descriptor. Before, every entry
+/// past the limit was a warning and missing from the snapshot.
+#[test]
+fn paths_longer_than_path_max_back_up_and_restore() {
+    use rustix::fs::{mkdirat, openat, readlinkat, symlinkat, Mode, OFlags};
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir(&src).unwrap();
+    let name = vec![b'd'; 200];
+    let down = |root: &Path, levels: usize| {
+        let mut fd = rustix::fs::open(root, OFlags::DIRECTORY, Mode::empty()).unwrap();
+        for _ in 0..levels {
+            fd = openat(
+                &fd,
+                &name[..],
+                OFlags::DIRECTORY | OFlags::NOFOLLOW,
+                Mode::empty(),
+            )
+            .unwrap();
+        }
+        fd
+    };
+    let mut fd = rustix::fs::open(&src, OFlags::DIRECTORY, Mode::empty()).unwrap();
+    for _ in 0..25 {
+        mkdirat(&fd, &name[..], Mode::from_raw_mode(0o755)).unwrap();
+        fd = openat(&fd, &name[..], OFlags::DIRECTORY, Mode::empty()).unwrap();
+    }
+    let leaf = openat(
+        &fd,
+        "leaf",
+        OFlags::WRONLY | OFlags::CREATE,
+        Mode::from_raw_mode(0o640),
+    )
+    .unwrap();
+    let mut leaf = std::fs::File::from(leaf);
+    std::io::Write::write_all(&mut leaf, b"deep data").unwrap();
+    let xattr = rustix::fs::fsetxattr(
+        &leaf,
+        "user.capsule",
+        b"deep",
+        rustix::fs::XattrFlags::empty(),
+    );
+    symlinkat("leaf", &fd, "link").unwrap();
+    drop((leaf, fd));
+
+    init(&repo);
+    let o = capsule(&repo, &["--json", "backup", src.to_str().unwrap()]);
+    assert_eq!(code(&o), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["warnings"].as_array().map(Vec::len), Some(0), "{v}");
+    assert_eq!(v["files_new"], 1, "{v}");
+
+    let target = t.path().join("target");
+    ok(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    let fd = down(&restored(&target, &src), 25);
+    let f = openat(&fd, "leaf", OFlags::RDONLY, Mode::empty()).unwrap();
+    let mut back = std::fs::File::from(f);
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut back, &mut s).unwrap();
+    assert_eq!(s, "deep data");
+    let link = readlinkat(&fd, "link", Vec::new()).unwrap();
+    assert_eq!(link.as_bytes(), b"leaf");
+    if xattr.is_ok() {
+        let mut buf = [0u8; 16];
+        let n = rustix::fs::fgetxattr(&back, "user.capsule", &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"deep");
+    }
+}
+
 #[test]
 fn proc_files_are_read_not_stored_empty() {
     let t = tempfile::tempdir().unwrap();

@@ -42,7 +42,11 @@ pub struct SmbBackend {
     // Held so the session stays up; requests use clones of its connection.
     _client: tokio::sync::Mutex<SmbClient>,
     conn: Connection,
-    tree: Arc<Tree>,
+    /// The share's tree connection and the connection generation it belongs
+    /// to: a revived session invalidates every tree id, so the tree is
+    /// connected again (see [`SmbBackend::live`]).
+    tree: std::sync::RwLock<(u64, Arc<Tree>)>,
+    share: String,
     base: String,
     dirs: Mutex<HashSet<String>>,
     concurrency: usize,
@@ -185,8 +189,9 @@ impl SmbBackend {
             Ok(SmbBackend {
                 location: location.clone(),
                 _client: tokio::sync::Mutex::new(client),
+                tree: std::sync::RwLock::new((conn.generation(), Arc::new(tree))),
                 conn,
-                tree: Arc::new(tree),
+                share: t.share.clone(),
                 base: t.path.clone(),
                 dirs: Mutex::new(HashSet::new()),
                 concurrency: opts.concurrency.unwrap_or(8).max(1),
@@ -208,6 +213,51 @@ impl SmbBackend {
         self.conn.clone()
     }
 
+    /// The share's current tree connection.
+    fn tree(&self) -> Arc<Tree> {
+        self.tree
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
+    }
+
+    /// Whether the tree belongs to the live session.
+    fn tree_is_live(&self) -> bool {
+        !self.conn.is_disconnected()
+            && self.tree.read().unwrap_or_else(|p| p.into_inner()).0 == self.conn.generation()
+    }
+
+    /// Brings a dropped session back before a request: the client revives
+    /// the connection in place (dial, negotiate, sign in again), but every
+    /// tree id of the old session is gone, so the share is connected again
+    /// here. Without this, one reset connection failed every later request
+    /// of the run. A request cut mid-way fails as transient; the retry
+    /// layer calls again, and this call revives. Revivals are serialized on
+    /// the client; the first caller in does the work.
+    fn live(&self, op: &'static str, name: &str) -> Result<(), BackendError> {
+        if self.tree_is_live() {
+            return Ok(());
+        }
+        block_on(async {
+            let mut client = self._client.lock().await;
+            if self.tree_is_live() {
+                return Ok(());
+            }
+            self.conn
+                .reconnect_if_needed()
+                .await
+                .map_err(|e| smb_err(op, name, e))?;
+            let generation = self.conn.generation();
+            let tree = client
+                .connect_share(&self.share)
+                .await
+                .map_err(|e| smb_err(op, name, e))?;
+            *self.tree.write().unwrap_or_else(|p| p.into_inner()) = (generation, Arc::new(tree));
+            Ok(())
+        })
+    }
+
     async fn make_dirs(&self, rel_dir: &str) -> Result<(), BackendError> {
         let mut cur = String::new();
         for seg in rel_dir.split('/') {
@@ -224,7 +274,7 @@ impl SmbBackend {
                 continue;
             }
             match self
-                .tree
+                .tree()
                 .create_directory(&mut self.conn(), &self.path(&cur))
                 .await
             {
@@ -260,7 +310,7 @@ impl SmbBackend {
                 Err(e) => {
                     // Best effort: the temporary name is never listed anyway.
                     let _ = self
-                        .tree
+                        .tree()
                         .delete_file(&mut self.conn(), &self.path(&tmp))
                         .await;
                     return Err(smb_err("put", name, e));
@@ -273,15 +323,15 @@ impl SmbBackend {
         let mut conn = self.conn();
         match source {
             Source::Bytes(b) if b.len() <= COMPOUND_MAX => {
-                self.tree
+                self.tree()
                     .write_file_compound_exclusive(&mut conn, path, b)
                     .await?;
             }
             Source::Bytes(b) => {
-                self.tree.write_file_pipelined(&mut conn, path, b).await?;
+                self.tree().write_file_pipelined(&mut conn, path, b).await?;
             }
             Source::Stream { size, reader } => {
-                let mut w = self.tree.create_file_writer_exclusive(conn, path).await?;
+                let mut w = self.tree().create_file_writer_exclusive(conn, path).await?;
                 let mut left = *size;
                 let mut buf = Vec::new();
                 while left > 0 {
@@ -302,7 +352,7 @@ impl SmbBackend {
     /// One directory, relative to the base; `None` if it does not exist.
     async fn read_dir(&self, d: String) -> Result<Option<Vec<crate::DirEntry>>, BackendError> {
         match self
-            .tree
+            .tree()
             .list_directory(&mut self.conn(), &self.path(&d))
             .await
         {
@@ -344,7 +394,7 @@ impl SmbBackend {
         use smb2::types::{Command, CreditCharge, FileId, OplockLevel};
         use smb2::CompoundOp;
 
-        let tree_id = Some(self.tree.tree_id);
+        let tree_id = Some(self.tree().tree_id);
         let create = CreateRequest {
             requested_oplock_level: OplockLevel::None,
             impersonation_level: ImpersonationLevel::Impersonation,
@@ -417,14 +467,14 @@ impl SmbBackend {
     async fn put_inner(&self, name: &str, source: Source<'_>) -> Result<(), BackendError> {
         let tmp = self.write_tmp(name, source).await?;
         let r = self
-            .tree
+            .tree()
             .rename(&mut self.conn(), &self.path(&tmp), &self.path(name))
             .await;
         match r {
             Ok(()) => Ok(()),
             Err(e) => {
                 let _ = self
-                    .tree
+                    .tree()
                     .delete_file(&mut self.conn(), &self.path(&tmp))
                     .await;
                 let mut err = smb_err("put", name, e);
@@ -446,7 +496,11 @@ impl SmbBackend {
         if range.is_none() {
             // Small objects (index files, snapshots, tree packs) in one
             // compound CREATE+READ+CLOSE; the crate falls back for larger.
-            let data = match self.tree.read_file_compound(&mut self.conn(), &path).await {
+            let data = match self
+                .tree()
+                .read_file_compound(&mut self.conn(), &path)
+                .await
+            {
                 Ok(d) => d,
                 Err(e) if e.kind() == smb2::ErrorKind::TooLarge => {
                     return self.read_ranges(name, None, sink).await;
@@ -466,7 +520,7 @@ impl SmbBackend {
         sink: &mut dyn FnMut(&[u8]) -> Result<(), BackendError>,
     ) -> Result<u64, BackendError> {
         let reader = self
-            .tree
+            .tree()
             .open_file_reader(self.conn(), &self.path(name))
             .await
             .map_err(|e| smb_err("get", name, e))?;
@@ -506,16 +560,19 @@ enum Source<'a> {
 
 impl Backend for SmbBackend {
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        self.live("put", name)?;
         validate_name(name)?;
         block_on(self.put_inner(name, Source::Bytes(data)))
     }
 
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
+        self.live("put", name)?;
         validate_name(name)?;
         block_on(self.put_inner(name, Source::Stream { size, reader: data }))
     }
 
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        self.live("get", name)?;
         validate_name(name)?;
         let mut out = Vec::new();
         block_on(self.read(name, range, &mut |b| {
@@ -531,6 +588,7 @@ impl Backend for SmbBackend {
         range: Option<Range<u64>>,
         out: &mut dyn Write,
     ) -> Result<u64, BackendError> {
+        self.live("get", name)?;
         validate_name(name)?;
         block_on(self.read_ranges(name, range, &mut |b| {
             out.write_all(b)
@@ -539,8 +597,9 @@ impl Backend for SmbBackend {
     }
 
     fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        self.live("stat", name)?;
         validate_name(name)?;
-        let i = block_on(self.tree.stat(&mut self.conn(), &self.path(name)))
+        let i = block_on(self.tree().stat(&mut self.conn(), &self.path(name)))
             .map_err(|e| smb_err("stat", name, e))?;
         if i.is_directory {
             return Err(BackendError::new(
@@ -557,12 +616,14 @@ impl Backend for SmbBackend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.live("list", prefix)?;
         block_on(crate::walk_tree(prefix, |d| self.read_dir(d)))
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
+        self.live("delete", name)?;
         validate_name(name)?;
-        match block_on(self.tree.delete_file(&mut self.conn(), &self.path(name))) {
+        match block_on(self.tree().delete_file(&mut self.conn(), &self.path(name))) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == smb2::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(smb_err("delete", name, e)),
@@ -590,6 +651,7 @@ impl LabBackend for SmbBackend {
         writes: usize,
         sync: bool,
     ) -> Result<(), BackendError> {
+        self.live("probe", name)?;
         validate_name(name)?;
         let r = block_on(self.probe_compound(&self.path(name), data, writes, sync));
         match r {
@@ -605,8 +667,9 @@ impl LabBackend for SmbBackend {
     }
 
     fn space(&self) -> Result<Option<Space>, BackendError> {
+        self.live("space", "")?;
         let i =
-            block_on(self.tree.fs_info(&mut self.conn())).map_err(|e| smb_err("space", "", e))?;
+            block_on(self.tree().fs_info(&mut self.conn())).map_err(|e| smb_err("space", "", e))?;
         Ok(Some(Space {
             free: i.free_bytes,
             total: i.total_bytes,
@@ -614,12 +677,13 @@ impl LabBackend for SmbBackend {
     }
 
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
+        self.live("rmdir", "")?;
         block_on(async {
             let dirs = crate::all_dirs(|d| self.read_dir(d)).await?;
             // Deepest first; a directory that is not empty simply stays.
             for d in dirs.iter().rev() {
                 let _ = self
-                    .tree
+                    .tree()
                     .delete_directory(&mut self.conn(), &self.path(d))
                     .await;
             }

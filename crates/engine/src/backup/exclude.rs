@@ -52,13 +52,14 @@ impl Excludes {
     }
 
     /// The excludes for entries inside `dir`: adds `dir`'s ignore file if it
-    /// has one. A malformed ignore file is reported, and its valid lines
-    /// still apply.
-    pub fn enter(&self, dir: &Path) -> (Self, Option<String>) {
+    /// has one, read through `read_from` (a path that reaches the same
+    /// directory through its descriptor). A malformed ignore file is
+    /// reported, and its valid lines still apply.
+    pub fn enter(&self, dir: &Path, read_from: &Path) -> (Self, Option<String>) {
         let Some(name) = &self.file_name else {
             return (self.clone(), None);
         };
-        let f = dir.join(name);
+        let f = read_from.join(name);
         if !f.is_file() {
             return (self.clone(), None);
         }

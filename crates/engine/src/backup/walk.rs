@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -123,7 +124,7 @@ fn save_plan(
                         }
                         _ => path.clone(),
                     };
-                    save_entry(ctx, &real, name, pnode, &ctx.excludes, None)
+                    save_entry(ctx, &real, &real, name, pnode, &ctx.excludes, None)
                 }
                 // A directory above a source, followed if it is a symlink:
                 // stored as a directory, so the source below stays
@@ -148,28 +149,38 @@ fn save_plan(
     save_tree(ctx, &nodes)
 }
 
+/// Backs up the directory at `path` (for messages and excludes), opened
+/// through `sys` (see [`save_entry`]).
 fn save_dir(
     ctx: &Ctx<'_>,
     path: &Path,
+    sys: &Path,
     parent: Option<BlobId>,
     ex: &Excludes,
     dev: u64,
 ) -> Result<BlobId> {
     let t0 = Instant::now();
-    let mut names: Vec<std::ffi::OsString> = match list_dir(path) {
-        Ok((names, None)) => names,
-        Ok((names, Some(e))) => {
+    let (fd, mut names) = match list_dir(sys) {
+        Ok((fd, names, None)) => (Some(fd), names),
+        Ok((fd, names, Some(e))) => {
             ctx.warn(path, format!("listing failed part-way: {e}"));
-            names
+            (Some(fd), names)
         }
         Err(e) => {
             ctx.warn(path, format!("cannot list directory: {e}; stored as empty"));
-            Vec::new()
+            (None, Vec::new())
         }
     };
     names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
-    let (ex, err) = ex.enter(path);
+    // The entries are reached through the directory's descriptor, not its
+    // path: a path of any length works, and a directory renamed or swapped
+    // for a symlink meanwhile cannot redirect the walk.
+    let here = fd
+        .as_ref()
+        .and_then(through_fd)
+        .unwrap_or_else(|| sys.to_path_buf());
+    let (ex, err) = ex.enter(path, &here);
     if let Some(err) = err {
         ctx.warn(path, format!("ignore file: {err}"));
     }
@@ -180,6 +191,7 @@ fn save_dir(
             save_entry(
                 ctx,
                 &path.join(n),
+                &here.join(n),
                 n,
                 find(&parent_nodes, n.as_bytes()),
                 &ex,
@@ -212,12 +224,15 @@ fn source_error<T>(ctx: &Ctx<'_>, path: &Path, doing: &str, e: std::io::Error) -
     None
 }
 
-/// Lists a directory's entry names. Opens it with `O_NOATIME` where allowed:
+/// A directory listing: the open directory, the entry names read and, if
+/// listing stopped early, the error.
+type Listing = (OwnedFd, Vec<std::ffi::OsString>, Option<std::io::Error>);
+
+/// Opens and lists a directory. Opens it with `O_NOATIME` where allowed:
 /// listing would otherwise update the directory's atime (relatime does so
 /// whenever atime is older than ctime), and the next run would record a
 /// different atime and store a new tree for an unchanged directory.
-/// Returns the names read and, if listing stopped early, the error.
-fn list_dir(path: &Path) -> std::io::Result<(Vec<std::ffi::OsString>, Option<std::io::Error>)> {
+fn list_dir(path: &Path) -> std::io::Result<Listing> {
     use rustix::fs::{openat, Dir, Mode, OFlags, CWD};
     let base = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let fd = match openat(CWD, path, base | OFlags::NOATIME, Mode::empty()) {
@@ -225,7 +240,7 @@ fn list_dir(path: &Path) -> std::io::Result<(Vec<std::ffi::OsString>, Option<std
         r => r?,
     };
     let mut names = Vec::new();
-    for e in Dir::new(fd)? {
+    for e in Dir::read_from(&fd)? {
         match e {
             Ok(e) => {
                 let n = e.file_name().to_bytes();
@@ -233,24 +248,41 @@ fn list_dir(path: &Path) -> std::io::Result<(Vec<std::ffi::OsString>, Option<std
                     names.push(OsStr::from_bytes(n).to_owned());
                 }
             }
-            Err(e) => return Ok((names, Some(e.into()))),
+            Err(e) => return Ok((fd, names, Some(e.into()))),
         }
     }
-    Ok((names, None))
+    Ok((fd, names, None))
+}
+
+/// A short path that reaches the open directory `fd` itself:
+/// `/proc/self/fd/<n>`. Every call on an entry then goes through the
+/// descriptor (`/proc/self/fd/<n>/<name>`, never longer than a name), as
+/// the `*at` calls would, for the calls that have no `*at` form (extended
+/// attributes) as well. `None` without procfs; the walk then uses paths,
+/// and stops at `PATH_MAX` as it did before.
+fn through_fd(fd: &OwnedFd) -> Option<PathBuf> {
+    static PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir())
+        .then(|| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())))
 }
 
 /// Backs up one entry. `Ok(None)` means skipped (excluded, or a warning was
 /// recorded); `Err` means the repository side failed and the backup stops.
+///
+/// `path` is the entry's full path, for messages and exclude patterns;
+/// `sys` is what the system calls use, which reaches the entry through its
+/// parent directory's descriptor ([`through_fd`]).
 fn save_entry(
     ctx: &Ctx<'_>,
     path: &Path,
+    sys: &Path,
     name: &OsStr,
     parent: Option<&Node>,
     ex: &Excludes,
     fs_dev: Option<u64>,
 ) -> Result<Option<Node>> {
     let t0 = Instant::now();
-    let m = match std::fs::symlink_metadata(path) {
+    let m = match std::fs::symlink_metadata(sys) {
         Ok(m) => m,
         Err(e) => return Ok(source_error(ctx, path, "cannot read metadata", e)),
     };
@@ -284,8 +316,8 @@ fn save_entry(
                 Progress::add(&ctx.progress.bytes_unchanged, node.size);
                 Progress::add(&ctx.progress.bytes_done, node.size);
             } else {
-                read_node_xattrs(ctx, path, &mut node);
-                match read_file(ctx, path, &mut node)? {
+                read_node_xattrs(ctx, path, sys, &mut node);
+                match read_file(ctx, path, sys, &mut node)? {
                     Some(content) => node.content = content,
                     None => return Ok(None),
                 }
@@ -304,7 +336,7 @@ fn save_entry(
         }
         NodeKind::Dir => {
             Progress::add(&c.dirs, 1);
-            read_node_xattrs(ctx, path, &mut node);
+            read_node_xattrs(ctx, path, sys, &mut node);
             let root_dev = fs_dev.unwrap_or(node.device);
             let psub = parent
                 .filter(|p| p.kind() == NodeKind::Dir)
@@ -313,7 +345,7 @@ fn save_entry(
                 // A mount point: keep the directory, not what is mounted on it.
                 save_tree(ctx, &[])?
             } else {
-                save_dir(ctx, path, psub, ex, root_dev)?
+                save_dir(ctx, path, sys, psub, ex, root_dev)?
             });
         }
         NodeKind::Symlink => {
@@ -324,8 +356,8 @@ fn save_entry(
                 node.xattrs = p.xattrs.clone();
                 return Ok(Some(node));
             }
-            read_node_xattrs(ctx, path, &mut node);
-            match std::fs::read_link(path) {
+            read_node_xattrs(ctx, path, sys, &mut node);
+            match std::fs::read_link(sys) {
                 Ok(t) => node.target = t.as_os_str().as_bytes().to_vec(),
                 Err(e) => {
                     ctx.warn(path, format!("cannot read symlink: {e}"));
@@ -335,14 +367,14 @@ fn save_entry(
         }
         _ => {
             Progress::add(&c.others, 1);
-            read_node_xattrs(ctx, path, &mut node);
+            read_node_xattrs(ctx, path, sys, &mut node);
         }
     }
     Ok(Some(node))
 }
 
-fn read_node_xattrs(ctx: &Ctx<'_>, path: &Path, node: &mut Node) {
-    match read_xattrs(path) {
+fn read_node_xattrs(ctx: &Ctx<'_>, path: &Path, sys: &Path, node: &mut Node) {
+    match read_xattrs(sys) {
         Ok(x) => node.xattrs = x,
         Err(e) => ctx.warn(path, format!("cannot read extended attributes: {e}")),
     }
@@ -404,7 +436,12 @@ fn open_source(path: &Path) -> std::io::Result<File> {
 
 /// Reads, chunks and hashes a file; hands new chunks to the saver. Returns
 /// `Ok(None)` after recording a warning if the file cannot be read.
-fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<BlobId>>> {
+fn read_file(
+    ctx: &Ctx<'_>,
+    path: &Path,
+    sys: &Path,
+    node: &mut Node,
+) -> Result<Option<Vec<BlobId>>> {
     let link_key = (node.device, node.inode);
     if node.nlink > 1 {
         let cache = ctx.hardlinks.lock().unwrap_or_else(|p| p.into_inner());
@@ -416,7 +453,7 @@ fn read_file(ctx: &Ctx<'_>, path: &Path, node: &mut Node) -> Result<Option<Vec<B
         }
     }
     let t0 = Instant::now();
-    let mut f = match open_source(path) {
+    let mut f = match open_source(sys) {
         Ok(f) => f,
         Err(e) => return Ok(source_error(ctx, path, "cannot open", e)),
     };
