@@ -96,7 +96,7 @@ fn paths_longer_than_path_max_back_up_and_restore() {
     let t = tempfile::tempdir().unwrap();
     let (src, repo) = (t.path().join("src"), t.path().join("repo"));
     std::fs::create_dir(&src).unwrap();
-    let name = vec![b'd'; 200];
+    let name = [b'd'; 200];
     let down = |root: &Path, levels: usize| {
         let mut fd = rustix::fs::open(root, OFlags::DIRECTORY, Mode::empty()).unwrap();
         for _ in 0..levels {
