@@ -394,6 +394,16 @@ pub(super) fn apply_fd_meta(fd: impl AsFd, node: &Node) -> std::io::Result<()> {
     first.map_or(Ok(()), Err)
 }
 
+/// The owner to give a restored entry. An id of -1 asks chown to leave the
+/// id unchanged (and rustix refuses to build it): no real owner has it, so
+/// a tree that says so, which only a crafted one does, changes nothing.
+fn owner(node: &Node) -> (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>) {
+    (
+        (node.uid != u32::MAX).then(|| rustix::fs::Uid::from_raw(node.uid)),
+        (node.gid != u32::MAX).then(|| rustix::fs::Gid::from_raw(node.gid)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,14 +476,4 @@ mod tests {
             b"someone else's"
         );
     }
-}
-
-/// The owner to give a restored entry. An id of -1 asks chown to leave the
-/// id unchanged (and rustix refuses to build it): no real owner has it, so
-/// a tree that says so, which only a crafted one does, changes nothing.
-fn owner(node: &Node) -> (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>) {
-    (
-        (node.uid != u32::MAX).then(|| rustix::fs::Uid::from_raw(node.uid)),
-        (node.gid != u32::MAX).then(|| rustix::fs::Gid::from_raw(node.gid)),
-    )
 }
