@@ -4,6 +4,7 @@
 
 use std::ffi::OsStr;
 use std::fs::Metadata;
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -62,15 +63,58 @@ pub fn node_from_metadata(name: &OsStr, m: &Metadata) -> Node {
     }
 }
 
+/// Where extended attributes are read from: a path (not following a
+/// symlink at its end) or an open descriptor.
+#[derive(Clone, Copy)]
+pub enum XattrSource<'a> {
+    /// `llistxattr`/`lgetxattr` on the path.
+    Path(&'a Path),
+    /// `flistxattr`/`fgetxattr` on the descriptor.
+    Fd(BorrowedFd<'a>),
+}
+
+impl XattrSource<'_> {
+    fn list(self, buf: &mut [u8]) -> rustix::io::Result<usize> {
+        match self {
+            XattrSource::Path(p) => rustix::fs::llistxattr(p, buf),
+            XattrSource::Fd(fd) => rustix::fs::flistxattr(fd, buf),
+        }
+    }
+    fn list_len(self) -> rustix::io::Result<usize> {
+        match self {
+            XattrSource::Path(p) => rustix::fs::llistxattr_query(p),
+            XattrSource::Fd(fd) => rustix::fs::flistxattr_query(fd),
+        }
+    }
+    fn get(self, name: &[u8], buf: &mut [u8]) -> rustix::io::Result<usize> {
+        match self {
+            XattrSource::Path(p) => rustix::fs::lgetxattr(p, name, buf),
+            XattrSource::Fd(fd) => rustix::fs::fgetxattr(fd, name, buf),
+        }
+    }
+    fn get_len(self, name: &[u8]) -> rustix::io::Result<usize> {
+        match self {
+            XattrSource::Path(p) => rustix::fs::lgetxattr_query(p, name),
+            XattrSource::Fd(fd) => rustix::fs::fgetxattr_query(fd, name),
+        }
+    }
+}
+
 /// Reads extended attributes of `path` (not following symlinks), sorted by
 /// name. File systems without xattr support yield an empty list.
 pub fn read_xattrs(path: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    read_xattrs_from(XattrSource::Path(path))
+}
+
+/// Reads extended attributes, sorted by name. File systems without xattr
+/// support yield an empty list.
+pub fn read_xattrs_from(src: XattrSource<'_>) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut names = vec![0u8; 1024];
     let n = loop {
-        match rustix::fs::llistxattr(path, &mut names[..]) {
+        match src.list(&mut names[..]) {
             Ok(n) => break n,
             Err(e) if e == rustix::io::Errno::RANGE => {
-                let need = rustix::fs::llistxattr_query(path)?;
+                let need = src.list_len()?;
                 names.resize(need.max(names.len() * 2), 0);
             }
             Err(e) if e == rustix::io::Errno::NOTSUP || e == rustix::io::Errno::NOSYS => {
@@ -83,10 +127,10 @@ pub fn read_xattrs(path: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     for name in names[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
         let mut val = vec![0u8; 256];
         let len = loop {
-            match rustix::fs::lgetxattr(path, name, &mut val[..]) {
+            match src.get(name, &mut val[..]) {
                 Ok(l) => break Some(l),
                 Err(e) if e == rustix::io::Errno::RANGE => {
-                    let need = rustix::fs::lgetxattr_query(path, name)?;
+                    let need = src.get_len(name)?;
                     val.resize(need.max(val.len() * 2), 0);
                 }
                 // Removed between list and get.
@@ -101,6 +145,52 @@ pub fn read_xattrs(path: &Path) -> std::io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
     }
     out.sort();
     Ok(out)
+}
+
+/// Fills a node's metadata fields from an `fstatat` (not following a
+/// symlink) result: [`node_from_metadata`] for the walk's `*at` calls.
+pub fn node_from_stat(name: &OsStr, st: &rustix::fs::Stat) -> Node {
+    use rustix::fs::FileType;
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => NodeKind::File,
+        FileType::Directory => NodeKind::Dir,
+        FileType::Symlink => NodeKind::Symlink,
+        FileType::Fifo => NodeKind::Fifo,
+        FileType::CharacterDevice => NodeKind::CharDev,
+        FileType::BlockDevice => NodeKind::BlockDev,
+        _ => NodeKind::Socket,
+    };
+    let size = st.st_size as u64;
+    Node {
+        name: name.as_bytes().to_vec(),
+        kind: Some(kind),
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        mtime: Timestamp {
+            secs: st.st_mtime,
+            nanos: st.st_mtime_nsec as u32,
+        },
+        atime: Timestamp {
+            secs: st.st_atime,
+            nanos: st.st_atime_nsec as u32,
+        },
+        ctime: Timestamp {
+            secs: st.st_ctime,
+            nanos: st.st_ctime_nsec as u32,
+        },
+        size: if kind == NodeKind::Dir { 0 } else { size },
+        device: st.st_dev,
+        inode: st.st_ino,
+        nlink: st.st_nlink,
+        rdev: if matches!(kind, NodeKind::CharDev | NodeKind::BlockDev) {
+            st.st_rdev
+        } else {
+            0
+        },
+        sparse: kind == NodeKind::File && (st.st_blocks as u64) * 512 + 4096 <= size,
+        ..Node::default()
+    }
 }
 
 /// Whether this process can set arbitrary owners.

@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{ErrorKind, Read};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,9 +16,10 @@ use std::time::Instant;
 use capsule_format::tree::{encode_tree, Node, NodeKind};
 use capsule_format::{BlobId, BlobType};
 use rayon::prelude::*;
+use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::{Ctx, Excludes};
-use crate::meta::{node_from_metadata, read_xattrs};
+use crate::meta::{node_from_metadata, node_from_stat, read_xattrs, read_xattrs_from, XattrSource};
 use crate::progress::Progress;
 use crate::Result;
 
@@ -124,7 +125,15 @@ fn save_plan(
                         }
                         _ => path.clone(),
                     };
-                    save_entry(ctx, &real, &real, name, pnode, &ctx.excludes, None)
+                    save_entry(
+                        ctx,
+                        &real,
+                        Loc::Path(&real),
+                        name,
+                        pnode,
+                        &ctx.excludes,
+                        None,
+                    )
                 }
                 // A directory above a source, followed if it is a symlink:
                 // stored as a directory, so the source below stays
@@ -149,37 +158,31 @@ fn save_plan(
     save_tree(ctx, &nodes)
 }
 
-/// Backs up the directory at `path` (for messages and excludes), opened
-/// through `sys` (see [`save_entry`]).
+/// Backs up the directory open at `fd`; `path` is for messages and
+/// excludes. Every entry is reached through `fd` ([`Loc::At`]).
 fn save_dir(
     ctx: &Ctx<'_>,
     path: &Path,
-    sys: &Path,
+    fd: &OwnedFd,
     parent: Option<BlobId>,
     ex: &Excludes,
     dev: u64,
 ) -> Result<BlobId> {
     let t0 = Instant::now();
-    let (fd, mut names) = match list_dir(sys) {
-        Ok((fd, names, None)) => (Some(fd), names),
-        Ok((fd, names, Some(e))) => {
+    let mut names = match list_dir(fd) {
+        Ok((names, None)) => names,
+        Ok((names, Some(e))) => {
             ctx.warn(path, format!("listing failed part-way: {e}"));
-            (Some(fd), names)
+            names
         }
         Err(e) => {
             ctx.warn(path, format!("cannot list directory: {e}; stored as empty"));
-            (None, Vec::new())
+            Vec::new()
         }
     };
     names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
-    // The entries are reached through the directory's descriptor, not its
-    // path: a path of any length works, and a directory renamed or swapped
-    // for a symlink meanwhile cannot redirect the walk.
-    let here = fd
-        .as_ref()
-        .and_then(through_fd)
-        .unwrap_or_else(|| sys.to_path_buf());
+    let here = through_fd(fd).unwrap_or_else(|| path.to_path_buf());
     let (ex, err) = ex.enter(path, &here);
     if let Some(err) = err {
         ctx.warn(path, format!("ignore file: {err}"));
@@ -191,7 +194,7 @@ fn save_dir(
             save_entry(
                 ctx,
                 &path.join(n),
-                &here.join(n),
+                Loc::At(fd.as_fd(), n),
                 n,
                 find(&parent_nodes, n.as_bytes()),
                 &ex,
@@ -224,23 +227,13 @@ fn source_error<T>(ctx: &Ctx<'_>, path: &Path, doing: &str, e: std::io::Error) -
     None
 }
 
-/// A directory listing: the open directory, the entry names read and, if
-/// listing stopped early, the error.
-type Listing = (OwnedFd, Vec<std::ffi::OsString>, Option<std::io::Error>);
+/// The entry names read and, if listing stopped early, the error.
+type Listing = (Vec<std::ffi::OsString>, Option<std::io::Error>);
 
-/// Opens and lists a directory. Opens it with `O_NOATIME` where allowed:
-/// listing would otherwise update the directory's atime (relatime does so
-/// whenever atime is older than ctime), and the next run would record a
-/// different atime and store a new tree for an unchanged directory.
-fn list_dir(path: &Path) -> std::io::Result<Listing> {
-    use rustix::fs::{openat, Dir, Mode, OFlags, CWD};
-    let base = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let fd = match openat(CWD, path, base | OFlags::NOATIME, Mode::empty()) {
-        Err(e) if e == rustix::io::Errno::PERM => openat(CWD, path, base, Mode::empty())?,
-        r => r?,
-    };
+/// Lists an open directory.
+fn list_dir(fd: &OwnedFd) -> std::io::Result<Listing> {
     let mut names = Vec::new();
-    for e in Dir::read_from(&fd)? {
+    for e in rustix::fs::Dir::read_from(fd)? {
         match e {
             Ok(e) => {
                 let n = e.file_name().to_bytes();
@@ -248,49 +241,104 @@ fn list_dir(path: &Path) -> std::io::Result<Listing> {
                     names.push(OsStr::from_bytes(n).to_owned());
                 }
             }
-            Err(e) => return Ok((fd, names, Some(e.into()))),
+            Err(e) => return Ok((names, Some(e.into()))),
         }
     }
-    Ok((fd, names, None))
+    Ok((names, None))
+}
+
+/// Where an entry is, for the system calls: its parent directory's
+/// descriptor and its name (every entry below a source), or a path (the
+/// sources themselves). Reaching entries through their directory's
+/// descriptor (`fstatat`, `openat`, `readlinkat`) works at any depth, past
+/// `PATH_MAX`, costs no path walk per entry, and cannot be redirected by a
+/// directory renamed or swapped for a symlink while the walk runs.
+#[derive(Clone, Copy)]
+enum Loc<'a> {
+    At(BorrowedFd<'a>, &'a OsStr),
+    Path(&'a Path),
+}
+
+impl Loc<'_> {
+    fn parts(&self) -> (BorrowedFd<'_>, &OsStr) {
+        match *self {
+            Loc::At(fd, name) => (fd, name),
+            Loc::Path(p) => (rustix::fs::CWD, p.as_os_str()),
+        }
+    }
+
+    /// `lstat`.
+    fn stat(&self) -> std::io::Result<rustix::fs::Stat> {
+        let (dir, name) = self.parts();
+        Ok(rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
+    }
+
+    /// Opens the entry itself, never a symlink's target, with `O_NOATIME`
+    /// where allowed: reading would otherwise move access times (and a
+    /// directory's recorded atime, storing a new tree for nothing). It
+    /// needs ownership (or CAP_FOWNER), so fall back without it.
+    fn open(&self, flags: OFlags) -> std::io::Result<OwnedFd> {
+        let (dir, name) = self.parts();
+        let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+            Err(e) if e == rustix::io::Errno::PERM => {
+                Ok(rustix::fs::openat(dir, name, flags, Mode::empty())?)
+            }
+            r => Ok(r?),
+        }
+    }
+
+    fn read_link(&self) -> std::io::Result<Vec<u8>> {
+        let (dir, name) = self.parts();
+        Ok(rustix::fs::readlinkat(dir, name, Vec::new())?.into_bytes())
+    }
+
+    /// A path for the calls that have no `*at` form (extended attributes of
+    /// a symlink or special file, which cannot be opened to read them):
+    /// `/proc/self/fd/<n>/<name>` reaches the entry through its directory's
+    /// descriptor; without procfs, the full `path`.
+    fn sys_path(&self, path: &Path) -> PathBuf {
+        match self {
+            Loc::At(fd, name) => {
+                through_fd(fd).map_or_else(|| path.to_path_buf(), |d| d.join(name))
+            }
+            Loc::Path(p) => p.to_path_buf(),
+        }
+    }
 }
 
 /// A short path that reaches the open directory `fd` itself:
-/// `/proc/self/fd/<n>`. Every call on an entry then goes through the
-/// descriptor (`/proc/self/fd/<n>/<name>`, never longer than a name), as
-/// the `*at` calls would, for the calls that have no `*at` form (extended
-/// attributes) as well. `None` without procfs; the walk then uses paths,
-/// and stops at `PATH_MAX` as it did before.
-fn through_fd(fd: &OwnedFd) -> Option<PathBuf> {
+/// `/proc/self/fd/<n>`. `None` without procfs.
+fn through_fd(fd: &impl AsFd) -> Option<PathBuf> {
     static PROC: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     PROC.get_or_init(|| Path::new("/proc/self/fd").is_dir())
-        .then(|| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())))
+        .then(|| PathBuf::from(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd())))
 }
 
 /// Backs up one entry. `Ok(None)` means skipped (excluded, or a warning was
 /// recorded); `Err` means the repository side failed and the backup stops.
 ///
 /// `path` is the entry's full path, for messages and exclude patterns;
-/// `sys` is what the system calls use, which reaches the entry through its
-/// parent directory's descriptor ([`through_fd`]).
+/// `loc` is where the system calls find it.
 fn save_entry(
     ctx: &Ctx<'_>,
     path: &Path,
-    sys: &Path,
+    loc: Loc<'_>,
     name: &OsStr,
     parent: Option<&Node>,
     ex: &Excludes,
     fs_dev: Option<u64>,
 ) -> Result<Option<Node>> {
     let t0 = Instant::now();
-    let m = match std::fs::symlink_metadata(sys) {
-        Ok(m) => m,
+    let st = match loc.stat() {
+        Ok(st) => st,
         Err(e) => return Ok(source_error(ctx, path, "cannot read metadata", e)),
     };
     Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
-    if ex.is_excluded(path, m.is_dir()) {
+    let mut node = node_from_stat(name, &st);
+    if ex.is_excluded(path, node.kind() == NodeKind::Dir) {
         return Ok(None);
     }
-    let mut node = node_from_metadata(name, &m);
     let c = &ctx.counters;
     // An entry the parent saw with the same identity and change time keeps
     // the parent's atime: reading it (a symlink, or a file or directory we
@@ -316,8 +364,7 @@ fn save_entry(
                 Progress::add(&ctx.progress.bytes_unchanged, node.size);
                 Progress::add(&ctx.progress.bytes_done, node.size);
             } else {
-                read_node_xattrs(ctx, path, sys, &mut node);
-                match read_file(ctx, path, sys, &mut node)? {
+                match read_file(ctx, path, loc, &mut node)? {
                     Some(content) => node.content = content,
                     None => return Ok(None),
                 }
@@ -336,16 +383,30 @@ fn save_entry(
         }
         NodeKind::Dir => {
             Progress::add(&c.dirs, 1);
-            read_node_xattrs(ctx, path, sys, &mut node);
             let root_dev = fs_dev.unwrap_or(node.device);
             let psub = parent
                 .filter(|p| p.kind() == NodeKind::Dir)
                 .and_then(|p| p.subtree);
-            node.subtree = Some(if ctx.opts.one_file_system && node.device != root_dev {
-                // A mount point: keep the directory, not what is mounted on it.
-                save_tree(ctx, &[])?
-            } else {
-                save_dir(ctx, path, sys, psub, ex, root_dev)?
+            let dir = match loc.open(OFlags::RDONLY | OFlags::DIRECTORY) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    ctx.warn(path, format!("cannot list directory: {e}; stored as empty"));
+                    None
+                }
+            };
+            if let Some(fd) = &dir {
+                match read_xattrs_from(XattrSource::Fd(fd.as_fd())) {
+                    Ok(x) => node.xattrs = x,
+                    Err(e) => ctx.warn(path, format!("cannot read extended attributes: {e}")),
+                }
+            }
+            node.subtree = Some(match dir {
+                Some(fd) if !(ctx.opts.one_file_system && node.device != root_dev) => {
+                    save_dir(ctx, path, &fd, psub, ex, root_dev)?
+                }
+                // A mount point: keep the directory, not what is mounted on
+                // it; or a directory that could not be opened.
+                _ => save_tree(ctx, &[])?,
             });
         }
         NodeKind::Symlink => {
@@ -356,9 +417,9 @@ fn save_entry(
                 node.xattrs = p.xattrs.clone();
                 return Ok(Some(node));
             }
-            read_node_xattrs(ctx, path, sys, &mut node);
-            match std::fs::read_link(sys) {
-                Ok(t) => node.target = t.as_os_str().as_bytes().to_vec(),
+            read_node_xattrs(ctx, path, loc, &mut node);
+            match loc.read_link() {
+                Ok(t) => node.target = t,
                 Err(e) => {
                     ctx.warn(path, format!("cannot read symlink: {e}"));
                     return Ok(None);
@@ -367,14 +428,16 @@ fn save_entry(
         }
         _ => {
             Progress::add(&c.others, 1);
-            read_node_xattrs(ctx, path, sys, &mut node);
+            read_node_xattrs(ctx, path, loc, &mut node);
         }
     }
     Ok(Some(node))
 }
 
-fn read_node_xattrs(ctx: &Ctx<'_>, path: &Path, sys: &Path, node: &mut Node) {
-    match read_xattrs(sys) {
+/// Extended attributes of an entry that is not opened (a symlink or a
+/// special file, or a hard link whose content is already known).
+fn read_node_xattrs(ctx: &Ctx<'_>, path: &Path, loc: Loc<'_>, node: &mut Node) {
+    match read_xattrs(&loc.sys_path(path)) {
         Ok(x) => node.xattrs = x,
         Err(e) => ctx.warn(path, format!("cannot read extended attributes: {e}")),
     }
@@ -416,30 +479,12 @@ pub(crate) fn content_unchanged(
     same && settled && sane_clock
 }
 
-fn open_source(path: &Path) -> std::io::Result<File> {
-    // O_NOATIME keeps backups from touching access times; it needs file
-    // ownership (or CAP_FOWNER), so fall back without it.
-    let noatime = rustix::fs::OFlags::NOATIME.bits() as i32;
-    let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
-    match OpenOptions::new()
-        .read(true)
-        .custom_flags(noatime | nofollow)
-        .open(path)
-    {
-        Err(e) if e.kind() == ErrorKind::PermissionDenied => OpenOptions::new()
-            .read(true)
-            .custom_flags(nofollow)
-            .open(path),
-        r => r,
-    }
-}
-
 /// Reads, chunks and hashes a file; hands new chunks to the saver. Returns
 /// `Ok(None)` after recording a warning if the file cannot be read.
 fn read_file(
     ctx: &Ctx<'_>,
     path: &Path,
-    sys: &Path,
+    loc: Loc<'_>,
     node: &mut Node,
 ) -> Result<Option<Vec<BlobId>>> {
     let link_key = (node.device, node.inode);
@@ -447,14 +492,17 @@ fn read_file(
         let cache = ctx.hardlinks.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((size, content)) = cache.get(&link_key) {
             if *size == node.size {
+                let content = content.clone();
+                drop(cache);
+                read_node_xattrs(ctx, path, loc, node);
                 Progress::add(&ctx.progress.bytes_done, node.size);
-                return Ok(Some(content.clone()));
+                return Ok(Some(content));
             }
         }
     }
     let t0 = Instant::now();
-    let mut f = match open_source(sys) {
-        Ok(f) => f,
+    let mut f = match loc.open(OFlags::RDONLY) {
+        Ok(fd) => File::from(fd),
         Err(e) => return Ok(source_error(ctx, path, "cannot open", e)),
     };
     let before = match f.metadata() {
@@ -470,10 +518,12 @@ fn read_file(
             return Ok(None);
         }
         // Replaced between the scan and open: describe what we actually read.
-        let xattrs = std::mem::take(&mut node.xattrs);
         let name = std::mem::take(&mut node.name);
         *node = node_from_metadata(OsStr::from_bytes(&name), &before);
-        node.xattrs = xattrs;
+    }
+    match read_xattrs_from(XattrSource::Fd(f.as_fd())) {
+        Ok(x) => node.xattrs = x,
+        Err(e) => ctx.warn(path, format!("cannot read extended attributes: {e}")),
     }
     Progress::add(&ctx.counters.read_ns, elapsed_ns(t0));
 
