@@ -173,6 +173,16 @@ impl crate::Layer for CachingBackend {
         r
     }
 
+    /// Objects the cache keeps are put from a borrowed buffer, so the copy
+    /// it stores is the one that was sent.
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        if cacheable(name) {
+            let r = Backend::put(self, name, &data);
+            return (r, Some(data));
+        }
+        self.inner.put_owned(name, data)
+    }
+
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
         if !cacheable(name) {
             return self.inner.get(name, range);

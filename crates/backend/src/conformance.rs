@@ -23,6 +23,7 @@ pub const CASES: &[Case] = &[
     ("names", names),
     ("temporaries_never_listed", temporaries_never_listed),
     ("streamed_ranges", streamed_ranges),
+    ("put_owned", put_owned),
 ];
 
 /// Runs every case against `b`, then panics naming each that failed.
@@ -148,6 +149,22 @@ fn streamed_ranges(b: &dyn Backend) {
             "range {r:?} of a streamed object"
         );
     }
+}
+
+/// An owned put stores what a borrowed one would, refuses to overwrite,
+/// and whatever buffer it gives back still holds the object's bytes.
+fn put_owned(b: &dyn Backend) {
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let (r, back) = b.put_owned("conformance/owned", data.clone());
+    r.expect("put_owned");
+    if let Some(back) = back {
+        assert_eq!(back, data, "the buffer given back was changed");
+    }
+    assert_eq!(b.get("conformance/owned", None).expect("get"), data);
+    let (r, _) = b.put_owned("conformance/owned", vec![1, 2, 3]);
+    let e = r.expect_err("overwrite must fail");
+    assert_eq!(e.kind, ErrorKind::AlreadyExists, "{e}");
+    assert_eq!(b.get("conformance/owned", None).expect("get"), data);
 }
 
 fn put_get_stat(b: &dyn Backend) {

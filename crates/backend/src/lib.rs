@@ -180,6 +180,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         self.put(name, &buf)
     }
 
+    /// Stores `data` under `name` with the guarantees of [`Backend::put`],
+    /// taking the buffer, so that a backend which must hold the object
+    /// while it sends it (an S3 request body) need not copy it: the pack
+    /// uploads of a backup would otherwise hold every pack twice. Gives the
+    /// buffer back whenever it can, for reuse and for a retry.
+    ///
+    /// The default calls `put` and always gives the buffer back.
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        let r = self.put(name, &data);
+        (r, Some(data))
+    }
+
     /// Writes the object (or `range` of it) to `out` without holding it in
     /// memory; returns the number of bytes written. Errors as [`Backend::get`].
     ///
@@ -290,6 +302,10 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
         self.inner().put_stream(name, size, data)
     }
+    /// See [`Backend::put_owned`].
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        self.inner().put_owned(name, data)
+    }
     /// See [`Backend::get_stream`].
     fn get_stream(
         &self,
@@ -350,6 +366,9 @@ impl<L: Layer> Backend for L {
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
         Layer::put_stream(self, name, size, data)
     }
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        Layer::put_owned(self, name, data)
+    }
     fn get_stream(
         &self,
         name: &str,
@@ -405,6 +424,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
         (**self).put_stream(name, size, data)
+    }
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        (**self).put_owned(name, data)
     }
     fn get_stream(
         &self,

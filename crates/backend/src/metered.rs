@@ -140,6 +140,18 @@ impl crate::Layer for MeteredBackend {
         r
     }
 
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        let len = data.len() as u64;
+        self.stats.puts.fetch_add(1, Relaxed);
+        let t = self.stats.begin();
+        let (r, back) = self.inner.put_owned(name, data);
+        self.stats.end(t, r.is_ok());
+        if r.is_ok() {
+            self.stats.bytes_up.fetch_add(len, Relaxed);
+        }
+        (r, back)
+    }
+
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
         let r = self.timed(&self.stats.puts, || self.inner.put_stream(name, size, data));
         if r.is_ok() {

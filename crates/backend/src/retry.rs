@@ -112,6 +112,28 @@ impl crate::Layer for RetryBackend {
         self.run(|| self.inner.get(name, range.clone()))
     }
 
+    /// Retried while the destination gives the buffer back (a backend that
+    /// kept it cannot be asked again).
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        let mut data = data;
+        let mut n = 0;
+        loop {
+            match self.inner.put_owned(name, data) {
+                (Err(e), Some(back)) if e.transient && n + 1 < self.policy.attempts => {
+                    n += 1;
+                    self.retries.fetch_add(1, Relaxed);
+                    std::thread::sleep(self.policy.delay(n));
+                    data = back;
+                }
+                (Err(mut e), back) if e.transient && n > 0 => {
+                    e.message = format!("{} (gave up after {} attempts)", e.message, n + 1);
+                    return (Err(e), back);
+                }
+                done => return done,
+            }
+        }
+    }
+
     fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
         self.run(|| self.inner.stat(name))
     }

@@ -264,6 +264,11 @@ impl crate::Layer for FaultBackend {
         Backend::put(self, name, &buf)
     }
 
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        let r = Backend::put(self, name, &data);
+        (r, Some(data))
+    }
+
     fn get_stream(
         &self,
         name: &str,

@@ -235,6 +235,13 @@ impl capsule_backend::Layer for KillAtCall {
     ) -> Result<(), capsule_backend::BackendError> {
         self.count(|| self.inner.put_stream(name, size, data))
     }
+    fn put_owned(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+    ) -> (Result<(), capsule_backend::BackendError>, Option<Vec<u8>>) {
+        self.count(|| self.inner.put_owned(name, data))
+    }
     fn get_stream(
         &self,
         name: &str,

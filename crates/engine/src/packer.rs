@@ -24,7 +24,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::index::{save_index_file, MasterIndex};
 use crate::journal::Journal;
-use crate::repo::{pack_name, put_addressed, Repository};
+use crate::repo::{pack_name, put_addressed_owned, Repository};
 use crate::{EngineError, Result};
 
 /// Packs per index file written during a backup.
@@ -34,7 +34,7 @@ pub const INDEX_EVERY: usize = 4;
 /// a fresh mapping (the CLI sets glibc's mmap threshold at 1 MiB), and
 /// faulting its pages in and unmapping it again cost about a tenth of the
 /// pipeline's CPU in a 10,000-file backup.
-const SPARE_BUFFERS: usize = 4;
+const SPARE_BUFFERS: usize = 2;
 
 struct SealJob {
     t: BlobType,
@@ -455,18 +455,18 @@ fn upload_worker(s: &Shared, rx: Receiver<FinishedPack>) {
             .first()
             .map(|e| e.blob_type)
             .unwrap_or(BlobType::Data);
-        let r = put_addressed(&**s.repo.backend(), &pack_name(&id, t), &fp.bytes);
+        let size = fp.bytes.len() as u64;
+        let (r, back) = put_addressed_owned(&**s.repo.backend(), &pack_name(&id, t), fp.bytes);
         s.stats
             .upload_ns
             .fetch_add(nanos_since(t0), Ordering::Relaxed);
-        let size = fp.bytes.len() as u64;
-        let mut buf = fp.bytes;
-        buf.clear();
-        let mut spare = s.spare.lock().unwrap_or_else(|p| p.into_inner());
-        if spare.len() < SPARE_BUFFERS {
-            spare.push(buf);
+        if let Some(mut buf) = back {
+            buf.clear();
+            let mut spare = s.spare.lock().unwrap_or_else(|p| p.into_inner());
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(buf);
+            }
         }
-        drop(spare);
         if let Err(e) = r {
             s.fail(e);
             continue;

@@ -275,6 +275,20 @@ pub(crate) fn put_addressed(backend: &dyn Backend, name: &str, bytes: &[u8]) -> 
     }
 }
 
+/// [`put_addressed`] handing the buffer to the backend; returns it when the
+/// backend gives it back.
+pub(crate) fn put_addressed_owned(
+    backend: &dyn Backend,
+    name: &str,
+    bytes: Vec<u8>,
+) -> (Result<()>, Option<Vec<u8>>) {
+    match backend.put_owned(name, bytes) {
+        (Ok(()), back) => (Ok(()), back),
+        (Err(e), back) if e.kind == ErrorKind::AlreadyExists => (Ok(()), back),
+        (Err(e), back) => (Err(e.into()), back),
+    }
+}
+
 /// Whether the location holds keys, snapshots or index files: the marks
 /// of a repository, with or without its config.
 fn holds_repository_objects(backend: &dyn Backend) -> Result<bool> {

@@ -389,20 +389,43 @@ fn range_error(e: BackendError, name: &str, r: &Range<u64>) -> BackendError {
     }
 }
 
+impl S3Backend {
+    fn put_bytes(&self, name: &str, body: bytes::Bytes) -> Result<(), BackendError> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        block_on(
+            self.store
+                .put_opts(&self.key(name), PutPayload::from(body), opts),
+        )
+        .map(|_| ())
+        .map_err(|e| classify("put", name, e))
+    }
+}
+
 impl Backend for S3Backend {
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
         validate_name(name)?;
         if data.len() as u64 > MULTIPART_ABOVE {
             return self.put_stream(name, data.len() as u64, &mut &data[..]);
         }
-        let payload = PutPayload::from(bytes::Bytes::copy_from_slice(data));
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        block_on(self.store.put_opts(&self.key(name), payload, opts))
-            .map(|_| ())
-            .map_err(|e| classify("put", name, e))
+        self.put_bytes(name, bytes::Bytes::copy_from_slice(data))
+    }
+
+    /// The request body is the buffer itself, not a copy; once the request
+    /// is done and no clone of it is left, it is given back.
+    fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
+        if let Err(e) = validate_name(name) {
+            return (Err(e), Some(data));
+        }
+        if data.len() as u64 > MULTIPART_ABOVE {
+            let r = self.put_stream(name, data.len() as u64, &mut &data[..]);
+            return (r, Some(data));
+        }
+        let body = bytes::Bytes::from(data);
+        let r = self.put_bytes(name, body.clone());
+        (r, body.try_into_mut().ok().map(Vec::from))
     }
 
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {

@@ -38,6 +38,10 @@ use crate::Options;
 
 /// Requests in flight per object being written or read.
 const PIPELINE: usize = 32;
+/// Bytes of write requests in flight per object, at most: each request
+/// holds its own copy until the server answers. 4 MiB fills 10 ms at
+/// 400 MB/s for one upload.
+const WRITE_IN_FLIGHT: u64 = 4 << 20;
 /// Chunk size when the server does not announce its limits.
 const DEFAULT_CHUNK: u64 = 32 * 1024;
 /// Seconds a request may wait for its answer.
@@ -583,6 +587,7 @@ impl SftpBackend {
         };
         let written = async {
             let mut in_flight = FuturesUnordered::new();
+            let write_depth = PIPELINE.min((WRITE_IN_FLIGHT / c.write_len.max(1)).max(1) as usize);
             let mut off = 0u64;
             let mut buf = Vec::new();
             while off < size {
@@ -590,7 +595,7 @@ impl SftpBackend {
                 capsule_backend::read_exact_len(source, n, &mut buf, name)?;
                 in_flight.push(c.sftp.write(handle.clone(), off, std::mem::take(&mut buf)));
                 off += n;
-                while in_flight.len() >= PIPELINE {
+                while in_flight.len() >= write_depth {
                     if let Some(r) = in_flight.next().await {
                         r.map_err(|e| sftp_err("put", name, e))?;
                     }
