@@ -136,6 +136,9 @@ impl Backend for MemoryBackend {
 
 impl LabBackend for MemoryBackend {}
 
+/// How long a [`Fault::Stall`] holds its call.
+pub const STALL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What to do to one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
@@ -150,6 +153,9 @@ pub enum Fault {
     ShortRead,
     /// `put`: report success having stored nothing.
     LostWrite,
+    /// Wait [`STALL`] before the call goes through: a destination that
+    /// stops answering for a while, then recovers.
+    Stall,
     /// `put`: the destination is full.
     Full,
 }
@@ -238,6 +244,10 @@ impl FaultBackend {
             Some(Fault::TornWrite) if op != "put" => {
                 self.crashed.store(true, Ordering::SeqCst);
                 Err(Self::err(op, name, "crash"))
+            }
+            Some(Fault::Stall) => {
+                std::thread::sleep(STALL);
+                Ok(None)
             }
             Some(Fault::Full) if op == "put" => Err(BackendError::new(
                 ErrorKind::NoSpace,

@@ -324,6 +324,47 @@ fn backup_fault_scenario(w: &World, name: &'static str, fault: Fault, n: u64, ba
     }
 }
 
+/// Every Nth call fails (N seeded, 2 to 9): a flaky link under a backup
+/// with no retry layer. The backup may fail; the oracle must hold.
+fn every_nth_scenario(w: &World, n: u64, base: u64) -> Row {
+    let t = Instant::now();
+    let mut failures = Vec::new();
+    let mut aborted = 0;
+    let list = seeds(n, base);
+    for &seed in &list {
+        let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
+        let every = 2 + rng.below(8);
+        let store = Arc::new(w.base.fork());
+        let plan = FaultPlan {
+            every: Some((every, Fault::Fail)),
+            ..FaultPlan::default()
+        };
+        let fb = Arc::new(FaultBackend::new(store.clone(), plan));
+        let outcome = match open(fb.clone()) {
+            Ok(repo) => run_backup(repo, &w.src).map(|_| ()),
+            Err(e) => Err(e),
+        };
+        aborted += u64::from(outcome.is_err());
+        if let Err(e) = oracle(&store, &w.expected, &w.current, &w.src, &w.scratch) {
+            failures.push((
+                seed,
+                format!(
+                    "every {every}th call failing (backup: {:?}): {e}",
+                    outcome.err()
+                ),
+            ));
+        }
+    }
+    Row {
+        scenario: "every Nth call fails in backup",
+        runs: list.len() as u64,
+        aborted,
+        failures,
+        seeds: format!("{}..{}", list[0], list[list.len() - 1]),
+        secs: t.elapsed().as_secs_f64(),
+    }
+}
+
 /// After a contract-breaking write: either the repository is clean and
 /// restores right, or check reports damage (and never a wrong restore of a
 /// file check did not name).
@@ -488,6 +529,8 @@ fn reliability_suite() {
         backup_fault_scenario(&w, "short read in backup", Fault::ShortRead, n / 2, 30_001),
         backup_fault_scenario(&w, "torn write in backup", Fault::TornWrite, n / 2, 40_001),
         backup_fault_scenario(&w, "lost write in backup", Fault::LostWrite, n / 2, 50_001),
+        backup_fault_scenario(&w, "stalled call in backup", Fault::Stall, n / 8, 70_001),
+        every_nth_scenario(&w, n / 4, 80_001),
         key_scenario(),
         bitflip_scenario(&w, n, 60_001),
     ];
