@@ -175,9 +175,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     ///
     /// The default buffers the object and calls `put`; backends override it.
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
-        let mut buf = Vec::new();
-        read_exact_len(data, size, &mut buf, name)?;
-        self.put(name, &buf)
+        put_stream_buffered(self, name, size, data)
     }
 
     /// Stores `data` under `name` with the guarantees of [`Backend::put`],
@@ -202,9 +200,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         range: Option<Range<u64>>,
         out: &mut dyn Write,
     ) -> Result<u64, BackendError> {
-        let data = self.get(name, range)?;
-        out.write_all(&data).map_err(|e| write_out_error(name, e))?;
-        Ok(data.len() as u64)
+        get_stream_buffered(self, name, range, out)
     }
 
     /// Static facts about this backend.
@@ -463,6 +459,31 @@ impl<B: LabBackend + ?Sized> LabBackend for Arc<B> {
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         (**self).remove_empty_dirs()
     }
+}
+
+/// `put_stream` through `put`: reads the whole object into memory first
+/// (the default, for backends without a streaming upload).
+pub fn put_stream_buffered<B: Backend + ?Sized>(
+    b: &B,
+    name: &str,
+    size: u64,
+    data: &mut dyn Read,
+) -> Result<(), BackendError> {
+    let mut buf = Vec::new();
+    read_exact_len(data, size, &mut buf, name)?;
+    b.put(name, &buf)
+}
+
+/// `get_stream` through `get`: holds the whole object (or range) in memory.
+pub fn get_stream_buffered<B: Backend + ?Sized>(
+    b: &B,
+    name: &str,
+    range: Option<Range<u64>>,
+    out: &mut dyn Write,
+) -> Result<u64, BackendError> {
+    let data = b.get(name, range)?;
+    out.write_all(&data).map_err(|e| write_out_error(name, e))?;
+    Ok(data.len() as u64)
 }
 
 /// The error of a `get_stream` whose caller-side writer failed (the object

@@ -269,9 +269,7 @@ impl crate::Layer for FaultBackend {
     }
 
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
-        let mut buf = Vec::new();
-        crate::read_exact_len(data, size, &mut buf, name)?;
-        Backend::put(self, name, &buf)
+        crate::put_stream_buffered(self, name, size, data)
     }
 
     fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
@@ -285,10 +283,7 @@ impl crate::Layer for FaultBackend {
         range: Option<Range<u64>>,
         out: &mut dyn Write,
     ) -> Result<u64, BackendError> {
-        let v = Backend::get(self, name, range)?;
-        out.write_all(&v)
-            .map_err(|e| crate::write_out_error(name, e))?;
-        Ok(v.len() as u64)
+        crate::get_stream_buffered(self, name, range, out)
     }
 
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {

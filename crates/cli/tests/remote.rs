@@ -559,27 +559,18 @@ fn cut_sweep(kind: Kind) {
                 r.proxy.remove_toxic("sweep").unwrap();
                 (format!("limit_data after {limit} bytes"), o)
             }
-            2 => {
+            k => {
+                // A reset (new connections too, for 300 ms) or a stall
+                // (closed after 1 s, for 1.5 s).
+                let (toxic, attrs, window) = if k == 2 {
+                    ("reset_peer", r#"{"timeout":0}"#, 300)
+                } else {
+                    ("timeout", r#"{"timeout":1000}"#, 1500)
+                };
                 let at = secs.mul_f64(frac);
-                let o = r.toxic_window(
-                    args,
-                    &extra,
-                    at,
-                    Duration::from_millis(300),
-                    ("reset_peer", stream, r#"{"timeout":0}"#),
-                );
-                (format!("reset_peer at {at:?}"), o)
-            }
-            _ => {
-                let at = secs.mul_f64(frac);
-                let o = r.toxic_window(
-                    args,
-                    &extra,
-                    at,
-                    Duration::from_millis(1500),
-                    ("timeout", stream, r#"{"timeout":1000}"#),
-                );
-                (format!("timeout at {at:?}"), o)
+                let window = Duration::from_millis(window);
+                let o = r.toxic_window(args, &extra, at, window, (toxic, stream, attrs));
+                (format!("{toxic} at {at:?}"), o)
             }
         }
     };

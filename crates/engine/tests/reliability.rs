@@ -287,76 +287,66 @@ fn world() -> World {
 
 /// One fault at a seeded call of the second backup, then the oracle.
 fn backup_fault_scenario(w: &World, name: &'static str, fault: Fault, n: u64, base: u64) -> Row {
-    let t = Instant::now();
-    let mut failures = Vec::new();
-    let mut aborted = 0;
-    let list = seeds(n, base);
-    for &seed in &list {
-        let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
-        let at = 1 + rng.below(w.clean_calls + 1);
-        let store = Arc::new(w.base.fork());
-        let fb = Arc::new(FaultBackend::new(store.clone(), FaultPlan::at(at, fault)));
-        let outcome = match open(fb.clone()) {
-            Ok(repo) => run_backup(repo, &w.src).map(|_| ()),
-            Err(e) => Err(e),
-        };
-        aborted += u64::from(outcome.is_err());
-        let verdict = match fault {
-            // A backend that lies can leave damage; what must hold is that
-            // check sees it, or that nothing was damaged at all.
-            Fault::TornWrite | Fault::LostWrite => detected_or_clean(&store, w),
-            _ => oracle(&store, &w.expected, &w.current, &w.src, &w.scratch),
-        };
-        if let Err(e) = verdict {
-            failures.push((
-                seed,
-                format!("fault at call {at} (backup: {:?}): {e}", outcome.err()),
-            ));
-        }
-    }
-    Row {
-        scenario: name,
-        runs: list.len() as u64,
-        aborted,
-        failures,
-        seeds: format!("{}..{}", list[0], list[list.len() - 1]),
-        secs: t.elapsed().as_secs_f64(),
-    }
+    let calls = w.clean_calls;
+    plan_scenario(w, name, n, base, |rng| {
+        let at = 1 + rng.below(calls + 1);
+        (FaultPlan::at(at, fault), format!("fault at call {at}"))
+    })
 }
 
 /// Every Nth call fails (N seeded, 2 to 9): a flaky link under a backup
 /// with no retry layer. The backup may fail; the oracle must hold.
 fn every_nth_scenario(w: &World, n: u64, base: u64) -> Row {
+    plan_scenario(w, "every Nth call fails in backup", n, base, |rng| {
+        let every = 2 + rng.below(8);
+        let plan = FaultPlan {
+            every: Some((every, Fault::Fail)),
+            ..FaultPlan::default()
+        };
+        (plan, format!("every {every}th call failing"))
+    })
+}
+
+/// The second backup under the fault plan each seed draws, then the
+/// oracle. A backend that lies (torn or lost writes) may leave damage;
+/// then what must hold is that check sees it.
+fn plan_scenario(
+    w: &World,
+    name: &'static str,
+    n: u64,
+    base: u64,
+    draw: impl Fn(&mut Rng) -> (FaultPlan, String),
+) -> Row {
     let t = Instant::now();
     let mut failures = Vec::new();
     let mut aborted = 0;
     let list = seeds(n, base);
     for &seed in &list {
         let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
-        let every = 2 + rng.below(8);
+        let (plan, what) = draw(&mut rng);
+        let lies = plan
+            .at
+            .values()
+            .chain(plan.every.iter().map(|(_, f)| f))
+            .any(|f| matches!(f, Fault::TornWrite | Fault::LostWrite));
         let store = Arc::new(w.base.fork());
-        let plan = FaultPlan {
-            every: Some((every, Fault::Fail)),
-            ..FaultPlan::default()
-        };
         let fb = Arc::new(FaultBackend::new(store.clone(), plan));
         let outcome = match open(fb.clone()) {
             Ok(repo) => run_backup(repo, &w.src).map(|_| ()),
             Err(e) => Err(e),
         };
         aborted += u64::from(outcome.is_err());
-        if let Err(e) = oracle(&store, &w.expected, &w.current, &w.src, &w.scratch) {
-            failures.push((
-                seed,
-                format!(
-                    "every {every}th call failing (backup: {:?}): {e}",
-                    outcome.err()
-                ),
-            ));
+        let verdict = if lies {
+            detected_or_clean(&store, w)
+        } else {
+            oracle(&store, &w.expected, &w.current, &w.src, &w.scratch)
+        };
+        if let Err(e) = verdict {
+            failures.push((seed, format!("{what} (backup: {:?}): {e}", outcome.err())));
         }
     }
     Row {
-        scenario: "every Nth call fails in backup",
+        scenario: name,
         runs: list.len() as u64,
         aborted,
         failures,
