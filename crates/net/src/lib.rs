@@ -78,8 +78,32 @@ impl Options {
     }
 }
 
+/// Attempts at connecting, and the pause before the second (doubling).
+const CONNECT_ATTEMPTS: u32 = 4;
+const CONNECT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Connects to a network destination. Local paths are not handled here.
+///
+/// A connection reset or dropped while it is being set up (transient) is
+/// tried again, 4 times over about 2 s: the retry layer covers requests
+/// only once a backend exists, and a blip at the start of a run used to end
+/// it (found by the cut sweep). Refused credentials, a missing share or
+/// bucket, and a refused connection after the last attempt are reported
+/// at once as before.
 pub fn connect(dest: &Destination, opts: &Options) -> Result<Arc<dyn LabBackend>, BackendError> {
+    let mut attempt = 1;
+    loop {
+        match connect_once(dest, opts) {
+            Err(e) if e.transient && attempt < CONNECT_ATTEMPTS => {
+                std::thread::sleep(CONNECT_BACKOFF * 2u32.pow(attempt - 1));
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+fn connect_once(dest: &Destination, opts: &Options) -> Result<Arc<dyn LabBackend>, BackendError> {
     Ok(match dest {
         Destination::Smb(t) => Arc::new(smb::SmbBackend::connect(t, opts)?),
         Destination::Sftp(t) => Arc::new(sftp::SftpBackend::connect(t, opts)?),
