@@ -375,9 +375,14 @@ impl S3Backend {
 }
 
 /// S3 answers a range past the end with 416 or a short body; both are the
-/// contract's `InvalidRange`.
+/// contract's `InvalidRange`. A transient failure stays one, whatever its
+/// message says: a connection reset in the middle of a ranged GET names the
+/// range too, and calling it `InvalidRange` made a restore give up on an
+/// intact pack (found by the long cut sweep).
 fn range_error(e: BackendError, name: &str, r: &Range<u64>) -> BackendError {
-    if e.message.contains("416") || e.message.contains("Range") || e.message.contains("range") {
+    if !e.transient
+        && (e.message.contains("416") || e.message.contains("Range") || e.message.contains("range"))
+    {
         BackendError::new(
             ErrorKind::InvalidRange,
             "get",
@@ -579,5 +584,33 @@ impl LabBackend for S3Backend {
         )
         .map(|_| ())
         .map_err(|e| classify("probe", name, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reset in the middle of a ranged GET is retried, not taken for a
+    /// range past the end; a refused range is `InvalidRange`.
+    #[test]
+    fn only_a_refused_range_is_an_invalid_range() {
+        let r = 3_145_892..4_336_191;
+        let cut = BackendError::transient(
+            ErrorKind::Unreachable,
+            "get",
+            "data/f6/f6b4",
+            "Generic S3 error: error sending request for GET with range 3145892-4336190: connection reset",
+        );
+        let e = range_error(cut, "data/f6/f6b4", &r);
+        assert!(e.transient && e.kind == ErrorKind::Unreachable, "{e:?}");
+        let refused = BackendError::new(
+            ErrorKind::Io,
+            "get",
+            "data/f6/f6b4",
+            "Server returned non-2xx status code: 416 Range Not Satisfiable",
+        );
+        let e = range_error(refused, "data/f6/f6b4", &r);
+        assert_eq!(e.kind, ErrorKind::InvalidRange);
     }
 }
