@@ -541,10 +541,18 @@ impl SftpBackend {
                 .await
             {
                 Ok(_) => {}
-                // Exists already (SFTP v3 has no code for that): check.
+                // Exists already (SFTP v3 has no code for that): check. If
+                // the check itself fails because the connection went, say
+                // that (retried), not the mkdir's generic failure: a cut at
+                // this point was once reported as a permanent error.
                 Err(e) => {
-                    if c.sftp.stat(self.path(&cur)).await.is_err() {
-                        return Err(sftp_err("put", &cur, e));
+                    if let Err(se) = c.sftp.stat(self.path(&cur)).await {
+                        let se = sftp_err("put", &cur, se);
+                        return Err(if se.transient || c._ssh.is_closed() {
+                            BackendError::transient(ErrorKind::Unreachable, "put", &cur, se.message)
+                        } else {
+                            sftp_err("put", &cur, e)
+                        });
                     }
                 }
             }
@@ -618,7 +626,12 @@ impl SftpBackend {
             written.and_then(|_| closed.map(|_| ()).map_err(|e| sftp_err("put", name, e)))
         {
             let _ = c.sftp.remove(tmp).await;
-            if e.kind == ErrorKind::Io {
+            if e.kind == ErrorKind::Io && c._ssh.is_closed() {
+                // A generic failure on a connection that is gone is the
+                // connection's failure: retried.
+                e.kind = ErrorKind::Unreachable;
+                e.transient = true;
+            } else if e.kind == ErrorKind::Io {
                 e = self.explain_failure(c, e, size).await;
             }
             return Err(e);
