@@ -35,6 +35,20 @@ use crate::Options;
 const COMPOUND_MAX: usize = 1 << 20;
 /// Chunk for streamed writes and reads.
 const STREAM_CHUNK: usize = 4 << 20;
+/// What any request may take besides moving its bytes (see
+/// [`SmbBackend::bounded`]).
+const REQUEST_ALLOWANCE: Duration = Duration::from_secs(60);
+/// What an object read whose size is not known up front is allowed.
+const UNKNOWN_READ: u64 = 64 << 20;
+/// What a listing may take: it is many requests (every directory, in
+/// rounds), and a large repository on a slow link needs minutes.
+const LIST_LIMIT: Duration = Duration::from_secs(600);
+
+/// The deadline of a request moving `bytes`: a minute, plus the bytes at
+/// 1 MB/s.
+fn limit_for(bytes: u64) -> Duration {
+    REQUEST_ALLOWANCE + Duration::from_micros(bytes)
+}
 
 /// A directory on an SMB share as a capsule backend.
 pub struct SmbBackend {
@@ -226,6 +240,34 @@ impl SmbBackend {
     fn tree_is_live(&self) -> bool {
         !self.conn.is_disconnected()
             && self.tree.read().unwrap_or_else(|p| p.into_inner()).0 == self.conn.generation()
+    }
+
+    /// Runs one request to completion, or gives up on it after `limit`
+    /// (see [`limit_for`]). A connection cut in a
+    /// way the client does not notice (seen with a proxy that stopped
+    /// forwarding mid-upload: one pack upload waited for more than nine
+    /// minutes) would otherwise hold the backup forever. On the deadline
+    /// the connection is declared dead, so every request on it fails as
+    /// transient and the retry revives the session.
+    fn bounded<T>(
+        &self,
+        op: &'static str,
+        name: &str,
+        limit: Duration,
+        fut: impl std::future::Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        match block_on(async { tokio::time::timeout(limit, fut).await }) {
+            Ok(r) => r,
+            Err(_) => {
+                self.conn.mark_dead();
+                Err(BackendError::transient(
+                    ErrorKind::Unreachable,
+                    op,
+                    name,
+                    format!("no answer from the server within {} s; the connection is dropped and made again", limit.as_secs()),
+                ))
+            }
+        }
     }
 
     /// Brings a dropped session back before a request: the client revives
@@ -562,23 +604,39 @@ impl Backend for SmbBackend {
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
         self.live("put", name)?;
         validate_name(name)?;
-        block_on(self.put_inner(name, Source::Bytes(data)))
+        self.bounded(
+            "put",
+            name,
+            limit_for(data.len() as u64),
+            self.put_inner(name, Source::Bytes(data)),
+        )
     }
 
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
         self.live("put", name)?;
         validate_name(name)?;
-        block_on(self.put_inner(name, Source::Stream { size, reader: data }))
+        self.bounded(
+            "put",
+            name,
+            limit_for(size),
+            self.put_inner(name, Source::Stream { size, reader: data }),
+        )
     }
 
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
         self.live("get", name)?;
         validate_name(name)?;
         let mut out = Vec::new();
-        block_on(self.read(name, range, &mut |b| {
-            out.extend_from_slice(b);
-            Ok(())
-        }))?;
+        let bytes = range.as_ref().map_or(UNKNOWN_READ, |r| r.end - r.start);
+        self.bounded(
+            "get",
+            name,
+            limit_for(bytes),
+            self.read(name, range, &mut |b| {
+                out.extend_from_slice(b);
+                Ok(())
+            }),
+        )?;
         Ok(out)
     }
 
@@ -590,17 +648,27 @@ impl Backend for SmbBackend {
     ) -> Result<u64, BackendError> {
         self.live("get", name)?;
         validate_name(name)?;
-        block_on(self.read_ranges(name, range, &mut |b| {
-            out.write_all(b)
-                .map_err(|e| capsule_backend::write_out_error(name, e))
-        }))
+        let bytes = range.as_ref().map_or(UNKNOWN_READ, |r| r.end - r.start);
+        self.bounded(
+            "get",
+            name,
+            limit_for(bytes),
+            self.read_ranges(name, range, &mut |b| {
+                out.write_all(b)
+                    .map_err(|e| capsule_backend::write_out_error(name, e))
+            }),
+        )
     }
 
     fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
         self.live("stat", name)?;
         validate_name(name)?;
-        let i = block_on(self.tree().stat(&mut self.conn(), &self.path(name)))
-            .map_err(|e| smb_err("stat", name, e))?;
+        let i = self.bounded("stat", name, REQUEST_ALLOWANCE, async {
+            self.tree()
+                .stat(&mut self.conn(), &self.path(name))
+                .await
+                .map_err(|e| smb_err("stat", name, e))
+        })?;
         if i.is_directory {
             return Err(BackendError::new(
                 ErrorKind::NotFound,
@@ -617,17 +685,28 @@ impl Backend for SmbBackend {
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
         self.live("list", prefix)?;
-        block_on(crate::walk_tree(prefix, |d| self.read_dir(d)))
+        self.bounded(
+            "list",
+            prefix,
+            LIST_LIMIT,
+            crate::walk_tree(prefix, |d| self.read_dir(d)),
+        )
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.live("delete", name)?;
         validate_name(name)?;
-        match block_on(self.tree().delete_file(&mut self.conn(), &self.path(name))) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == smb2::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(smb_err("delete", name, e)),
-        }
+        self.bounded("delete", name, REQUEST_ALLOWANCE, async {
+            match self
+                .tree()
+                .delete_file(&mut self.conn(), &self.path(name))
+                .await
+            {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == smb2::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(smb_err("delete", name, e)),
+            }
+        })
     }
 
     fn capabilities(&self) -> Capabilities {
