@@ -113,6 +113,12 @@ impl Remote {
     }
 
     fn run_with(&self, args: &[&str], extra: &[(&str, &str)]) -> Output {
+        self.command(args, extra).output().expect("run capsule")
+    }
+
+    /// capsule with `args` on this destination: its credentials and cache,
+    /// none inherited from the caller's environment, then `extra`.
+    fn command(&self, args: &[&str], extra: &[(&str, &str)]) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
         c.arg("--repo").arg(&self.url).args(args);
         for k in [
@@ -135,7 +141,7 @@ impl Remote {
         for (k, v) in extra {
             c.env(k, v);
         }
-        c.output().expect("run capsule")
+        c
     }
 
     /// Runs capsule with `args` and puts a toxic on the proxy `at` into the
@@ -150,23 +156,12 @@ impl Remote {
         window: Duration,
         toxic: (&str, &str, &str),
     ) -> Output {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
-        c.arg("--repo")
-            .arg(&self.url)
-            .args(args)
-            .env("CAPSULE_CACHE_DIR", self.cache.path())
-            .env("CAPSULE_STATE_DIR", self.cache.path().join("state"))
+        let mut child = self
+            .command(args, extra)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in self
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .chain(extra.iter().copied())
-        {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().unwrap();
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         let wait_until = |child: &mut std::process::Child, until: Instant| {
             while Instant::now() < until && child.try_wait().unwrap().is_none() {
                 std::thread::sleep(Duration::from_millis(2));
@@ -197,18 +192,12 @@ impl Remote {
         args: &[&str],
         ready: impl Fn() -> bool,
     ) -> (std::process::ExitStatus, String) {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
-        c.arg("--repo")
-            .arg(&self.url)
-            .args(args)
-            .env("CAPSULE_CACHE_DIR", self.cache.path())
-            .env("CAPSULE_STATE_DIR", self.cache.path().join("state"))
+        let mut child = self
+            .command(args, &[])
             .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in &self.env {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().unwrap();
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
         let kind = self.kind;
         let deadline = Instant::now() + Duration::from_secs(60);
         while !ready() && Instant::now() < deadline {
