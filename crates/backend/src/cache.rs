@@ -183,6 +183,17 @@ impl crate::Layer for CachingBackend {
         self.inner.put_owned(name, data)
     }
 
+    /// Objects the cache keeps are read into memory and put from there,
+    /// so that the copy it stores is the one that was sent.
+    fn put_file(&self, name: &str, file: &std::fs::File, size: u64) -> Result<(), BackendError> {
+        if cacheable(name) {
+            let mut data = Vec::new();
+            crate::read_exact_len(&mut crate::ReadAt::new(file), size, &mut data, name)?;
+            return Backend::put(self, name, &data);
+        }
+        self.inner.put_file(name, file, size)
+    }
+
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
         if !cacheable(name) {
             return self.inner.get(name, range);

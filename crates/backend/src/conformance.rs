@@ -24,6 +24,7 @@ pub const CASES: &[Case] = &[
     ("temporaries_never_listed", temporaries_never_listed),
     ("streamed_ranges", streamed_ranges),
     ("put_owned", put_owned),
+    ("put_file", put_file),
 ];
 
 /// Runs every case against `b`, then panics naming each that failed.
@@ -165,6 +166,27 @@ fn put_owned(b: &dyn Backend) {
     let e = r.expect_err("overwrite must fail");
     assert_eq!(e.kind, ErrorKind::AlreadyExists, "{e}");
     assert_eq!(b.get("conformance/owned", None).expect("get"), data);
+}
+
+/// A put from a file stores its first `size` bytes, however far its cursor
+/// is, and can be made again with the same file (what a retry does).
+fn put_file(b: &dyn Backend) {
+    use std::io::{Seek, SeekFrom, Write};
+    let data: Vec<u8> = (0..5_000_000u32).map(|i| (i % 253) as u8).collect();
+    let mut f = tempfile::tempfile().expect("temporary file");
+    f.write_all(&data).expect("write temporary file");
+    f.write_all(b"not part of the object").expect("write tail");
+    f.seek(SeekFrom::Start(12345)).expect("seek");
+    let size = data.len() as u64;
+    b.put_file("conformance/filed", &f, size).expect("put_file");
+    assert_eq!(b.get("conformance/filed", None).expect("get"), data);
+    let e = b
+        .put_file("conformance/filed", &f, size)
+        .expect_err("overwrite must fail");
+    assert_eq!(e.kind, ErrorKind::AlreadyExists, "{e}");
+    b.put_file("conformance/filed-again", &f, size)
+        .expect("a second put of the same file");
+    assert_eq!(b.get("conformance/filed-again", None).expect("get"), data);
 }
 
 fn put_get_stat(b: &dyn Backend) {

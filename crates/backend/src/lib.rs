@@ -6,8 +6,10 @@
 //! `[0-9a-z._-]` segments, e.g. `data/3f/3f9a…`, `index/…`, `config`.
 //! Objects are never modified in place: the engine writes each name once.
 
+use std::fs::File;
 use std::io::{Read, Write};
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 pub mod cache;
@@ -123,6 +125,12 @@ pub struct Capabilities {
     pub durable_put: bool,
     /// Whether the backend is on this machine (no round trips).
     pub local: bool,
+    /// Whether [`Backend::put_file`] holds the whole object in memory while
+    /// it sends it (an S3 request body must be complete before it is
+    /// signed and sent). The backup then bounds how many such uploads run
+    /// at once, and hands them reusable buffers through
+    /// [`Backend::put_owned`]; streaming backends get the file instead.
+    pub buffers_puts: bool,
 }
 
 /// Free and total bytes of a destination.
@@ -188,6 +196,18 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
         let r = self.put(name, &data);
         (r, Some(data))
+    }
+
+    /// Stores the first `size` bytes of `file` under `name`, with the
+    /// guarantees of [`Backend::put`]. The file is read by position from
+    /// offset 0 and left as it was, so the same call may be made again: a
+    /// retry layer can repeat it, which it cannot do with
+    /// [`Backend::put_stream`]'s one-shot reader. This is how a backup
+    /// uploads the packs it spilled to temporary files.
+    ///
+    /// The default streams the file through `put_stream`.
+    fn put_file(&self, name: &str, file: &File, size: u64) -> Result<(), BackendError> {
+        self.put_stream(name, size, &mut ReadAt::new(file))
     }
 
     /// Writes the object (or `range` of it) to `out` without holding it in
@@ -302,6 +322,10 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
         self.inner().put_owned(name, data)
     }
+    /// See [`Backend::put_file`].
+    fn put_file(&self, name: &str, file: &File, size: u64) -> Result<(), BackendError> {
+        self.inner().put_file(name, file, size)
+    }
     /// See [`Backend::get_stream`].
     fn get_stream(
         &self,
@@ -365,6 +389,9 @@ impl<L: Layer> Backend for L {
     fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
         Layer::put_owned(self, name, data)
     }
+    fn put_file(&self, name: &str, file: &File, size: u64) -> Result<(), BackendError> {
+        Layer::put_file(self, name, file, size)
+    }
     fn get_stream(
         &self,
         name: &str,
@@ -424,6 +451,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
         (**self).put_owned(name, data)
     }
+    fn put_file(&self, name: &str, file: &File, size: u64) -> Result<(), BackendError> {
+        (**self).put_file(name, file, size)
+    }
     fn get_stream(
         &self,
         name: &str,
@@ -474,6 +504,29 @@ pub fn put_stream_buffered<B: Backend + ?Sized>(
     b.put(name, &buf)
 }
 
+/// A reader over a file by position, from offset 0, that leaves the file's
+/// own cursor alone: what [`Backend::put_file`] hands to `put_stream`.
+#[derive(Debug)]
+pub struct ReadAt<'a> {
+    file: &'a File,
+    pos: u64,
+}
+
+impl<'a> ReadAt<'a> {
+    /// Reads `file` from its first byte.
+    pub fn new(file: &'a File) -> Self {
+        ReadAt { file, pos: 0 }
+    }
+}
+
+impl Read for ReadAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
 /// `get_stream` through `get`: holds the whole object (or range) in memory.
 pub fn get_stream_buffered<B: Backend + ?Sized>(
     b: &B,
@@ -501,6 +554,11 @@ pub fn read_exact_len(
     name: &str,
 ) -> Result<(), BackendError> {
     buf.clear();
+    // Room for exactly `size` (up to a sane bound): `read_to_end` alone
+    // grows by doubling, and a 16.8 MiB pack would take a 32 MiB buffer.
+    if size <= 1 << 30 {
+        buf.reserve_exact(size as usize);
+    }
     let got = data.take(size).read_to_end(buf).map_err(|e| {
         BackendError::new(ErrorKind::Io, "put", name, format!("reading source: {e}"))
     })?;

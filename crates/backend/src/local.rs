@@ -223,6 +223,23 @@ impl Backend for LocalBackend {
         })
     }
 
+    /// Copied by the kernel (`copy_file_range` where the file systems allow)
+    /// rather than through a buffer.
+    fn put_file(&self, name: &str, file: &File, size: u64) -> Result<(), BackendError> {
+        self.put_with(name, &mut |f| {
+            let mut src = file;
+            src.seek(SeekFrom::Start(0))?;
+            let n = std::io::copy(&mut src.take(size), f)?;
+            if n < size {
+                return Err(std::io::Error::new(
+                    IoKind::UnexpectedEof,
+                    format!("source ended after {n} of {size} bytes"),
+                ));
+            }
+            Ok(())
+        })
+    }
+
     fn get_stream(
         &self,
         name: &str,
@@ -319,6 +336,7 @@ impl Backend for LocalBackend {
             concurrency: 2,
             durable_put: self.sync == SyncPolicy::Sync,
             local: true,
+            buffers_puts: false,
         }
     }
 

@@ -160,6 +160,14 @@ impl crate::Layer for MeteredBackend {
         r
     }
 
+    fn put_file(&self, name: &str, file: &std::fs::File, size: u64) -> Result<(), BackendError> {
+        let r = self.timed(&self.stats.puts, || self.inner.put_file(name, file, size));
+        if r.is_ok() {
+            self.stats.bytes_up.fetch_add(size, Relaxed);
+        }
+        r
+    }
+
     fn get_stream(
         &self,
         name: &str,

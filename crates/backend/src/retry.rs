@@ -134,6 +134,11 @@ impl crate::Layer for RetryBackend {
         }
     }
 
+    /// Retried as a whole: the file is read from its start each time.
+    fn put_file(&self, name: &str, file: &std::fs::File, size: u64) -> Result<(), BackendError> {
+        self.run(|| self.inner.put_file(name, file, size))
+    }
+
     fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
         self.run(|| self.inner.stat(name))
     }
@@ -206,6 +211,7 @@ mod tests {
                 concurrency: 1,
                 durable_put: true,
                 local: false,
+                buffers_puts: false,
             }
         }
         fn location(&self) -> String {

@@ -126,6 +126,7 @@ impl Backend for MemoryBackend {
             concurrency: 4,
             durable_put: true,
             local: true,
+            buffers_puts: true,
         }
     }
 
@@ -275,6 +276,10 @@ impl crate::Layer for FaultBackend {
     fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
         let r = Backend::put(self, name, &data);
         (r, Some(data))
+    }
+
+    fn put_file(&self, name: &str, file: &std::fs::File, size: u64) -> Result<(), BackendError> {
+        crate::put_stream_buffered(self, name, size, &mut crate::ReadAt::new(file))
     }
 
     fn get_stream(

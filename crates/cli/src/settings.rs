@@ -242,6 +242,14 @@ impl capsule_backend::Layer for KillAtCall {
     ) -> (Result<(), capsule_backend::BackendError>, Option<Vec<u8>>) {
         self.count(|| self.inner.put_owned(name, data))
     }
+    fn put_file(
+        &self,
+        name: &str,
+        file: &std::fs::File,
+        size: u64,
+    ) -> Result<(), capsule_backend::BackendError> {
+        self.count(|| self.inner.put_file(name, file, size))
+    }
     fn get_stream(
         &self,
         name: &str,

@@ -542,3 +542,34 @@ fn local_soak_eight_clients() {
         capsule_env(&repo, args, &env)
     });
 }
+
+/// Packs are built in temporary files; a temporary directory that cannot
+/// hold them fails the backup with a message naming it and TMPDIR, and no
+/// snapshot claims data that was never stored.
+#[test]
+fn a_temporary_directory_that_cannot_hold_packs_fails_the_backup_by_name() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("f"), noise(200_000, 5)).unwrap();
+    init(&repo);
+    let not_a_dir = t.path().join("plain-file");
+    std::fs::write(&not_a_dir, b"x").unwrap();
+    let o = capsule_env(
+        &repo,
+        &["backup", src.to_str().unwrap()],
+        &[
+            ("CAPSULE_PASSWORD", PASSWORD),
+            ("TMPDIR", not_a_dir.to_str().unwrap()),
+        ],
+    );
+    assert_eq!(code(&o), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("temporary pack file") && err.contains("TMPDIR"),
+        "{err}"
+    );
+    assert!(err.contains(not_a_dir.to_str().unwrap()), "{err}");
+    let listed = json(&repo, &["snapshots"]);
+    assert_eq!(listed.as_array().map(Vec::len), Some(0), "{listed}");
+}

@@ -10,31 +10,44 @@
 //! an index file every [`INDEX_EVERY`] packs, so an interrupted backup loses at
 //! most that many packs' worth of work. Bounded channels give backpressure,
 //! which bounds memory no matter how fast the readers are.
+//!
+//! Packs are written to anonymous temporary files as they fill, not kept in
+//! memory: eight uploads of 16 MiB packs would otherwise hold 128 MiB, and
+//! a slow destination keeps them all busy. Streaming destinations (local,
+//! SMB, SFTP) read the file with their own bounded window; those that must
+//! hold a whole request body (S3) get one of [`PACK_BUFFER_BYTES`]' worth
+//! of reusable buffers, so at most that much pack data is in memory at once.
 
 use std::collections::HashSet;
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use capsule_crypto::Aad;
 use capsule_format::index::{IndexFile, IndexPack};
 use capsule_format::pack::{encode_header, trailer, PackEntry};
-use capsule_format::{compress, BlobId, BlobType, ObjectId};
+use capsule_format::{compress, BlobId, BlobType, ObjectHasher, ObjectId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::index::{save_index_file, MasterIndex};
 use crate::journal::Journal;
-use crate::repo::{pack_name, put_addressed_owned, Repository};
+use crate::repo::{pack_name, put_addressed_file, put_addressed_owned, Repository};
 use crate::{EngineError, Result};
 
 /// Packs per index file written during a backup.
 pub const INDEX_EVERY: usize = 4;
 
-/// Uploaded pack buffers kept for the next packs. A fresh 16 MiB buffer is
-/// a fresh mapping (the CLI sets glibc's mmap threshold at 1 MiB), and
-/// faulting its pages in and unmapping it again cost about a tenth of the
-/// pipeline's CPU in a 10,000-file backup.
-const SPARE_BUFFERS: usize = 2;
+/// Pack bytes held in memory at once for destinations that must hold a
+/// whole request body ([`capsule_backend::Capabilities::buffers_puts`]):
+/// four 16 MiB packs, which kept S3 at 10 ms as fast as eight did. The
+/// buffers are reused: a fresh 16 MiB buffer is a fresh mapping (the CLI
+/// sets glibc's mmap threshold at 1 MiB), and faulting its pages in and
+/// unmapping it again cost about a tenth of the pipeline's CPU in a
+/// 10,000-file backup.
+pub const PACK_BUFFER_BYTES: u64 = 48 << 20;
 
 struct SealJob {
     t: BlobType,
@@ -42,28 +55,112 @@ struct SealJob {
     data: Vec<u8>,
 }
 
+/// A pack's bytes in an anonymous temporary file (gone when closed, or
+/// when the process dies), named as they are written.
+struct Spill {
+    file: File,
+    dir: PathBuf,
+    len: u64,
+    hash: ObjectHasher,
+}
+
+impl Spill {
+    fn create(dir: &std::path::Path) -> Result<Self> {
+        let file = tempfile::tempfile_in(dir).map_err(|e| {
+            EngineError::io(
+                "creating a temporary pack file (set TMPDIR to a directory with room) in",
+                dir,
+                e,
+            )
+        })?;
+        Ok(Spill {
+            file,
+            dir: dir.to_path_buf(),
+            len: 0,
+            hash: ObjectHasher::default(),
+        })
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> Result<()> {
+        self.file.write_all(bytes).map_err(|e| {
+            EngineError::io(
+                "writing a temporary pack file (set TMPDIR to a directory with room) in",
+                &self.dir,
+                e,
+            )
+        })?;
+        self.hash.update(bytes);
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+}
+
 struct FinishedPack {
-    bytes: Vec<u8>,
+    file: File,
+    size: u64,
+    id: ObjectId,
     entries: Vec<PackEntry>,
 }
 
 #[derive(Default)]
 struct PackBuilder {
-    buf: Vec<u8>,
+    spill: Option<Spill>,
     entries: Vec<PackEntry>,
 }
 
 impl PackBuilder {
     fn take(&mut self, repo: &Repository) -> Result<Option<FinishedPack>> {
-        if self.entries.is_empty() {
+        let Some(mut spill) = self.spill.take().filter(|_| !self.entries.is_empty()) else {
             return Ok(None);
-        }
-        let mut bytes = std::mem::take(&mut self.buf);
+        };
         let entries = std::mem::take(&mut self.entries);
         let header = repo.key().seal(Aad::PackHeader, &encode_header(&entries))?;
-        bytes.extend_from_slice(&header);
-        bytes.extend_from_slice(&trailer(header.len() as u32));
-        Ok(Some(FinishedPack { bytes, entries }))
+        spill.append(&header)?;
+        spill.append(&trailer(header.len() as u32))?;
+        Ok(Some(FinishedPack {
+            id: spill.hash.finish(),
+            size: spill.len,
+            file: spill.file,
+            entries,
+        }))
+    }
+}
+
+/// Reusable pack buffers for destinations that buffer their puts; taking
+/// one waits until an upload gives one back, which bounds the pack bytes
+/// in memory.
+struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    returned: Condvar,
+}
+
+impl BufferPool {
+    fn new(buffers: usize) -> Self {
+        BufferPool {
+            free: Mutex::new((0..buffers).map(|_| Vec::new()).collect()),
+            returned: Condvar::new(),
+        }
+    }
+
+    fn take(&self) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(b) = free.pop() {
+                return b;
+            }
+            free = self.returned.wait(free).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Gives a buffer back; an empty one when the destination kept it, so
+    /// that the number of uploads allowed stays the same.
+    fn give(&self, mut buf: Vec<u8>) {
+        buf.clear();
+        self.free
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(buf);
+        self.returned.notify_one();
     }
 }
 
@@ -98,7 +195,9 @@ struct Shared {
     packers: [Mutex<PackBuilder>; 2],
     pending: Mutex<IndexFile>,
     journal: Option<Journal>,
-    spare: Mutex<Vec<Vec<u8>>>,
+    spill_dir: PathBuf,
+    /// `Some` when the destination buffers its puts.
+    buffers: Option<BufferPool>,
     error: Mutex<Option<EngineError>>,
     failed: AtomicBool,
     stats: SaverStats,
@@ -156,10 +255,15 @@ impl BlobSaver {
         threads: usize,
         journal: Option<(std::path::PathBuf, Vec<IndexPack>)>,
     ) -> Self {
-        let uploads = repo.backend().capabilities().concurrency.max(1);
+        let caps = repo.backend().capabilities();
+        let uploads = caps.concurrency.max(1);
+        let buffers = caps.buffers_puts.then(|| {
+            let pack = u64::from(repo.config().pack_size).max(1);
+            BufferPool::new((PACK_BUFFER_BYTES / pack).max(1) as usize)
+        });
         let (seal_tx, seal_rx) = bounded::<SealJob>(threads * 2);
-        // Packs in memory at most: one filling per type, one queued, one
-        // per uploader.
+        // Packs in temporary files at most: one filling per type, one
+        // queued, one per uploader.
         let (upload_tx, upload_rx) = bounded::<FinishedPack>(1);
         let stats = SaverStats::default();
         let mut pending = IndexFile::default();
@@ -177,7 +281,8 @@ impl BlobSaver {
             packers: [Mutex::default(), Mutex::default()],
             pending: Mutex::new(pending),
             journal,
-            spare: Mutex::new(Vec::new()),
+            spill_dir: std::env::temp_dir(),
+            buffers,
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
             stats,
@@ -405,31 +510,7 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
         };
         let finished = {
             let mut p = s.packers[slot].lock().unwrap_or_else(|p| p.into_inner());
-            if p.buf.capacity() == 0 {
-                if let Some(b) = s.spare.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-                    p.buf = b;
-                }
-            }
-            if p.buf.capacity() < target + env.len() {
-                // Reserve the whole pack once: growing by doubling would
-                // briefly hold twice the pack size.
-                let more = target + env.len() - p.buf.len();
-                p.buf.reserve_exact(more);
-            }
-            let offset = p.buf.len() as u32;
-            p.buf.extend_from_slice(&env);
-            p.entries.push(PackEntry {
-                blob_type: job.t,
-                id: job.id,
-                offset,
-                length: env.len() as u32,
-                raw_length: job.data.len() as u32,
-            });
-            if p.buf.len() >= target {
-                p.take(&s.repo)
-            } else {
-                Ok(None)
-            }
+            append_blob(s, &mut p, job.t, job.id, &env, job.data.len(), target)
         };
         match finished {
             Ok(Some(fp)) => {
@@ -443,30 +524,78 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
     }
 }
 
+/// Adds a sealed blob to the pack being filled; returns the pack once it
+/// reaches `target` bytes.
+fn append_blob(
+    s: &Shared,
+    p: &mut PackBuilder,
+    t: BlobType,
+    id: BlobId,
+    env: &[u8],
+    raw_len: usize,
+    target: usize,
+) -> Result<Option<FinishedPack>> {
+    let spill = match &mut p.spill {
+        Some(sp) => sp,
+        None => p.spill.insert(Spill::create(&s.spill_dir)?),
+    };
+    let offset = spill.len as u32;
+    spill.append(env)?;
+    let full = spill.len >= target as u64;
+    p.entries.push(PackEntry {
+        blob_type: t,
+        id,
+        offset,
+        length: env.len() as u32,
+        raw_length: raw_len as u32,
+    });
+    if full {
+        p.take(&s.repo)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Puts one finished pack: the file itself to a streaming destination, a
+/// pooled buffer holding it to one that buffers.
+fn upload_pack(s: &Shared, name: &str, fp: &FinishedPack) -> Result<()> {
+    let backend = &**s.repo.backend();
+    let Some(pool) = &s.buffers else {
+        return put_addressed_file(backend, name, &fp.file, fp.size);
+    };
+    let mut buf = pool.take();
+    let mut reader = capsule_backend::ReadAt::new(&fp.file);
+    if let Err(e) = capsule_backend::read_exact_len(&mut reader, fp.size, &mut buf, name) {
+        pool.give(buf);
+        return Err(EngineError::io(
+            "reading a temporary pack file in",
+            &s.spill_dir,
+            std::io::Error::other(e.message),
+        ));
+    }
+    let (r, back) = put_addressed_owned(backend, name, buf);
+    pool.give(back.unwrap_or_default());
+    r
+}
+
 fn upload_worker(s: &Shared, rx: Receiver<FinishedPack>) {
     for fp in rx {
         if s.failed.load(Ordering::Relaxed) {
             continue;
         }
-        let id = ObjectId::of(&fp.bytes);
+        let id = fp.id;
         let t0 = std::time::Instant::now();
         let t = fp
             .entries
             .first()
             .map(|e| e.blob_type)
             .unwrap_or(BlobType::Data);
-        let size = fp.bytes.len() as u64;
-        let (r, back) = put_addressed_owned(&**s.repo.backend(), &pack_name(&id, t), fp.bytes);
+        let size = fp.size;
+        let r = upload_pack(s, &pack_name(&id, t), &fp);
+        drop(fp.file);
         s.stats
             .upload_ns
             .fetch_add(nanos_since(t0), Ordering::Relaxed);
-        if let Some(mut buf) = back {
-            buf.clear();
-            let mut spare = s.spare.lock().unwrap_or_else(|p| p.into_inner());
-            if spare.len() < SPARE_BUFFERS {
-                spare.push(buf);
-            }
-        }
         if let Err(e) = r {
             s.fail(e);
             continue;

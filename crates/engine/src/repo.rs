@@ -275,6 +275,20 @@ pub(crate) fn put_addressed(backend: &dyn Backend, name: &str, bytes: &[u8]) -> 
     }
 }
 
+/// [`put_addressed`] from the first `size` bytes of a file.
+pub(crate) fn put_addressed_file(
+    backend: &dyn Backend,
+    name: &str,
+    file: &std::fs::File,
+    size: u64,
+) -> Result<()> {
+    match backend.put_file(name, file, size) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind == ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// [`put_addressed`] handing the buffer to the backend; returns it when the
 /// backend gives it back.
 pub(crate) fn put_addressed_owned(

@@ -327,3 +327,106 @@ fn the_journal_lets_the_next_run_index_packs_a_failed_run_landed() {
         );
     }
 }
+
+/// A destination that streams its puts (as SMB, SFTP and local disks do):
+/// it says so in its capabilities, counts the puts it gets from files and
+/// from owned buffers, and cuts the first upload of every pack halfway,
+/// after reading half of the file, as a dropped connection would.
+#[derive(Debug)]
+struct Streaming {
+    inner: Arc<dyn LabBackend>,
+    from_files: std::sync::atomic::AtomicU64,
+    owned: std::sync::atomic::AtomicU64,
+    cut: std::sync::Mutex<BTreeSet<String>>,
+}
+
+impl capsule_backend::Layer for Streaming {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+    fn capabilities(&self) -> capsule_backend::Capabilities {
+        capsule_backend::Capabilities {
+            buffers_puts: false,
+            ..self.inner.capabilities()
+        }
+    }
+    fn put_owned(
+        &self,
+        name: &str,
+        data: Vec<u8>,
+    ) -> (Result<(), capsule_backend::BackendError>, Option<Vec<u8>>) {
+        self.owned.fetch_add(1, Relaxed);
+        self.inner.put_owned(name, data)
+    }
+    fn put_file(
+        &self,
+        name: &str,
+        file: &std::fs::File,
+        size: u64,
+    ) -> Result<(), capsule_backend::BackendError> {
+        self.from_files.fetch_add(1, Relaxed);
+        if self.cut.lock().unwrap().insert(name.to_string()) {
+            let mut half = vec![0; (size / 2) as usize];
+            std::io::Read::read_exact(&mut capsule_backend::ReadAt::new(file), &mut half).unwrap();
+            return Err(capsule_backend::BackendError::transient(
+                capsule_backend::ErrorKind::Unreachable,
+                "put",
+                name,
+                "connection cut for the test",
+            ));
+        }
+        self.inner.put_file(name, file, size)
+    }
+}
+
+/// Packs are spilled to temporary files as they fill and a streaming
+/// destination is handed the file, never an owned copy of the pack; an
+/// upload cut halfway is retried from the file's start, and what lands
+/// restores byte for byte.
+#[test]
+fn packs_reach_streaming_destinations_as_files_and_retries_resend_them_whole() {
+    let lab = Lab::new();
+    for i in 0..8u64 {
+        std::fs::write(lab.src.join(format!("f{i}")), noise(400_000, 700 + i)).unwrap();
+    }
+    let inner: Arc<dyn LabBackend> = lab.store.clone();
+    let streaming = Arc::new(Streaming {
+        inner,
+        from_files: Default::default(),
+        owned: Default::default(),
+        cut: Default::default(),
+    });
+    let quick = capsule_backend::RetryPolicy {
+        attempts: 3,
+        initial: std::time::Duration::from_millis(1),
+        max_delay: std::time::Duration::from_millis(2),
+    };
+    let retrying = capsule_backend::RetryBackend::new(streaming.clone(), quick);
+    let repo = Repository::open(Arc::new(retrying), PW).unwrap();
+    let opts = BackupOptions {
+        paths: vec![lab.src.clone()],
+        threads: 2,
+        ..Default::default()
+    };
+    let r = backup(Arc::new(repo), &opts, &Arc::new(Progress::default())).unwrap();
+    let packs = lab.store.list("data/").unwrap().len() + lab.store.list("tree/").unwrap().len();
+    assert!(packs >= 8, "3.2 MB in 256 KiB packs made {packs} packs");
+    assert_eq!(r.storage.packs as usize, packs);
+    assert_eq!(
+        streaming.owned.load(Relaxed),
+        0,
+        "a pack was put from memory"
+    );
+    assert_eq!(
+        streaming.from_files.load(Relaxed) as usize,
+        2 * packs,
+        "every pack: one cut upload, one whole retry"
+    );
+    let (_, _, _, target) = lab.restore(&[]);
+    for i in 0..8u64 {
+        assert_eq!(
+            lab.restored(&target, &format!("f{i}")),
+            noise(400_000, 700 + i)
+        );
+    }
+}

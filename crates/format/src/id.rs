@@ -91,3 +91,20 @@ impl ObjectId {
         ObjectId(Id(*blake3::hash(bytes).as_bytes()))
     }
 }
+
+/// [`ObjectId::of`] over bytes that arrive in pieces: a pack written to a
+/// file as it fills is named without reading it back.
+#[derive(Debug, Default, Clone)]
+pub struct ObjectHasher(blake3::Hasher);
+
+impl ObjectHasher {
+    /// Adds the next bytes.
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    /// The ID of everything added, as [`ObjectId::of`] gives it.
+    pub fn finish(&self) -> ObjectId {
+        ObjectId(Id(*self.0.finalize().as_bytes()))
+    }
+}

@@ -14,7 +14,7 @@ pub mod snapshot;
 pub mod tree;
 
 pub use codec::DecodeError;
-pub use id::{BlobId, Id, ObjectId};
+pub use id::{BlobId, Id, ObjectHasher, ObjectId};
 
 /// Version of the repository format this code writes. Readers accept every
 /// version listed in `docs/FORMAT.md`'s version log up to this one.

@@ -558,6 +558,7 @@ impl Backend for S3Backend {
             concurrency: self.concurrency,
             durable_put: true,
             local: false,
+            buffers_puts: true,
         }
     }
 

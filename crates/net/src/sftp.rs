@@ -873,6 +873,7 @@ impl Backend for SftpBackend {
             concurrency: self.concurrency,
             durable_put: true,
             local: false,
+            buffers_puts: false,
         }
     }
 

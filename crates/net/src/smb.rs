@@ -716,6 +716,7 @@ impl Backend for SmbBackend {
             concurrency: self.concurrency,
             durable_put: true,
             local: false,
+            buffers_puts: false,
         }
     }
 
