@@ -17,6 +17,9 @@ pub fn frame(data: &[u8], level: i32) -> Vec<u8> {
 
 /// Like [`frame`], reusing a compressor (and its memory) across calls.
 pub fn frame_with(c: &mut zstd::bulk::Compressor<'_>, data: &[u8]) -> Vec<u8> {
+    if data.len() >= PROBE_ABOVE && looks_incompressible(c, data) {
+        return raw(data);
+    }
     if data.len() >= 128 {
         // Compress straight into the output buffer after the tag byte.
         let bound = zstd::zstd_safe::compress_bound(data.len());
@@ -37,6 +40,29 @@ pub fn frame_with(c: &mut zstd::bulk::Compressor<'_>, data: &[u8]) -> Vec<u8> {
         return out;
     }
     raw(data)
+}
+
+/// Blobs at least this large are probed before they are compressed whole.
+const PROBE_ABOVE: usize = 64 << 10;
+/// Bytes in one probe sample, and samples per blob.
+const SAMPLE: usize = 4 << 10;
+const SAMPLES: usize = 4;
+
+/// Compresses a few samples spread over `data`; true when none of them
+/// shrinks by 1/32. Media, archives and encrypted files are most of the
+/// bytes of a typical home directory; the probe reads 16 KiB of each ~1 MiB
+/// blob instead of compressing it whole only to store it raw. On 605 MB of
+/// mostly random data that saved about 5% of a backup's user CPU time
+/// (1.58–1.66 s to 1.49–1.60 s, three runs each). What the probe misses is
+/// redundancy longer than a sample in otherwise random data, which
+/// deduplication finds at chunk level anyway.
+fn looks_incompressible(c: &mut zstd::bulk::Compressor<'_>, data: &[u8]) -> bool {
+    let mut out = vec![0u8; zstd::zstd_safe::compress_bound(SAMPLE)];
+    (0..SAMPLES).all(|k| {
+        let at = (data.len() - SAMPLE) * k / (SAMPLES - 1);
+        matches!(c.compress_to_buffer(&data[at..at + SAMPLE], &mut out),
+                 Ok(n) if n + n / 32 >= SAMPLE)
+    })
 }
 
 fn raw(data: &[u8]) -> Vec<u8> {
@@ -121,6 +147,42 @@ mod tests {
         assert_eq!(f[0], RAW);
         assert_eq!(f.len(), noise.len() + 1);
         assert_eq!(unframe(&f, noise.len()).unwrap(), noise);
+    }
+
+    fn noise(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn large_blobs_are_probed_and_a_compressible_part_anywhere_is_kept() {
+        let mut c = zstd::bulk::Compressor::new(1).unwrap();
+        // Random throughout: stored raw, as a whole compression would too.
+        let random = noise(1 << 20, 9);
+        let f = frame_with(&mut c, &random);
+        assert_eq!((f[0], f.len()), (RAW, random.len() + 1));
+        assert_eq!(unframe(&f, random.len()).unwrap(), random);
+        // Random but for text at the end, where the last sample lands: the
+        // blob is compressed whole.
+        let mut mixed = noise(1 << 20, 10);
+        let text = b"the quick brown fox jumps over the lazy dog. ".repeat(20_000);
+        let tail = mixed.len() - text.len().min(600 << 10);
+        let n = mixed.len() - tail;
+        mixed[tail..].copy_from_slice(&text[..n]);
+        let f = frame_with(&mut c, &mixed);
+        assert_eq!(f[0], ZSTD);
+        assert!(f.len() < mixed.len() * 3 / 4, "{}", f.len());
+        assert_eq!(unframe(&f, mixed.len()).unwrap(), mixed);
+        // Small blobs are never probed: compressed whole as before.
+        let small = b"abcd".repeat(1000);
+        assert_eq!(frame_with(&mut c, &small)[0], ZSTD);
     }
 
     #[test]

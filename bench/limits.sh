@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# What limits each destination: capsule's backups and restores to real Samba,
+# OpenSSH and MinIO on loopback at each RTT (Toxiproxy), beside the link's
+# ceiling measured in the same run, with the bound each run reports.
+#
+#   bench/limits.sh [--rtt "2 10 30"] [--small N] [--large N] [--output FILE]
+#
+# Data: N × 50 KiB random files (default 10,000: 500 MiB) and N × 128 MiB
+# random files (default 4: 512 MiB), each backed up into a fresh repository
+# and restored from it into a fresh directory with a cold cache.
+# Ceiling: 8 × 64 MiB files sent 8 at once through the same proxy, the
+# better of rclone (S3: multipart, 8 parts in flight per file) and a raw
+# stream per file (SMB: smbclient put; SFTP: ssh cat, no SFTP protocol at
+# all): about the most the link, the proxy and the server carry for bulk
+# uploads here. Nothing else a backup does (reading, chunking, encrypting)
+# is in it, though it shares the 2 cores with the servers and the proxy.
+# The bound and its evidence are what `capsule backup --json` and
+# `capsule restore --json` report. Needs root for apt-get (rclone).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rtts="2 10 30" output="" small_n=10000 large_n=4
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rtt) rtts=$2; shift ;;
+    --small) small_n=$2; shift ;;
+    --large) large_n=$2; shift ;;
+    --output) output=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if ! command -v rclone >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone >/dev/null
+fi
+cargo build --release -q -p capsule
+capsule=$PWD/target/release/capsule
+work=$(mktemp -d /tmp/capsule-limits.XXXXXX)
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+use_servers
+
+export CAPSULE_PASSWORD=bench
+export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
+export CAPSULE_SFTP_KEY=$CAPSULE_TEST_SFTP_KEY
+export AWS_ACCESS_KEY_ID=$CAPSULE_TEST_S3_KEY AWS_SECRET_ACCESS_KEY=$CAPSULE_TEST_S3_SECRET
+smb_dir=$CAPSULE_TEST_SMB_DIR sftp_dir=$CAPSULE_TEST_SFTP_DIR
+
+python3 - "$work" "$small_n" "$large_n" <<'EOF'
+import os, sys, random
+work, n, big = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rnd = random.Random(11)
+for i in range(n):
+    d = os.path.join(work, "small", f"d{i // 500:03d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i:05d}.bin"), "wb") as f:
+        f.write(rnd.randbytes(50 * 1024))
+os.makedirs(os.path.join(work, "large"))
+for i in range(big):
+    with open(os.path.join(work, "large", f"big{i}.bin"), "wb") as f:
+        for _ in range(128):
+            f.write(rnd.randbytes(1 << 20))
+os.makedirs(os.path.join(work, "ceiling"))
+for i in range(8):
+    with open(os.path.join(work, "ceiling", f"c{i}.bin"), "wb") as f:
+        for _ in range(64):
+            f.write(rnd.randbytes(1 << 20))
+EOF
+sync
+
+rows=()
+n=0
+fresh() { n=$((n + 1)); r="${work##*.}-l$n"; }
+seconds() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$@"; }
+
+# mbs T0 T1: MB/s of the 512 MiB ceiling set between two times.
+mbs() { python3 -c "import sys; print(f'{512 * 1048576 / 1e6 / (float(sys.argv[2]) - float(sys.argv[1])):.0f}')" "$@"; }
+
+# ceiling REMOTE PATH [RAW-CMD]: MB/s of the 8 × 64 MiB files sent 8 at
+# once, the better of rclone and, where given, RAW-CMD run once per file
+# (the file on stdin, its name as $1).
+ceiling() {
+  local t0 t1 best=nan
+  t0=$(date +%s.%N)
+  # AWS_CA_BUNDLE (set on some machines) makes rclone refuse plain HTTP.
+  if env -u AWS_CA_BUNDLE rclone copy --transfers 8 --s3-upload-concurrency 8 \
+    --s3-chunk-size 16M --s3-disable-checksum "$work/ceiling" "$1:$2" >"$work/rclone.log" 2>&1; then
+    t1=$(date +%s.%N)
+    best=$(mbs "$t0" "$t1")
+  else
+    tail -3 "$work/rclone.log" >&2
+  fi
+  if [ $# -gt 2 ]; then
+    local f pids=() ok=1
+    t0=$(date +%s.%N)
+    for f in "$work"/ceiling/*.bin; do
+      bash -c "$3" _ "$(basename "$f")" <"$f" >/dev/null 2>>"$work/raw.log" & pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || ok=0; done
+    t1=$(date +%s.%N)
+    if [ "$ok" = 1 ]; then
+      local raw; raw=$(mbs "$t0" "$t1")
+      if [ "$best" = nan ] || [ "$raw" -gt "$best" ]; then best=$raw; fi
+    else
+      tail -3 "$work/raw.log" >&2
+    fi
+  fi
+  echo "$best"
+}
+
+# run DEST RTT URL CEILING: backs up and restores both data sets.
+run() {
+  local dest=$1 rtt=$2 url=$3 ceil=$4 set
+  for set in small large; do
+    local u="$url-$set" bytes
+    bytes=$(du -sb "$work/$set" | cut -f1)
+    "$capsule" -r "$u" -q init
+    local t0 t1
+    t0=$(date +%s.%N)
+    "$capsule" -r "$u" backup --json "$work/$set" >"$work/b.json"
+    t1=$(date +%s.%N)
+    local bs; bs=$(seconds "$t0" "$t1")
+    t0=$(date +%s.%N)
+    "$capsule" -r "$u" --no-cache restore --json latest --target "$work/out" >"$work/r.json"
+    t1=$(date +%s.%N)
+    local rs; rs=$(seconds "$t0" "$t1")
+    diff -rq "$work/$set" "$work/out$work/$set" >/dev/null || { echo "restore of $set from $dest differs" >&2; exit 1; }
+    rm -rf "$work/out"
+    rows+=("$(python3 - "$work/b.json" "$work/r.json" "$dest" "$rtt" "$set" "$bytes" "$bs" "$rs" "$ceil" <<'EOF'
+import json, sys
+b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+dest, rtt, dset, nbytes, bs, rs, ceil = sys.argv[3:]
+nbytes, bs, rs = int(nbytes), float(bs), float(rs)
+bb = b.get("bound") or {}
+f = r.get("fetch") or {}
+rb = f.get("bound") or {}
+def first(e): return e[0] if isinstance(e, list) and e else e
+def mbs(s): return nbytes / 1e6 / max(s, 1e-9)
+pct = "—" if ceil == "nan" else f"{100 * mbs(bs) / float(ceil):.0f}%"
+print(f"| {dest} | {rtt} | {dset} | {ceil} | {bs:.2f} | {mbs(bs):.0f} | {pct} | "
+      f"{bb.get('kind', '?')}: {first(bb.get('evidence', ''))} | {rs:.2f} | {mbs(rs):.0f} | "
+      f"{rb.get('kind', '?')}: {rb.get('evidence', '')} |")
+EOF
+)")
+    echo "${rows[-1]}" >&2
+  done
+}
+
+for rtt in $rtts; do
+  proxies "lim-$rtt" "$rtt"
+  export RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${smb%:*} RCLONE_CONFIG_NAS_PORT=${smb#*:} \
+    RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD")
+  export RCLONE_CONFIG_SSH_TYPE=sftp RCLONE_CONFIG_SSH_HOST=${sftp%:*} RCLONE_CONFIG_SSH_PORT=${sftp#*:} \
+    RCLONE_CONFIG_SSH_USER=root RCLONE_CONFIG_SSH_KEY_FILE=$CAPSULE_TEST_SFTP_KEY
+  export RCLONE_CONFIG_OBJ_TYPE=s3 RCLONE_CONFIG_OBJ_PROVIDER=Minio RCLONE_CONFIG_OBJ_ENDPOINT=http://$s3 \
+    RCLONE_CONFIG_OBJ_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID RCLONE_CONFIG_OBJ_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY
+
+  fresh; mkdir -p "$smb_dir/$r"
+  c=$(ceiling nas "backup/$r/ceiling" \
+    "smbclient -p ${smb#*:} //${smb%:*}/backup -U backup%$CAPSULE_TEST_SMB_PASSWORD -c \"put /dev/stdin $r/raw-\$1\"")
+  rm -rf "${smb_dir:?}/$r/ceiling" "${smb_dir:?}/$r"/raw-*
+  run SMB "$rtt" "smb://backup@$smb/backup/$r" "$c"
+  rm -rf "${smb_dir:?}/$r"
+
+  fresh; mkdir -p "$sftp_dir/$r"
+  c=$(ceiling ssh "$sftp_dir/$r/ceiling" \
+    "ssh -i $CAPSULE_TEST_SFTP_KEY -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -p ${sftp#*:} root@${sftp%:*} 'cat > /dev/null'")
+  rm -rf "${sftp_dir:?}/$r/ceiling"
+  run SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r" "$c"
+  rm -rf "${sftp_dir:?}/$r"
+
+  fresh
+  c=$(ceiling obj "capsule-test/$r/ceiling")
+  run S3 "$rtt" "s3+http://$s3/capsule-test/$r" "$c"
+done
+
+{
+  echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; servers on loopback; RTT added by Toxiproxy."
+  echo "Versions: $("$capsule" --version); $(rclone version | head -1)"
+  echo "Data: small = $small_n × 50 KiB, large = $large_n × 128 MiB. Ceiling: 8 × 64 MiB sent 8 at once, the better of rclone and (SMB) smbclient put or (SFTP) ssh cat."
+  echo
+  echo "| destination | RTT ms | data | ceiling MB/s | backup s | MB/s | of ceiling | backup bound | restore s | MB/s | restore bound |"
+  echo "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "${output:-/dev/null}"
