@@ -9,6 +9,8 @@
 #   small      10,000 × 50 KiB files, initial backup (files/s)
 #   toolchain  ~/.rustup/toolchains (with --toolchain): initial backup and a
 #              no-change run, beside capsule's own local-disk times
+#   *-restore  capsule's full restore of each, cold cache, fresh directory,
+#              checked against the source (bench/restore.sh has the peers)
 # Tools per destination:
 #   SMB   capsule, restic via rclone:, smbclient mput (per file)
 #   SFTP  capsule, restic (sftp:), borg (ssh://), rsync over ssh (per file)
@@ -93,6 +95,19 @@ n=0
 # Names unique to this run: a reused MinIO keeps earlier runs' prefixes.
 fresh() { n=$((n + 1)); r="${work##*.}-r$n"; }
 
+# restored URL LABEL DEST RTT FILES: a full restore with a cold cache into a
+# fresh directory on the same disk, checked against the source.
+restored() {
+  rm -rf "$work/out"
+  timed "$capsule" -r "$1" --no-cache -q restore latest --target "$work/out"
+  record "$2-restore" "$3" "$4" capsule "$last" "$5"
+  if [ "$last" != nan ] && ! diff -rq "$data" "$work/out$data" >/dev/null; then
+    echo "  restore from $3 at $4 ms differs from the source" >&2
+    exit 1
+  fi
+  rm -rf "$work/out"
+}
+
 capsule_run() { # url data
   "$capsule" -r "$1" -q init && "$capsule" -r "$1" -q backup "$2"
 }
@@ -104,6 +119,7 @@ run_dataset() { # label dir files
   timed "$capsule" -r "$work/local-$r" -q init
   timed "$capsule" -r "$work/local-$r" -q backup "$data"; record "$label" local 0 capsule "$last" "$files"
   timed "$capsule" -r "$work/local-$r" -q backup "$data"; record "$label-nochange" local 0 capsule "$last" "$files"
+  restored "$work/local-$r" "$label" local 0 "$files"
   rm -rf "$work/local-$r"
   for rtt in $rtts; do
     local smb sftp s3
@@ -114,6 +130,7 @@ run_dataset() { # label dir files
     mkdir -p "$smb_dir/$r"; "$capsule" -r "$u" -q init
     timed "$capsule" -r "$u" -q backup "$data"; record "$label" SMB "$rtt" capsule "$last" "$files"
     timed "$capsule" -r "$u" -q backup "$data"; record "$label-nochange" SMB "$rtt" capsule "$last" "$files"
+    restored "$u" "$label" SMB "$rtt" "$files"
     rm -rf "${smb_dir:?}/$r"
     fresh; mkdir -p "$smb_dir/$r"
     export RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${smb%:*} RCLONE_CONFIG_NAS_PORT=${smb#*:} \
@@ -134,6 +151,7 @@ run_dataset() { # label dir files
     mkdir -p "$sftp_dir/$r"; "$capsule" -r "$u" -q init
     timed "$capsule" -r "$u" -q backup "$data"; record "$label" SFTP "$rtt" capsule "$last" "$files"
     timed "$capsule" -r "$u" -q backup "$data"; record "$label-nochange" SFTP "$rtt" capsule "$last" "$files"
+    restored "$u" "$label" SFTP "$rtt" "$files"
     rm -rf "${sftp_dir:?}/$r"
     fresh
     restic -o sftp.command="ssh $ssh_opts -p ${sftp#*:} root@${sftp%:*} -s sftp" -r "sftp:root@${sftp%:*}:$sftp_dir/$r" init -q >/dev/null 2>&1
@@ -158,6 +176,7 @@ run_dataset() { # label dir files
     "$capsule" -r "$u" -q init
     timed "$capsule" -r "$u" -q backup "$data"; record "$label" S3 "$rtt" capsule "$last" "$files"
     timed "$capsule" -r "$u" -q backup "$data"; record "$label-nochange" S3 "$rtt" capsule "$last" "$files"
+    restored "$u" "$label" S3 "$rtt" "$files"
     if [ "$label" = small ]; then
       # Over plain HTTP the payload is signed (SHA-256 on both ends); HTTPS
       # endpoints skip that. This row shows what the signing costs here.

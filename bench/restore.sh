@@ -3,10 +3,15 @@
 # same data from the same real servers (Samba, OpenSSH, MinIO on loopback)
 # at each RTT (Toxiproxy), all in one run. Prints a Markdown table.
 #
-#   bench/restore.sh [--rtt "2 10"] [--small N] [--big MIB] [--toolchain] [--output FILE]
+#   bench/restore.sh [--rtt "2 10"] [--small N] [--big MIB] [--toolchain]
+#                    [--tree DIR] [--output FILE]
 #
 # Data: N × 64 KiB random files plus one file of MIB MiB (defaults 4,000 and
-# 200: 450 MiB), or with --toolchain ~/.rustup/toolchains.
+# 200: 450 MiB), or with --toolchain ~/.rustup/toolchains, or any DIR.
+# Peers: restic from Debian (0.14) and the newest restic the Go module proxy
+# serves (built once into ~/.cache/capsule-bench), rustic when it is
+# installed (on PATH or where `capsule-bench --install` puts it), borg and
+# rsync.
 # Every restore goes into a fresh directory on the same disk with a cold
 # capsule cache (`--no-cache`), so tree packs are fetched too, as on a new
 # laptop. Wall time, MB/s and peak RSS come from GNU time; capsule's
@@ -15,13 +20,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10" output="" small_n=4000 big_mib=200 toolchain=0
+rtts="2 10" output="" small_n=4000 big_mib=200 toolchain=0 tree=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
     --small) small_n=$2; shift ;;
     --big) big_mib=$2; shift ;;
     --toolchain) toolchain=1 ;;
+    --tree) tree=$2; shift ;;
     --output) output=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -38,12 +44,37 @@ fi
 
 cargo build --release -q -p capsule
 capsule=$PWD/target/release/capsule
+
+# The newest restic: the proxy may refuse `@latest` (it does here), so
+# known releases are tried newest first.
+cache=$HOME/.cache/capsule-bench
+restic_new=""
+if command -v go >/dev/null; then
+  for v in latest v0.19.1 v0.19.0 v0.18.1 v0.18.0 v0.17.3; do
+    dir=$(go mod download -json "github.com/restic/restic@$v" 2>/dev/null |
+      python3 -c 'import json,sys; d=json.load(sys.stdin); print(d.get("Dir",""), d.get("Version",""))' 2>/dev/null) || continue
+    read -r dir ver <<<"$dir"
+    [ -n "$dir" ] || continue
+    if [ ! -x "$cache/restic-$ver" ]; then
+      mkdir -p "$cache"
+      (cd "$dir" && go build -o "$cache/restic-$ver" ./cmd/restic) >&2 || continue
+    fi
+    restic_new=$cache/restic-$ver
+    break
+  done
+fi
+[ -n "$restic_new" ] || echo "no newer restic could be built; its rows are left out" >&2
+rustic=""
+for c in "${RUSTIC:-}" "$(command -v rustic || true)" "$cache/bin/rustic"; do
+  if [ -n "$c" ] && [ -x "$c" ]; then rustic=$c; break; fi
+done
+[ -n "$rustic" ] || echo "rustic not installed (capsule-bench --install builds it); its rows are left out" >&2
 work=$(mktemp -d /tmp/capsule-restorebench.XXXXXX)
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 use_servers
 
-export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench BORG_PASSPHRASE=bench
+export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench BORG_PASSPHRASE=bench RUSTIC_PASSWORD=bench
 export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
 export CAPSULE_SFTP_KEY=$CAPSULE_TEST_SFTP_KEY
 export AWS_ACCESS_KEY_ID=$CAPSULE_TEST_S3_KEY AWS_SECRET_ACCESS_KEY=$CAPSULE_TEST_S3_SECRET
@@ -53,7 +84,9 @@ export BORG_RSH="ssh $ssh_opts"
 smb_dir=$CAPSULE_TEST_SMB_DIR sftp_dir=$CAPSULE_TEST_SFTP_DIR
 
 data=$work/data
-if [ "$toolchain" = 1 ]; then
+if [ -n "$tree" ]; then
+  cp -a "$tree" "$data"
+elif [ "$toolchain" = 1 ]; then
   cp -a "$HOME/.rustup/toolchains" "$data"
 else
   python3 - "$data" "$small_n" "$big_mib" <<'EOF'
@@ -120,20 +153,55 @@ EOF
   extra=""
 }
 
-restic_restore() { # DEST RTT REPO [restic args...]
+restic_restore() { # DEST RTT REPO [restic args...]: Debian's, then the newest
   local dest=$1 rtt=$2 repo=$3; shift 3
   restic "$@" -r "$repo" init -q >/dev/null 2>&1
   restic "$@" -r "$repo" backup -q "$data" >/dev/null
   fresh
-  measure "$dest" "$rtt" restic restic "$@" -r "$repo" restore latest -q --target "$out"
+  measure "$dest" "$rtt" "restic $(restic version | cut -d' ' -f2)" restic "$@" -r "$repo" restore latest -q --target "$out"
+  if [ -n "$restic_new" ]; then
+    # A repository of its own, so that neither restores what the other wrote.
+    local repo2=$repo-new
+    "$restic_new" "$@" -r "$repo2" init -q >/dev/null 2>&1
+    "$restic_new" "$@" -r "$repo2" backup -q "$data" >/dev/null
+    fresh
+    measure "$dest" "$rtt" "restic $("$restic_new" version | cut -d' ' -f2)" \
+      "$restic_new" "$@" -r "$repo2" restore latest -q --target "$out"
+  fi
+}
+
+# rustic_restore DEST RTT [OPENDAL-SCHEME KEY=VALUE...]: a local repository,
+# or one through OpenDAL described by a profile in $work.
+rustic_restore() {
+  [ -n "$rustic" ] || return 0
+  local dest=$1 rtt=$2; shift 2
+  local args=()
+  if [ $# -eq 0 ]; then
+    args=(-r "$work/rustic-$r")
+  else
+    {
+      echo "[repository]"
+      echo "repository = \"opendal:$1\""
+      echo "[repository.options]"
+      shift
+      for kv in "$@"; do echo "${kv%%=*} = \"${kv#*=}\""; done
+    } >"$work/rustic-$r.toml"
+    args=(-P "$work/rustic-$r")
+  fi
+  "$rustic" "${args[@]}" init >/dev/null 2>&1 || true
+  "$rustic" "${args[@]}" backup "$data" >/dev/null 2>&1 || true
+  local prof=("${args[@]}")
+  fresh
+  measure "$dest" "$rtt" rustic "$rustic" "${prof[@]}" restore latest "$out"
 }
 
 # Local disk: the reference.
 fresh; capsule_restore local 0 "$work/capsule-local"
 restic_restore local 0 "$work/restic-local"
+fresh; rustic_restore local 0
 fresh; borg init -e repokey-blake2 "$work/borg-local" 2>/dev/null; borg create "$work/borg-local::a" "$data"
 fresh; measure local 0 borg sh -c "cd '$out' && borg extract '$work/borg-local::a'"
-rm -rf "$work"/capsule-local "$work"/restic-local "$work"/borg-local
+rm -rf "$work"/capsule-local "$work"/restic-local* "$work"/borg-local "$work"/rustic-*
 
 for rtt in $rtts; do
   proxies "restore-$rtt" "$rtt"
@@ -142,8 +210,9 @@ for rtt in $rtts; do
   rm -rf "${smb_dir:?}/$r"
   export RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${smb%:*} RCLONE_CONFIG_NAS_PORT=${smb#*:} \
     RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD")
-  fresh; mkdir -p "$smb_dir/$r"; restic_restore SMB "$rtt" "rclone:nas:backup/$r"
-  rows[-1]=${rows[-1]/|restic|/|restic (rclone)|}
+  fresh; mkdir -p "$smb_dir/$r"; before=${#rows[@]}
+  restic_restore SMB "$rtt" "rclone:nas:backup/$r"
+  for ((i = before; i < ${#rows[@]}; i++)); do rows[i]=${rows[i]/|restic /|restic (rclone) }; done
   rm -rf "${smb_dir:?}/$r"
   # SFTP
   fresh; capsule_restore SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r"
@@ -165,11 +234,13 @@ for rtt in $rtts; do
   # S3
   fresh; capsule_restore S3 "$rtt" "s3+http://$s3/capsule-test/$r"
   fresh; restic_restore S3 "$rtt" "s3:http://$s3/capsule-test/$r"
+  fresh; rustic_restore S3 "$rtt" s3 bucket=capsule-test root="/$r" endpoint="http://$s3" \
+    region=us-east-1 access_key_id="$AWS_ACCESS_KEY_ID" secret_access_key="$AWS_SECRET_ACCESS_KEY"
 done
 
 {
   echo "Data: $files files, $((bytes / 1048576)) MiB. Machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; servers on loopback; RTT added by Toxiproxy."
-  echo "Versions: $("$capsule" --version); $(restic version | head -1); $(borg --version); $(rclone version | head -1); $(rsync --version | head -1)"
+  echo "Versions: $("$capsule" --version); $(restic version | head -1); ${restic_new:+$("$restic_new" version | head -1); }${rustic:+$("$rustic" --version | head -1); }$(borg --version); $(rclone version | head -1); $(rsync --version | head -1)"
   echo
   echo "| destination | RTT ms | tool | restore s | MB/s | peak RSS MiB | capsule fetches |"
   echo "|---|---:|---|---:|---:|---:|---|"
