@@ -275,9 +275,18 @@ pub fn predict_run(
     fixed + unchanged + local.max(up) + tail
 }
 
+/// Of the shorter of a restore's two overlapped parts (local work, the
+/// download), the share that does not hide behind the longer one. Both
+/// need the client's cores (decrypting, writing, and receiving: TLS, SSH or
+/// SMB signing), so they overlap imperfectly. Fitted on the small and docs
+/// sets at 2 ms (SMB, SFTP, S3 here), checked on others (bench/RESULTS.md,
+/// Estimator accuracy).
+const RESTORE_OVERLAP_LOSS: f64 = 0.3;
+
 /// The model of a full restore: a run's fixed costs, then the larger of
 /// this machine's restore work (measured on the samples) and the download,
-/// whose reads of up to 4 MiB each pay a round trip, `concurrency` at once.
+/// whose reads of up to 4 MiB each pay a round trip, `concurrency` at once,
+/// plus the part of the smaller that does not overlap.
 pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> f64 {
     let local = c.restore_per_file * files as f64 + c.restore_per_byte * bytes as f64;
     let stored = bytes as f64 * c.stored_ratio;
@@ -292,7 +301,7 @@ pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -
     } else {
         0.0
     };
-    d.run_unchanged + local.max(net)
+    d.run_unchanged + local.max(net) + RESTORE_OVERLAP_LOSS * local.min(net)
 }
 
 /// Predictions for a source.
@@ -407,7 +416,11 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         )?;
         Ok(Some((first, second)))
     };
-    // Restores of the same samples from their local repositories.
+    // Restores of the same samples from their local repositories: the
+    // faster of two, each into a directory of its own (on a filesystem
+    // mounted with `discard`, creating files just after deleting many costs
+    // up to a millisecond each, so nothing is deleted until the end).
+    let restored = work.join("restored");
     let restore_secs = |name: &str| -> Result<f64> {
         let opened = conn.open(&Destination::Local(work.join(name)), false)?;
         let repo = Repository::open(opened.backend.clone(), &password)?;
@@ -417,28 +430,30 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
             .tree
             .parse()
             .map_err(|_| capsule_engine::EngineError::corrupt("snapshot", "bad tree id"))?;
-        let target = work.join(format!("{name}-restored"));
-        let t = Instant::now();
-        let r = restore(
-            &repo,
-            &index,
-            &root,
-            &RestoreOptions {
-                target: target.clone(),
-                ..RestoreOptions::default()
-            },
-            &Progress::default(),
-        )?;
-        let secs = t.elapsed().as_secs_f64();
-        let _ = std::fs::remove_dir_all(&target);
-        if !r.errors.is_empty() {
-            return Err(LabError::io(
-                "restore the sample",
-                &target,
-                std::io::Error::other(format!("{} entries failed", r.errors.len())),
-            ));
+        let mut best = f64::INFINITY;
+        for round in 0..2 {
+            let target = restored.join(format!("{name}-{round}"));
+            let t = Instant::now();
+            let r = restore(
+                &repo,
+                &index,
+                &root,
+                &RestoreOptions {
+                    target: target.clone(),
+                    ..RestoreOptions::default()
+                },
+                &Progress::default(),
+            )?;
+            best = best.min(t.elapsed().as_secs_f64());
+            if !r.errors.is_empty() {
+                return Err(LabError::io(
+                    "restore the sample",
+                    &target,
+                    std::io::Error::other(format!("{} entries failed", r.errors.len())),
+                ));
+            }
         }
-        Ok(secs)
+        Ok(best)
     };
     // What any run costs here with nothing to do.
     let (e1, e2) = sample("empty", &[empty])?.expect("one path");
@@ -497,14 +512,18 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
     let rl = l
         .as_ref()
         .map(|(f, _)| (f.files_read as f64, f.bytes_read as f64));
+    // What a restore costs with nothing to write (starting, planning,
+    // finishing), taken off the samples as the empty backup is above.
+    let restore_fixed = restore_secs("empty")?;
     let rs = match rs {
-        Some((f, b)) => Some((f, b, restore_secs("small")?)),
+        Some((f, b)) => Some((f, b, (restore_secs("small")? - restore_fixed).max(0.0))),
         None => None,
     };
     let rl = match rl {
-        Some((f, b)) => Some((f, b, restore_secs("large")?)),
+        Some((f, b)) => Some((f, b, (restore_secs("large")? - restore_fixed).max(0.0))),
         None => None,
     };
+    let _ = std::fs::remove_dir_all(&restored);
     let (restore_per_file, restore_per_byte) = match (rs, rl) {
         (Some((f1, b1, t1)), Some((f2, b2, t2))) => {
             let det = f1 * b2 - f2 * b1;
@@ -561,10 +580,17 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
         let t = Instant::now();
         parallel_puts(&b, "p", concurrency, piece)?;
         let parallel_bw = (concurrency as u64 * piece) as f64 / t.elapsed().as_secs_f64();
-        // Reading them back in 4 MiB ranges, all at once, as a restore does.
-        let t = Instant::now();
-        let got = parallel_gets(&b, "p", concurrency, piece)?;
-        let download_bw = got as f64 / t.elapsed().as_secs_f64().max(1e-9);
+        // Reading them back in 4 MiB ranges, all at once, as a restore does;
+        // the better of two rounds, because the first also pays for the
+        // server's first reads of what was just written and for streams
+        // that are still opening their windows (it read about half the
+        // restores' rates on SFTP and S3 here).
+        let mut download_bw = 0f64;
+        for _ in 0..2 {
+            let t = Instant::now();
+            let got = parallel_gets(&b, "p", concurrency, piece)?;
+            download_bw = download_bw.max(got as f64 / t.elapsed().as_secs_f64().max(1e-9));
+        }
         // Per-file copying: small files one at a time, flushed.
         let data = Noise::bytes(5, 51_200);
         let t = Instant::now();
@@ -860,15 +886,15 @@ mod tests {
     fn restores_cost_the_larger_of_local_work_and_the_download() {
         let c = cal();
         // 1 GB, 1,000 files: local work 0.05 + 2 s; at 10 MB/s the download
-        // is 100 s plus 239 reads of 4 MiB at 10 ms, 8 at once (0.3 s).
+        // is 100 s plus 239 reads of 4 MiB at 10 ms, 8 at once (0.3 s), and
+        // 30% of the local work does not hide behind it.
         let t = predict_restore(&c, &dest(0.010, 10e6), 1000, 1_000_000_000);
-        assert!(
-            (t - (0.4 + 100.0 + 239.0 * 0.010 / 8.0)).abs() < 1e-6,
-            "{t}"
-        );
+        let net = 100.0 + 239.0 * 0.010 / 8.0;
+        assert!((t - (0.4 + net + 0.3 * 2.05)).abs() < 1e-6, "{t}");
         // On a fast link this machine's work bounds it.
         let t = predict_restore(&c, &dest(0.001, 1e10), 1000, 1_000_000_000);
-        assert!((t - (0.4 + 2.05)).abs() < 1e-6, "{t}");
+        let net = 0.1 + 239.0 * 0.001 / 8.0;
+        assert!((t - (0.4 + 2.05 + 0.3 * net)).abs() < 1e-6, "{t}");
     }
 
     #[test]
