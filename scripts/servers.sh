@@ -8,6 +8,8 @@
 #
 # Ports (all on 127.0.0.1): Samba 4450, sshd 2222, MinIO 9000, Toxiproxy API
 # 8474; through the proxy: Samba 14450, sshd 12222, MinIO 19000.
+# CAPSULE_SERVERS_PORT_OFFSET=N adds N to every port, so a second set (a
+# benchmark beside a test run) can run at once.
 # Everything is idempotent; a second `start` on the same DIR is a no-op.
 set -euo pipefail
 
@@ -17,8 +19,9 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 tools=${CAPSULE_TOOLS_DIR:-$HOME/.cache/capsule-servers/bin}
 
-SMB_PORT=4450 SSH_PORT=2222 S3_PORT=9000 PROXY_API=8474
-SMB_PROXY=14450 SSH_PROXY=12222 S3_PROXY=19000
+off=${CAPSULE_SERVERS_PORT_OFFSET:-0}
+SMB_PORT=$((4450 + off)) SSH_PORT=$((2222 + off)) S3_PORT=$((9000 + off)) PROXY_API=$((8474 + off))
+SMB_PROXY=$((14450 + off)) SSH_PROXY=$((12222 + off)) S3_PROXY=$((19000 + off))
 USER_NAME=backup PASSWORD=capsule-test-pw
 S3_KEY=capsule S3_SECRET=capsule-secret-key
 
