@@ -309,6 +309,7 @@ impl SftpBackend {
             inactivity_timeout: Some(Duration::from_secs(300)),
             keepalive_interval: Some(Duration::from_secs(30)),
             window_size: 16 << 20,
+            preferred: preferred_algorithms(),
             ..Default::default()
         });
         let problem = Arc::new(Mutex::new(None));
@@ -781,6 +782,42 @@ impl SftpBackend {
 async fn closed(c: &Conn) {
     while !c._ssh.is_closed() {
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// russh offers chacha20-poly1305 first, as OpenSSH does; but where the CPU
+/// has AES instructions, AES-GCM costs a fraction of the cycles per byte, and
+/// on two cores the cipher is what bounds a restore's throughput over SFTP.
+/// Without them the default order stands.
+fn preferred_algorithms() -> russh::Preferred {
+    use russh::cipher;
+    static AES_FIRST: &[cipher::Name] = &[
+        cipher::AES_256_GCM,
+        cipher::CHACHA20_POLY1305,
+        cipher::AES_256_CTR,
+        cipher::AES_192_CTR,
+        cipher::AES_128_CTR,
+    ];
+    let mut preferred = russh::Preferred::default();
+    if hardware_aes() {
+        preferred.cipher = std::borrow::Cow::Borrowed(AES_FIRST);
+    }
+    preferred
+}
+
+fn hardware_aes() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("aes")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
     }
 }
 
