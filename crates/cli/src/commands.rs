@@ -18,7 +18,7 @@ use crate::output::{bytes, Output};
 use crate::settings::{self, RepoLocation};
 use crate::{exit, GlobalArgs};
 
-fn open(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
+pub(crate) fn open(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
     let loc = settings::location(g)?;
     let backend = settings::backend(g, &loc, false)?;
     let pw = settings::password(g)?;
@@ -320,9 +320,22 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     }
 }
 
-pub fn snapshots(g: &GlobalArgs, out: &Output) -> Result<u8> {
+/// Arguments of `snapshots`.
+#[derive(Args, Debug)]
+pub struct SnapshotsArgs {
+    /// List forgotten snapshots instead: those `capsule unforget` can still
+    /// bring back.
+    #[arg(long)]
+    forgotten: bool,
+}
+
+pub fn snapshots(g: &GlobalArgs, out: &Output, a: SnapshotsArgs) -> Result<u8> {
     let (repo, _) = open(g, out)?;
-    let (snaps, bad) = repo.list_snapshots()?;
+    let (snaps, bad) = if a.forgotten {
+        capsule_engine::forget::list_forgotten(&repo)?
+    } else {
+        repo.list_snapshots()?
+    };
     for e in &bad {
         out.warn(e.to_string());
     }
@@ -350,7 +363,11 @@ pub fn snapshots(g: &GlobalArgs, out: &Output) -> Result<u8> {
             if s.incomplete { "  (incomplete)" } else { "" }
         ));
     }
-    out.say(format!("{} snapshots", snaps.len()));
+    out.say(format!(
+        "{} {}snapshots",
+        snaps.len(),
+        if a.forgotten { "forgotten " } else { "" }
+    ));
     Ok(exit::OK)
 }
 

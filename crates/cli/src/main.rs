@@ -3,6 +3,7 @@
 //! Everything of substance lives in `capsule-engine`.
 
 mod commands;
+mod forget_cmd;
 mod lab_cmd;
 mod output;
 mod settings;
@@ -38,6 +39,9 @@ pub mod exit {
     pub const FULL: u8 = 16;
     /// The share, bucket or base directory does not exist.
     pub const NO_CONTAINER: u8 = 17;
+    /// A retention policy would remove every snapshot of a group, and
+    /// `--allow-empty` was not given.
+    pub const KEEPS_NOTHING: u8 = 18;
     /// Interrupted by a signal.
     pub const INTERRUPTED: u8 = 130;
 }
@@ -99,9 +103,14 @@ enum Command {
     /// Back up files and directories into a new snapshot.
     Backup(commands::BackupArgs),
     /// List snapshots.
-    Snapshots,
+    Snapshots(commands::SnapshotsArgs),
     /// List the files in a snapshot.
     Ls(commands::LsArgs),
+    /// Forget snapshots, by ID or by a retention policy (their data stays
+    /// until a prune; `unforget` brings them back until then).
+    Forget(Box<forget_cmd::ForgetArgs>),
+    /// Bring back forgotten snapshots.
+    Unforget(forget_cmd::UnforgetArgs),
     /// Restore a snapshot (or part of it) into a directory.
     Restore(commands::RestoreArgs),
     /// Verify the repository's integrity.
@@ -180,7 +189,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Init(a) => commands::init(&cli.global, &out, a),
         Command::Backup(a) => commands::backup(&cli.global, &out, a),
-        Command::Snapshots => commands::snapshots(&cli.global, &out),
+        Command::Snapshots(a) => commands::snapshots(&cli.global, &out, a),
+        Command::Forget(a) => forget_cmd::forget(&cli.global, &out, *a),
+        Command::Unforget(a) => forget_cmd::unforget(&cli.global, &out, a),
         Command::Ls(a) => commands::ls(&cli.global, &out, a),
         Command::Restore(a) => commands::restore(&cli.global, &out, a),
         Command::Check(a) => commands::check(&cli.global, &out, a),

@@ -201,6 +201,11 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<crate::settings::UsageError>().is_some() {
         return exit::USAGE;
     }
+    if e.downcast_ref::<crate::forget_cmd::KeepsNothing>()
+        .is_some()
+    {
+        return exit::KEEPS_NOTHING;
+    }
     match e.downcast_ref::<capsule_lab::LabError>() {
         Some(capsule_lab::LabError::NotFound(_)) => return exit::NOT_FOUND,
         Some(capsule_lab::LabError::Interrupted) => return exit::INTERRUPTED,

@@ -570,7 +570,13 @@ impl Repository {
 
     /// Loads one snapshot by ID.
     pub fn load_snapshot(&self, id: &ObjectId) -> Result<Snapshot> {
-        let name = format!("snapshots/{}", id.to_hex());
+        self.load_snapshot_object(&format!("snapshots/{}", id.to_hex()), id)
+    }
+
+    /// Loads, authenticates and decodes a snapshot object stored under
+    /// `name` (in `snapshots/`, or set aside in `forgotten/`).
+    pub(crate) fn load_snapshot_object(&self, name: &str, id: &ObjectId) -> Result<Snapshot> {
+        let name = name.to_string();
         let b = self.backend.get(&name, None)?;
         if ObjectId::of(&b) != *id {
             return Err(EngineError::corrupt(
@@ -588,16 +594,27 @@ impl Repository {
     /// All snapshots, oldest first. Damaged ones are returned as errors
     /// beside the good ones, so one bad object does not hide the rest.
     pub fn list_snapshots(&self) -> Result<SnapshotList> {
-        let objs = self.backend.list("snapshots/")?;
+        self.list_snapshot_objects("snapshots/")
+    }
+
+    /// Every snapshot object under `prefix`, oldest first, damaged ones
+    /// beside the good ones.
+    pub(crate) fn list_snapshot_objects(&self, prefix: &str) -> Result<SnapshotList> {
+        let objs = match self.backend.list(prefix) {
+            Ok(o) => o,
+            // A directory that was never created holds nothing.
+            Err(e) if e.kind == ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
         let results: Vec<_> = objs
             .par_iter()
             .map(|o| {
                 let id: ObjectId = o
                     .name
-                    .trim_start_matches("snapshots/")
+                    .trim_start_matches(prefix)
                     .parse()
                     .map_err(|_| EngineError::corrupt(&o.name, "name is not an ID"))?;
-                self.load_snapshot(&id).map(|s| (id, s))
+                self.load_snapshot_object(&o.name, &id).map(|s| (id, s))
             })
             .collect();
         let (mut good, bad) = crate::partition(results);

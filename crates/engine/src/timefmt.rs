@@ -13,20 +13,47 @@ pub fn rfc3339(secs: i64) -> String {
     )
 }
 
-/// Current Unix time as seconds and nanoseconds.
-pub fn now_precise() -> (i64, u32) {
+/// The test clock: when `CAPSULE_TEST_NOW` is set, capsule's notion of now
+/// (snapshot times, retention windows) is that time plus the time elapsed
+/// since the process started, so a test can simulate a year of hourly
+/// backups in minutes. It takes Unix seconds or RFC 3339 (`2027-03-28T01:30:00Z`).
+/// For tests only; an unreadable value is ignored.
+pub const TEST_CLOCK_ENV: &str = "CAPSULE_TEST_NOW";
+
+fn wall_clock() -> (i64, u32) {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| (d.as_secs() as i64, d.subsec_nanos()))
         .unwrap_or((0, 0))
 }
 
-/// Current Unix time in seconds.
+/// How far the test clock is from the wall clock, fixed at first use.
+fn test_clock_shift() -> i64 {
+    static SHIFT: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *SHIFT.get_or_init(|| {
+        let Some(v) = std::env::var_os(TEST_CLOCK_ENV) else {
+            return 0;
+        };
+        let v = v.to_string_lossy();
+        let t = v.trim().parse::<i64>().ok().or_else(|| {
+            v.trim()
+                .parse::<jiff::Timestamp>()
+                .ok()
+                .map(|t| t.as_second())
+        });
+        t.map_or(0, |t| t.saturating_sub(wall_clock().0))
+    })
+}
+
+/// Current Unix time as seconds and nanoseconds (the test clock's, when set).
+pub fn now_precise() -> (i64, u32) {
+    let (s, n) = wall_clock();
+    (s.saturating_add(test_clock_shift()), n)
+}
+
+/// Current Unix time in seconds (the test clock's, when set).
 pub fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+    now_precise().0
 }
 
 // Howard Hinnant's days-to-civil algorithm.

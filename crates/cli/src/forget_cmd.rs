@@ -1,0 +1,351 @@
+//! `forget` and `unforget`: retention by ID or by policy.
+
+use std::collections::BTreeSet;
+
+use anyhow::Result;
+use capsule_engine::forget;
+use capsule_engine::retention::{self, GroupBy, Limit, Period, Policy};
+use capsule_engine::timefmt::now_unix;
+use capsule_format::ObjectId;
+use clap::{Args, ValueEnum};
+use jiff::tz::TimeZone;
+use jiff::Span;
+
+use crate::commands::open;
+use crate::output::Output;
+use crate::settings::UsageError;
+use crate::{exit, GlobalArgs};
+
+/// A policy would remove every snapshot of a group (exit code 18).
+#[derive(Debug)]
+pub struct KeepsNothing(pub String);
+
+impl std::fmt::Display for KeepsNothing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for KeepsNothing {}
+
+/// Named policies.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum NamedPolicy {
+    /// Every snapshot of the last 24 hours, one a day for 30 days, one a
+    /// week for as long as space allows (as Time Machine does).
+    Timemachine,
+}
+
+/// Arguments of `forget`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Forgetting moves each snapshot object aside (to forgotten/ in the repository) and \
+touches no data: `capsule unforget ID` brings it back until a prune reclaims its space. \
+Windows (--keep-within*) count back from now, in the local time zone (TZ). \
+A policy applies to each host and set of paths on its own, and never removes every \
+snapshot of one unless --allow-empty is given.")]
+pub struct ForgetArgs {
+    /// Snapshots to forget, by ID or unique prefix.
+    ids: Vec<String>,
+    /// Start from a named policy (further --keep-* options add to it).
+    #[arg(long, value_enum)]
+    policy: Option<NamedPolicy>,
+    /// Keep the newest N snapshots.
+    #[arg(long, value_name = "N")]
+    keep_last: Option<u32>,
+    /// Keep the newest snapshot of each of the last N hours that have one ("all": every hour).
+    #[arg(long, value_name = "N|all", value_parser = parse_count)]
+    keep_hourly: Option<Limit>,
+    /// Keep the newest snapshot of each of the last N days that have one.
+    #[arg(long, value_name = "N|all", value_parser = parse_count)]
+    keep_daily: Option<Limit>,
+    /// Keep the newest snapshot of each of the last N ISO weeks that have one.
+    #[arg(long, value_name = "N|all", value_parser = parse_count)]
+    keep_weekly: Option<Limit>,
+    /// Keep the newest snapshot of each of the last N months that have one.
+    #[arg(long, value_name = "N|all", value_parser = parse_count)]
+    keep_monthly: Option<Limit>,
+    /// Keep the newest snapshot of each of the last N years that have one.
+    #[arg(long, value_name = "N|all", value_parser = parse_count)]
+    keep_yearly: Option<Limit>,
+    /// Keep every snapshot younger than DURATION (24h, 30d, 2w, 6mo, 1y), counted from now.
+    #[arg(long, value_name = "DURATION", value_parser = retention::parse_span)]
+    keep_within: Option<Span>,
+    /// Keep one snapshot per hour younger than DURATION.
+    #[arg(long, value_name = "DURATION", value_parser = retention::parse_span)]
+    keep_within_hourly: Option<Span>,
+    /// Keep one snapshot per day younger than DURATION.
+    #[arg(long, value_name = "DURATION", value_parser = retention::parse_span)]
+    keep_within_daily: Option<Span>,
+    /// Keep one snapshot per week younger than DURATION.
+    #[arg(long, value_name = "DURATION", value_parser = retention::parse_span)]
+    keep_within_weekly: Option<Span>,
+    /// Keep one snapshot per month younger than DURATION.
+    #[arg(long, value_name = "DURATION", value_parser = retention::parse_span)]
+    keep_within_monthly: Option<Span>,
+    /// Keep one snapshot per year younger than DURATION.
+    #[arg(long, value_name = "DURATION", value_parser = retention::parse_span)]
+    keep_within_yearly: Option<Span>,
+    /// Keep every snapshot with this tag (repeatable).
+    #[arg(long, value_name = "TAG")]
+    keep_tag: Vec<String>,
+    /// Group snapshots by: host,paths (the default), host, paths or none.
+    #[arg(long, value_name = "FIELDS", default_value = "host,paths", value_parser = parse_group_by)]
+    group_by: GroupBy,
+    /// Only consider snapshots of this host.
+    #[arg(long)]
+    host: Option<String>,
+    /// Say what would be forgotten, and by which rule each snapshot is kept; change nothing.
+    #[arg(short = 'n', long)]
+    dry_run: bool,
+    /// Let a policy remove every snapshot of a group.
+    #[arg(long)]
+    allow_empty: bool,
+}
+
+fn parse_count(s: &str) -> Result<Limit, String> {
+    match s {
+        "all" | "unlimited" => Ok(Limit::Unlimited),
+        _ => match s.parse::<u32>() {
+            Ok(0) | Err(_) => Err(format!(
+                "{s:?} is not a count: give a number from 1, or \"all\""
+            )),
+            Ok(n) => Ok(Limit::Count(n)),
+        },
+    }
+}
+
+fn parse_group_by(s: &str) -> Result<GroupBy, String> {
+    let mut g = GroupBy {
+        host: false,
+        paths: false,
+    };
+    for part in s.split(',').map(str::trim) {
+        match part {
+            "host" => g.host = true,
+            "paths" => g.paths = true,
+            "none" | "" => {}
+            other => {
+                return Err(format!(
+                    "cannot group by {other:?}: use host, paths, host,paths or none"
+                ))
+            }
+        }
+    }
+    Ok(g)
+}
+
+impl ForgetArgs {
+    fn policy(&self) -> Policy {
+        let mut p = match self.policy {
+            Some(NamedPolicy::Timemachine) => Policy::timemachine(),
+            None => Policy::default(),
+        };
+        if self.keep_last.is_some() {
+            p.last = self.keep_last;
+        }
+        let counts = [
+            &self.keep_hourly,
+            &self.keep_daily,
+            &self.keep_weekly,
+            &self.keep_monthly,
+            &self.keep_yearly,
+        ];
+        let windows = [
+            &self.keep_within_hourly,
+            &self.keep_within_daily,
+            &self.keep_within_weekly,
+            &self.keep_within_monthly,
+            &self.keep_within_yearly,
+        ];
+        for (i, period) in Period::ALL.into_iter().enumerate() {
+            if let Some(l) = counts[i] {
+                p.buckets.push((period, l.clone()));
+            }
+            if let Some(w) = windows[i] {
+                p.buckets.push((period, Limit::Within(*w)));
+            }
+        }
+        if self.keep_within.is_some() {
+            p.within = self.keep_within;
+        }
+        p.tags.extend(self.keep_tag.iter().cloned());
+        p
+    }
+}
+
+/// The local time zone, as the calendar buckets are counted in it.
+fn local_zone() -> TimeZone {
+    TimeZone::try_system().unwrap_or(TimeZone::UTC)
+}
+
+pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
+    let policy = a.policy();
+    if a.ids.is_empty() && policy.is_empty() {
+        return Err(UsageError(
+            "say what to forget: snapshot IDs, or a policy (--policy timemachine, --keep-last N, --keep-daily N, --keep-within 30d, ...)".into(),
+        )
+        .into());
+    }
+    let (repo, _) = open(g, out)?;
+    let (snaps, bad) = repo.list_snapshots()?;
+    for e in &bad {
+        out.warn(format!("{e}; it is left as it is"));
+    }
+    let snaps: Vec<_> = snaps
+        .into_iter()
+        .filter(|(_, s)| a.host.as_ref().is_none_or(|h| &s.hostname == h))
+        .collect();
+
+    // Every ID is resolved before anything is removed: one typo must not
+    // leave half the list forgotten.
+    let mut by_id: BTreeSet<ObjectId> = BTreeSet::new();
+    for spec in &a.ids {
+        let spec_lc = spec.to_ascii_lowercase();
+        let m: Vec<_> = snaps
+            .iter()
+            .filter(|(id, _)| id.to_hex().starts_with(&spec_lc))
+            .collect();
+        match m.len() {
+            0 => return Err(capsule_engine::EngineError::SnapshotNotFound(spec.clone()).into()),
+            1 => {
+                by_id.insert(m[0].0);
+            }
+            _ => return Err(capsule_engine::EngineError::AmbiguousSnapshot(spec.clone()).into()),
+        }
+    }
+
+    let tz = local_zone();
+    let now = now_unix();
+    let plans = if policy.is_empty() {
+        Vec::new()
+    } else {
+        retention::plan(&snaps, now, &tz, &policy, a.group_by)
+    };
+    if !a.allow_empty {
+        if let Some(p) = plans.iter().find(|p| p.keeps_nothing()) {
+            return Err(KeepsNothing(format!(
+                "the policy would remove all {} snapshots of {}; nothing was forgotten (widen the policy, or pass --allow-empty)",
+                p.snapshots.len(),
+                p.group
+            ))
+            .into());
+        }
+    }
+    let mut remove: BTreeSet<ObjectId> = by_id.clone();
+    for p in &plans {
+        remove.extend(p.snapshots.iter().filter(|v| !v.keep).map(|v| v.id));
+    }
+    // Oldest first, so a cut leaves the newest ones.
+    let mut order: Vec<&(ObjectId, _)> =
+        snaps.iter().filter(|(id, _)| remove.contains(id)).collect();
+    order.sort_by_key(|(id, s)| (s.time_unix, s.time_nanos, *id));
+
+    let time_of = |t: i64| -> String {
+        jiff::Timestamp::from_second(t)
+            .map(|ts| {
+                ts.to_zoned(tz.clone())
+                    .strftime("%Y-%m-%d %H:%M:%S %Z")
+                    .to_string()
+            })
+            .unwrap_or_else(|_| t.to_string())
+    };
+    if !out.json {
+        for p in &plans {
+            let kept = p
+                .snapshots
+                .iter()
+                .filter(|v| v.keep && !by_id.contains(&v.id))
+                .count();
+            out.result(format!(
+                "{}: keeping {kept} of {}",
+                p.group,
+                p.snapshots.len()
+            ));
+            for v in &p.snapshots {
+                let (word, why) = if by_id.contains(&v.id) {
+                    ("remove", "named".to_string())
+                } else if v.keep {
+                    (
+                        "keep",
+                        v.reasons
+                            .iter()
+                            .map(|r| r.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    )
+                } else {
+                    ("remove", String::new())
+                };
+                out.result(
+                    format!(
+                        "  {word:<7}{}  {}  {why}",
+                        v.id.short(),
+                        time_of(v.time_unix)
+                    )
+                    .trim_end(),
+                );
+            }
+        }
+        if plans.is_empty() {
+            for (id, s) in &order {
+                out.result(format!(
+                    "  remove {}  {}  named",
+                    id.short(),
+                    time_of(s.time_unix)
+                ));
+            }
+        }
+    }
+
+    let mut done = Vec::new();
+    if !a.dry_run {
+        for (id, _) in &order {
+            forget::forget(&repo, id)?;
+            done.push(id.to_hex());
+        }
+    }
+    if out.json {
+        out.json(&serde_json::json!({
+            "dry_run": a.dry_run,
+            "now": now,
+            "groups": plans,
+            "named": by_id.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
+            "would_forget": if a.dry_run { order.iter().map(|(i, _)| i.to_hex()).collect() } else { Vec::new() },
+            "forgotten": done,
+        }));
+    } else if a.dry_run {
+        out.say(format!(
+            "would forget {} snapshots (dry run: nothing changed)",
+            order.len()
+        ));
+    } else {
+        out.say(format!(
+            "forgot {} snapshots; `capsule unforget ID` brings one back until the next prune",
+            done.len()
+        ));
+    }
+    Ok(exit::OK)
+}
+
+/// Arguments of `unforget`.
+#[derive(Args, Debug)]
+pub struct UnforgetArgs {
+    /// Forgotten snapshots to bring back, by ID or unique prefix
+    /// (`capsule snapshots --forgotten` lists them).
+    #[arg(required = true)]
+    ids: Vec<String>,
+}
+
+pub fn unforget(g: &GlobalArgs, out: &Output, a: UnforgetArgs) -> Result<u8> {
+    let (repo, _) = open(g, out)?;
+    let mut back = Vec::new();
+    for spec in &a.ids {
+        let (id, s) = forget::unforget(&repo, spec)?;
+        out.say(format!("brought back {} of {}", id.short(), s.time));
+        back.push(id.to_hex());
+    }
+    if out.json {
+        out.json(&serde_json::json!({ "restored": back }));
+    }
+    Ok(exit::OK)
+}

@@ -1,0 +1,92 @@
+//! Forgetting snapshots, and bringing them back.
+//!
+//! Forgetting touches one object per snapshot and never any data: the
+//! snapshot object moves from `snapshots/<id>` to `forgotten/<id>`, byte for
+//! byte, so its ID and authentication stay valid. Every pack it referenced
+//! stays until a prune decides no remaining snapshot needs it, so until then
+//! [`unforget`] brings the snapshot back whole.
+//!
+//! Write order, so that a cut at any point loses nothing:
+//! 1. put `forgotten/<id>` (an existing copy is fine: same bytes);
+//! 2. delete `snapshots/<id>`.
+//!
+//! A cut between the two leaves the snapshot live and a spare copy set
+//! aside; listing forgotten snapshots hides copies whose snapshot is still
+//! live, and forgetting it again finishes the move.
+
+use std::collections::HashSet;
+
+use capsule_format::id::ObjectId;
+use capsule_format::snapshot::Snapshot;
+
+use crate::repo::{put_addressed, SnapshotList};
+use crate::{EngineError, Repository, Result};
+
+/// Where forgotten snapshots are set aside until a prune.
+pub const FORGOTTEN_PREFIX: &str = "forgotten/";
+
+fn live_name(id: &ObjectId) -> String {
+    format!("snapshots/{}", id.to_hex())
+}
+
+fn forgotten_name(id: &ObjectId) -> String {
+    format!("{FORGOTTEN_PREFIX}{}", id.to_hex())
+}
+
+/// Forgets one snapshot: sets its object aside, then removes it from the
+/// snapshot list. Touches no data.
+pub fn forget(repo: &Repository, id: &ObjectId) -> Result<()> {
+    let backend = repo.backend();
+    // Raw bytes: the object moves as it is, sealed, so its name (the hash
+    // of its bytes) stays right.
+    let sealed = backend.get(&live_name(id), None)?;
+    if ObjectId::of(&sealed) != *id {
+        return Err(EngineError::corrupt(
+            live_name(id),
+            "content does not match its name",
+        ));
+    }
+    put_addressed(&**backend, &forgotten_name(id), &sealed)?;
+    backend.delete(&live_name(id))?;
+    Ok(())
+}
+
+/// Snapshots forgotten and not yet pruned away, oldest first (those whose
+/// move was cut short and which are still live are left out).
+pub fn list_forgotten(repo: &Repository) -> Result<SnapshotList> {
+    let (forgotten, bad) = repo.list_snapshot_objects(FORGOTTEN_PREFIX)?;
+    let live: HashSet<String> = repo
+        .backend()
+        .list("snapshots/")?
+        .into_iter()
+        .map(|o| o.name)
+        .collect();
+    let forgotten = forgotten
+        .into_iter()
+        .filter(|(id, _)| !live.contains(&live_name(id)))
+        .collect();
+    Ok((forgotten, bad))
+}
+
+/// Brings back a forgotten snapshot, by full ID or unique prefix.
+///
+/// Order mirrors [`forget`]: the snapshot is live again before its set-aside
+/// copy goes.
+pub fn unforget(repo: &Repository, spec: &str) -> Result<(ObjectId, Snapshot)> {
+    let (forgotten, _) = list_forgotten(repo)?;
+    let spec_lc = spec.to_ascii_lowercase();
+    let mut matches: Vec<_> = forgotten
+        .into_iter()
+        .filter(|(id, _)| id.to_hex().starts_with(&spec_lc))
+        .collect();
+    let (id, snap) = match matches.len() {
+        0 => return Err(EngineError::SnapshotNotFound(spec.into())),
+        1 => matches.remove(0),
+        _ => return Err(EngineError::AmbiguousSnapshot(spec.into())),
+    };
+    let backend = repo.backend();
+    let sealed = backend.get(&forgotten_name(&id), None)?;
+    put_addressed(&**backend, &live_name(&id), &sealed)?;
+    backend.delete(&forgotten_name(&id))?;
+    Ok((id, snap))
+}
