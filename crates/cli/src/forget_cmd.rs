@@ -12,7 +12,7 @@ use jiff::tz::TimeZone;
 use jiff::Span;
 
 use crate::commands::open;
-use crate::output::Output;
+use crate::output::{bytes, Output};
 use crate::settings::UsageError;
 use crate::{exit, GlobalArgs};
 
@@ -100,6 +100,9 @@ pub struct ForgetArgs {
     /// Let a policy remove every snapshot of a group.
     #[arg(long)]
     allow_empty: bool,
+    /// Prune afterwards (see `capsule prune --help`).
+    #[arg(long)]
+    prune: bool,
 }
 
 fn parse_count(s: &str) -> Result<Limit, String> {
@@ -304,15 +307,22 @@ pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
             done.push(id.to_hex());
         }
     }
-    if out.json {
-        out.json(&serde_json::json!({
+    let summary = serde_json::json!({
             "dry_run": a.dry_run,
             "now": now,
             "groups": plans,
             "named": by_id.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
             "would_forget": if a.dry_run { order.iter().map(|(i, _)| i.to_hex()).collect() } else { Vec::new() },
             "forgotten": done,
-        }));
+    });
+    if a.prune {
+        if !out.json {
+            out.say(format!("forgot {} snapshots; pruning", done.len()));
+        }
+        return run_prune(&repo, out, a.dry_run, Some(summary));
+    }
+    if out.json {
+        out.json(&summary);
     } else if a.dry_run {
         out.say(format!(
             "would forget {} snapshots (dry run: nothing changed)",
@@ -347,5 +357,95 @@ pub fn unforget(g: &GlobalArgs, out: &Output, a: UnforgetArgs) -> Result<u8> {
     if out.json {
         out.json(&serde_json::json!({ "restored": back }));
     }
+    Ok(exit::OK)
+}
+
+/// Arguments of `prune`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Prune needs no lock: backups may run during it, from any machine. Packs no snapshot \
+uses are first marked, and deleted by a later prune once every backup that was running \
+when they were marked has finished (or stopped renewing its session for an hour). \
+Forgotten snapshots are removed for good by the prune that marks their data.")]
+pub struct PruneArgs {
+    /// Say what would be marked and deleted; change nothing.
+    #[arg(short = 'n', long)]
+    dry_run: bool,
+}
+
+pub fn prune(g: &GlobalArgs, out: &Output, a: PruneArgs) -> Result<u8> {
+    let (repo, _) = open(g, out)?;
+    run_prune(&repo, out, a.dry_run, None)
+}
+
+fn run_prune(
+    repo: &capsule_engine::Repository,
+    out: &Output,
+    dry_run: bool,
+    forgotten: Option<serde_json::Value>,
+) -> Result<u8> {
+    let r = capsule_engine::prune::prune(
+        repo,
+        &capsule_engine::prune::PruneOptions {
+            dry_run,
+            ..Default::default()
+        },
+    )?;
+    if out.json {
+        let mut v = serde_json::json!({ "prune": r });
+        v["destination"] = crate::settings::destination_json();
+        if let Some(f) = forgotten {
+            v["forget"] = f;
+        }
+        out.json(&v);
+        return Ok(exit::OK);
+    }
+    let would = if dry_run { "would be " } else { "" };
+    out.result(format!(
+        "{} packs ({}) {would}deleted, marked by an earlier prune; {} {would}put back in use",
+        r.packs_deleted,
+        bytes(r.bytes_deleted),
+        r.packs_restored
+    ));
+    out.result(format!(
+        "{} packs ({}) no snapshot uses {would}marked: the next prune deletes them",
+        r.packs_marked,
+        bytes(r.bytes_marked)
+    ));
+    if r.marks_waiting > 0 {
+        out.result(format!(
+            "{} packs wait for backups that were running when they were marked",
+            r.packs_waiting
+        ));
+    }
+    for s in &r.sessions_revoked {
+        out.warn(format!(
+            "session {s} has not been renewed for over an hour: revoked (that backup, if it wakes, re-checks its data before it commits)"
+        ));
+    }
+    if r.packs_partly_used > 0 {
+        out.result(format!(
+            "{} partly used packs hold {} no snapshot needs (not reclaimed: repacking is not built yet)",
+            r.packs_partly_used,
+            bytes(r.bytes_unused_in_partly_used)
+        ));
+    }
+    if r.forgotten_removed > 0 {
+        out.result(format!(
+            "{} forgotten snapshots {would}removed for good",
+            r.forgotten_removed
+        ));
+    }
+    let d = crate::settings::destination_json();
+    out.say(format!(
+        "{}in {:.2}s, {} requests",
+        if dry_run {
+            "dry run: nothing changed, "
+        } else {
+            ""
+        },
+        r.duration_secs,
+        d["requests"]
+    ));
     Ok(exit::OK)
 }

@@ -111,6 +111,8 @@ enum Command {
     Forget(Box<forget_cmd::ForgetArgs>),
     /// Bring back forgotten snapshots.
     Unforget(forget_cmd::UnforgetArgs),
+    /// Give back the space of data no snapshot uses (safe while backups run).
+    Prune(forget_cmd::PruneArgs),
     /// Restore a snapshot (or part of it) into a directory.
     Restore(commands::RestoreArgs),
     /// Verify the repository's integrity.
@@ -192,6 +194,7 @@ fn main() -> ExitCode {
         Command::Snapshots(a) => commands::snapshots(&cli.global, &out, a),
         Command::Forget(a) => forget_cmd::forget(&cli.global, &out, *a),
         Command::Unforget(a) => forget_cmd::unforget(&cli.global, &out, a),
+        Command::Prune(a) => forget_cmd::prune(&cli.global, &out, a),
         Command::Ls(a) => commands::ls(&cli.global, &out, a),
         Command::Restore(a) => commands::restore(&cli.global, &out, a),
         Command::Check(a) => commands::check(&cli.global, &out, a),

@@ -238,6 +238,7 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
             | EngineError::PathNotFound(_),
         ) => exit::NOT_FOUND,
         Some(EngineError::Invalid(_)) => exit::USAGE,
+        Some(EngineError::PruneRefused(_)) => exit::DAMAGED,
         Some(EngineError::Interrupted) => exit::INTERRUPTED,
         _ => exit::ERROR,
     }

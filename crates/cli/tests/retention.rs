@@ -237,3 +237,279 @@ fn snapshots_dated_in_the_future_are_kept() {
         .collect();
     assert_eq!(kept, vec![NOW - H, NOW + 30 * D]);
 }
+
+/// Pack objects on disk (data and tree).
+fn pack_files(repo: &Path) -> BTreeSet<std::path::PathBuf> {
+    files_under(repo)
+        .into_iter()
+        .filter(|p| p.starts_with(repo.join("data")) || p.starts_with(repo.join("tree")))
+        .collect()
+}
+
+fn dir_bytes(paths: &BTreeSet<std::path::PathBuf>) -> u64 {
+    paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+/// forget + prune give back exactly the packs no kept snapshot uses, in
+/// two prunes; what is kept restores bit for bit and checks clean; a
+/// forgotten snapshot can be brought back until the prune that marks its
+/// data, not after.
+#[test]
+fn prune_gives_back_what_no_kept_snapshot_uses_in_two_passes() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    init(&repo);
+    // Each run replaces one 3 MB file: every snapshot has its own data.
+    for i in 0..4u64 {
+        let _ = std::fs::remove_file(src.join(format!("f{}", i.wrapping_sub(1))));
+        std::fs::write(src.join(format!("f{i}")), noise(3_000_000, i)).unwrap();
+        ok_at(
+            &repo,
+            NOW - 10 * H + i as i64 * H,
+            &["backup", "-q", src.to_str().unwrap()],
+        );
+    }
+    let before = pack_files(&repo);
+    let before_bytes = dir_bytes(&before);
+    let dry = json(&repo, &["prune", "--dry-run"]);
+    assert_eq!(dry["prune"]["packs_marked"], 0, "{dry}");
+
+    let forget = at(
+        &repo,
+        NOW,
+        &["--json", "forget", "--keep-last", "1", "--prune"],
+    );
+    assert!(
+        forget.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forget.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&forget.stdout).unwrap();
+    assert_eq!(v["forget"]["forgotten"].as_array().unwrap().len(), 3);
+    // Three 3 MB files' packs (and their trees) are marked, nothing deleted yet.
+    assert!(v["prune"]["packs_marked"].as_u64().unwrap() >= 3, "{v}");
+    assert!(
+        v["prune"]["bytes_marked"].as_u64().unwrap() >= 9_000_000,
+        "{v}"
+    );
+    assert_eq!(v["prune"]["packs_deleted"], 0);
+    assert_eq!(pack_files(&repo), before);
+    // The prune that marked their data removed the forgotten snapshots.
+    assert!(snapshot_times(&repo, true).is_empty());
+    // Marked packs are not damage.
+    let c = json(&repo, &["check"]);
+    assert!(
+        c["report"]["unindexed_packs"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{c}"
+    );
+
+    let second = json(&repo, &["prune"]);
+    assert_eq!(
+        second["prune"]["packs_deleted"], v["prune"]["packs_marked"],
+        "{second}"
+    );
+    let after = pack_files(&repo);
+    let freed = before_bytes - dir_bytes(&after);
+    assert_eq!(freed, second["prune"]["bytes_deleted"].as_u64().unwrap());
+    assert!(freed >= 9_000_000, "{freed}");
+    ok(&repo, &["check", "--read-data"]);
+    let target = t.path().join("restored");
+    ok(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    assert_eq!(
+        std::fs::read(restored(&target, &src).join("f3")).unwrap(),
+        noise(3_000_000, 3)
+    );
+    // Nothing more to do.
+    let third = json(&repo, &["prune"]);
+    assert_eq!(third["prune"]["packs_marked"], 0);
+    assert_eq!(third["prune"]["packs_deleted"], 0);
+}
+
+/// Starts a backup that stops at `point` (CAPSULE_TEST_PAUSE) and returns
+/// it once it is waiting there.
+fn paused_backup(
+    repo: &Path,
+    src: &Path,
+    when: i64,
+    point: &str,
+    gate: &Path,
+) -> std::process::Child {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+    c.arg("--repo")
+        .arg(repo)
+        .args(["--json", "backup", src.to_str().unwrap()])
+        .env_remove("CAPSULE_PASSWORD_FILE")
+        .env_remove("CAPSULE_REPO")
+        .env("CAPSULE_PASSWORD", PASSWORD)
+        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
+        .env(
+            "CAPSULE_STATE_DIR",
+            repo.with_extension("cache").join("state"),
+        )
+        .env("CAPSULE_TEST_NOW", when.to_string())
+        .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    let waiting = gate.with_extension("waiting");
+    for _ in 0..1200 {
+        if waiting.exists() {
+            return child;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the backup never reached {point}");
+}
+
+fn signal(child: &std::process::Child, sig: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, sig).unwrap();
+}
+
+/// Source with one file every later backup reuses (`keep`), one snapshot
+/// of it, then that snapshot forgotten: its packs are what a prune marks
+/// while a backup that reuses them is running.
+fn reuse_scenario(t: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (src, repo) = (t.join("src"), t.join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("keep"), noise(2_000_000, 7)).unwrap();
+    // Let the file settle, so the next backup trusts its recorded content.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    init(&repo);
+    ok_at(&repo, NOW - 2 * H, &["backup", "-q", src.to_str().unwrap()]);
+    std::fs::write(src.join("new"), noise(100_000, 8)).unwrap();
+    (src, repo)
+}
+
+/// The worst interleaving, forced: a backup reuses a blob whose only
+/// snapshot is forgotten, and holds off its commit while prunes mark that
+/// pack and run again. The pack survives (the backup's session is held),
+/// the backup commits, and the next prune puts the pack back in use.
+#[test]
+fn a_backup_reusing_a_blob_that_prune_marks_keeps_it() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = reuse_scenario(t.path());
+    let gate = t.path().join("gate");
+    let child = paused_backup(&repo, &src, NOW - H, "commit", &gate);
+    let first = snapshot_times(&repo, false)[0].0.clone();
+    ok_at(&repo, NOW - H, &["forget", &first]);
+    let packs = pack_files(&repo);
+    let p1 = json(&repo, &["prune"]);
+    assert!(p1["prune"]["packs_marked"].as_u64().unwrap() >= 1, "{p1}");
+    // The mark waits for the running backup.
+    let p2 = json(&repo, &["prune"]);
+    assert_eq!(p2["prune"]["packs_deleted"], 0, "{p2}");
+    assert_eq!(p2["prune"]["marks_waiting"], 1, "{p2}");
+    assert!(pack_files(&repo).is_superset(&packs));
+
+    std::fs::write(&gate, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // It put the marked packs it may refer to back into the index as it
+    // committed: readers need not wait for the next prune.
+    ok(&repo, &["check", "--read-data"]);
+    let p3 = json(&repo, &["prune"]);
+    assert!(pack_files(&repo).contains(&keep_pack(&repo)), "{p3}");
+    ok(&repo, &["check", "--read-data"]);
+    let target = t.path().join("restored");
+    ok(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    assert_eq!(
+        std::fs::read(restored(&target, &src).join("keep")).unwrap(),
+        noise(2_000_000, 7)
+    );
+}
+
+/// The one data pack of the reuse scenario's first snapshot: the largest.
+fn keep_pack(repo: &Path) -> std::path::PathBuf {
+    pack_files(repo)
+        .into_iter()
+        .filter(|p| p.starts_with(repo.join("data")))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap()
+}
+
+/// A backup suspended (SIGSTOP) past its lease while the clock jumps two
+/// hours: a prune revokes its session, the next deletes the pack it
+/// reuses. Woken, the backup sees its session gone, finds the pack
+/// missing, and commits nothing; the repository checks clean and the next
+/// backup stores the data again. With `after_check`, the suspension falls
+/// between its check and its commit: it commits, sees the lapse after, and
+/// takes its snapshot back.
+fn suspended_backup_past_its_lease(point: &str) {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = reuse_scenario(t.path());
+    let gate = t.path().join("gate");
+    let child = paused_backup(&repo, &src, NOW - H, point, &gate);
+    signal(&child, rustix::process::Signal::STOP);
+    let first = snapshot_times(&repo, false)[0].0.clone();
+    ok_at(&repo, NOW - H, &["forget", &first]);
+    let marked = at(&repo, NOW - H, &["--json", "prune"]);
+    assert!(marked.status.success());
+    // Two hours later: the session's heartbeat is older than its lease.
+    let revoke: serde_json::Value =
+        serde_json::from_str(&ok_at(&repo, NOW + H, &["--json", "prune"])).unwrap();
+    assert_eq!(
+        revoke["prune"]["sessions_revoked"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "{revoke}"
+    );
+    assert_eq!(revoke["prune"]["packs_deleted"], 0);
+    let sweep: serde_json::Value =
+        serde_json::from_str(&ok_at(&repo, NOW + H, &["--json", "prune"])).unwrap();
+    assert!(
+        sweep["prune"]["packs_deleted"].as_u64().unwrap() >= 1,
+        "{sweep}"
+    );
+
+    std::fs::write(&gate, b"").unwrap();
+    signal(&child, rustix::process::Signal::CONT);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("session lease"), "{stderr}");
+    // Nothing it committed survives, and nothing is damaged.
+    assert!(snapshot_times(&repo, false).is_empty());
+    ok(&repo, &["check", "--read-data"]);
+    // The next backup stores the file again.
+    ok_at(&repo, NOW + 2 * H, &["backup", "-q", src.to_str().unwrap()]);
+    ok(&repo, &["check", "--read-data"]);
+    let target = t.path().join("restored");
+    ok(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    assert_eq!(
+        std::fs::read(restored(&target, &src).join("keep")).unwrap(),
+        noise(2_000_000, 7)
+    );
+}
+
+#[test]
+fn a_backup_suspended_past_its_lease_commits_nothing() {
+    suspended_backup_past_its_lease("commit");
+}
+
+#[test]
+fn a_backup_suspended_between_its_check_and_commit_takes_its_snapshot_back() {
+    suspended_backup_past_its_lease("after-check");
+}

@@ -63,6 +63,10 @@ pub enum Aad<'a> {
     Config,
     /// Master key material inside a key file.
     KeyFile,
+    /// A writer's session (lease) object.
+    Session,
+    /// A prune's mark of packs to delete.
+    PruneMark,
 }
 
 impl Aad<'_> {
@@ -80,6 +84,8 @@ impl Aad<'_> {
             Aad::Snapshot => b"capsule:snapshot".to_vec(),
             Aad::Config => b"capsule:config".to_vec(),
             Aad::KeyFile => b"capsule:keyfile".to_vec(),
+            Aad::Session => b"capsule:session".to_vec(),
+            Aad::PruneMark => b"capsule:prunemark".to_vec(),
         }
     }
 }

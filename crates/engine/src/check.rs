@@ -55,6 +55,9 @@ pub struct CheckReport {
     /// Packs present but in no index: left by an interrupted backup, or
     /// orphaned by a lost index file (`capsule repair index` indexes them).
     pub unindexed_packs: Vec<String>,
+    /// Packs a prune has marked for deletion (out of the index on purpose;
+    /// the next prune deletes them unless a snapshot uses them again).
+    pub packs_marked_for_deletion: u64,
     /// Everything found wrong.
     pub problems: Vec<Problem>,
     /// Packs found missing, truncated or damaged: a backup must not
@@ -142,9 +145,17 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         }
     }
     report.packs = index.packs().len() as u64;
+    let marked = crate::prune::marked_packs(repo)?;
+    let is_marked = |name: &str| {
+        name.rsplit('/')
+            .next()
+            .and_then(|h| h.parse::<ObjectId>().ok())
+            .is_some_and(|id| marked.contains(&id))
+    };
+    report.packs_marked_for_deletion = stored.keys().filter(|n| is_marked(n)).count() as u64;
     let mut unindexed: Vec<String> = stored
         .keys()
-        .filter(|n| !indexed.contains(*n))
+        .filter(|n| !indexed.contains(*n) && !is_marked(n))
         .cloned()
         .collect();
     unindexed.sort();

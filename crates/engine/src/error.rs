@@ -109,6 +109,13 @@ pub enum EngineError {
     /// The operation was interrupted.
     #[error("interrupted")]
     Interrupted,
+    /// A backup's session lapsed (the process was suspended past its lease)
+    /// and a prune deleted data it relied on; nothing was committed.
+    #[error("{0}")]
+    LeaseLost(String),
+    /// Prune cannot run safely on this repository as it is.
+    #[error("cannot prune: {0}")]
+    PruneRefused(String),
 }
 
 fn damaged_note(keys: &[String]) -> String {

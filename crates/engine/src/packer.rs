@@ -201,6 +201,8 @@ struct Shared {
     error: Mutex<Option<EngineError>>,
     failed: AtomicBool,
     stats: SaverStats,
+    /// Object names and sizes of the packs this saver indexed.
+    indexed: Mutex<Vec<(String, u64)>>,
 }
 
 impl Shared {
@@ -222,6 +224,13 @@ impl Shared {
         };
         save_index_file(&self.repo, &f)?;
         self.stats.index_files.fetch_add(1, Ordering::Relaxed);
+        self.indexed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(f.packs.iter().map(|p| {
+                let t = p.entries.first().map_or(BlobType::Data, |e| e.blob_type);
+                (crate::repo::pack_name(&p.id, t), p.size)
+            }));
         if let Some(j) = &self.journal {
             let ids: Vec<ObjectId> = f.packs.iter().map(|p| p.id).collect();
             j.indexed(&self.repo, &ids);
@@ -285,6 +294,7 @@ impl BlobSaver {
             buffers,
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
+            indexed: Mutex::new(Vec::new()),
             stats,
         });
         let seal_threads = (0..threads)
@@ -420,6 +430,13 @@ impl BlobSaver {
             compress_secs: s.compress_ns.load(Ordering::Relaxed) as f64 / 1e9,
             encrypt_secs: s.encrypt_ns.load(Ordering::Relaxed) as f64 / 1e9,
             upload_secs: s.upload_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            packs_indexed: std::mem::take(
+                &mut *self
+                    .shared
+                    .indexed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            ),
         })
     }
 }
@@ -462,6 +479,10 @@ pub struct SaverStatsSnapshot {
     pub encrypt_secs: f64,
     /// Seconds waiting on backend puts (summed over uploaders).
     pub upload_secs: f64,
+    /// Names and sizes of the packs indexed (what a snapshot of this run
+    /// may refer to besides what was indexed before).
+    #[serde(skip)]
+    pub packs_indexed: Vec<(String, u64)>,
 }
 
 fn nanos_since(t: std::time::Instant) -> u64 {

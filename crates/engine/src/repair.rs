@@ -60,7 +60,9 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
             other => return Err(other),
         }
     }
-    let indexed: HashSet<ObjectId> = index.packs().iter().map(|p| p.id).collect();
+    let mut indexed: HashSet<ObjectId> = index.packs().iter().map(|p| p.id).collect();
+    // Packs a prune marked stay out: indexing them would undo the prune.
+    indexed.extend(crate::prune::marked_packs(repo)?);
     let mut todo = Vec::new();
     for prefix in ["data/", "tree/"] {
         for o in repo.backend().list(prefix)? {

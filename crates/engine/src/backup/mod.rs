@@ -211,6 +211,59 @@ fn missing_packs(repo: &Repository, index: &MasterIndex) -> Result<Vec<ObjectId>
         .collect())
 }
 
+/// After a lapsed session: fails when a pack of the index the backup
+/// started from, or one it wrote, is gone.
+fn lease_check(
+    repo: &Repository,
+    index: &MasterIndex,
+    written: &[(String, u64)],
+    outcome: &str,
+) -> Result<()> {
+    let mut missing = missing_packs(repo, index)?.len();
+    let mut stored = std::collections::HashMap::new();
+    for prefix in ["data/", "tree/"] {
+        for o in repo.backend().list(prefix)? {
+            stored.insert(o.name, o.size);
+        }
+    }
+    missing += written
+        .iter()
+        .filter(|(name, size)| stored.get(name) != Some(size))
+        .count();
+    if missing == 0 {
+        return Ok(());
+    }
+    Err(EngineError::LeaseLost(format!(
+        "this backup was suspended past its session lease ({} min) and a prune deleted {} pack(s) it may refer to; {outcome}. Run the backup again",
+        crate::session::LEASE_SECS / 60,
+        missing
+    )))
+}
+
+/// Test hook: with `CAPSULE_TEST_PAUSE=<point>:<file>`, the process
+/// creates `<file>.waiting` at that point and waits (at most ten minutes)
+/// until `<file>` exists, so a test can act at an exact moment (stop the
+/// process, run a prune, move the clock). Not for production use.
+fn test_pause(point: &str) {
+    let Some(v) = std::env::var_os("CAPSULE_TEST_PAUSE") else {
+        return;
+    };
+    let v = v.to_string_lossy();
+    let Some((p, file)) = v.split_once(':') else {
+        return;
+    };
+    if p != point {
+        return;
+    }
+    let _ = std::fs::write(format!("{file}.waiting"), b"");
+    for _ in 0..6000 {
+        if std::path::Path::new(file).exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Picks the parent snapshot: explicit, or the latest with the same host and
 /// the same set of paths.
 fn find_parent(
@@ -266,6 +319,10 @@ pub fn backup(
     let path_strings: Vec<String> = sources.iter().map(|p| p.display().to_string()).collect();
     let host = opts.hostname.clone().unwrap_or_else(hostname);
 
+    // Held from before the index is read until the snapshot is committed:
+    // a prune deletes nothing this backup may have seen in the index while
+    // the session is held (crate::session).
+    let session = crate::session::Session::start(&repo)?;
     let (mut index, _bad) = repo.load_index()?;
     let journal = match &opts.journal {
         Some(p) => Some((p.clone(), crate::journal::recover(&repo, &mut index, p)?)),
@@ -396,9 +453,40 @@ pub fn backup(
         summary: summary.clone(),
         program: format!("capsule {}", env!("CARGO_PKG_VERSION")),
     };
+    // A session that lapsed (the process was suspended past its lease) may
+    // have let a prune delete packs this backup refers to: commit only if
+    // every pack it started from is still there.
+    test_pause("commit");
+    if !session.still_held()? {
+        lease_check(
+            &repo,
+            &index,
+            &storage.packs_indexed,
+            "nothing was committed",
+        )?;
+    }
+    test_pause("after-check");
+    crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
     // The commit point: everything the snapshot references is durable and
     // indexed by now (saver.finish returned Ok).
     let id = repo.save_snapshot(&snap)?;
+    // Suspended between the check and the commit: check again, and take
+    // the snapshot back if it refers to what is gone.
+    if !session.still_held()? {
+        if let Err(e) = lease_check(
+            &repo,
+            &index,
+            &storage.packs_indexed,
+            "the snapshot was taken back",
+        ) {
+            crate::forget::forget(&repo, &id)?;
+            return Err(e);
+        }
+    }
+    // A prune may have marked something between the call above and the
+    // commit.
+    crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
+    session.end();
     let ns = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
     Ok(BackupReport {
         snapshot_id: id.to_hex(),

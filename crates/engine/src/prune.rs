@@ -1,0 +1,525 @@
+//! Prune: giving back the space of packs no snapshot needs, safely while
+//! other clients back up, with no lock and no owner.
+//!
+//! Deletion takes two prunes (docs/DESIGN.md, "Prune", has the argument):
+//!
+//! 1. **Mark.** A prune finds indexed packs none of whose blobs a snapshot
+//!    references. It writes the index again without them (the new index
+//!    file supersedes the ones it read), then lists the sessions that are
+//!    held, and writes a *mark*, `prune-marks/<id>`, naming the packs (with
+//!    their index entries) and those sessions. From then on no new backup
+//!    can reuse their blobs: it does not find them in the index.
+//! 2. **Sweep.** A later prune takes up each mark whose sessions have all
+//!    ended (or were revoked: see [`crate::session`]). It lists the
+//!    snapshots *after* the sessions, so a backup that reused a marked blob
+//!    and committed is seen. A pack is deleted only when no snapshot uses
+//!    it, no index lists it, and no other pending mark names it; otherwise
+//!    it is put back into the index. Then the mark goes.
+//!
+//! Forgotten snapshots are removed by the prune that marks their data, so
+//! `unforget` works until then.
+//!
+//! Every step is idempotent and ordered so that a cut anywhere leaves a
+//! repository that `check` passes, where the next prune finishes the job.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Instant;
+
+use capsule_crypto::Aad;
+use capsule_format::index::{decode_index, encode_index, IndexFile, IndexPack};
+use capsule_format::pack::PackEntry;
+use capsule_format::snapshot::{from_json, to_json};
+use capsule_format::{BlobId, ObjectId};
+use serde::{Deserialize, Serialize};
+
+use crate::forget::FORGOTTEN_PREFIX;
+use crate::index::{save_index_file, MasterIndex};
+use crate::repo::put_addressed;
+use crate::session::{list_sessions, LEASE_SECS};
+use crate::timefmt::now_unix;
+use crate::{EngineError, Repository, Result};
+
+/// Where marks live.
+pub const MARKS_PREFIX: &str = "prune-marks/";
+
+/// Options of [`prune`].
+#[derive(Debug, Clone)]
+pub struct PruneOptions {
+    /// Report what would happen; change nothing.
+    pub dry_run: bool,
+    /// A session not renewed for this many seconds may be revoked.
+    pub lease_secs: i64,
+}
+
+impl Default for PruneOptions {
+    fn default() -> Self {
+        PruneOptions {
+            dry_run: false,
+            lease_secs: LEASE_SECS,
+        }
+    }
+}
+
+/// What a prune did (or, in a dry run, would do).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PruneReport {
+    /// True for a dry run.
+    pub dry_run: bool,
+    /// Live snapshots whose data is kept.
+    pub snapshots: u64,
+    /// Forgotten snapshots removed for good.
+    pub forgotten_removed: u64,
+    /// Packs newly marked for deletion by this run.
+    pub packs_marked: u64,
+    /// Their bytes.
+    pub bytes_marked: u64,
+    /// Packs deleted (marked by an earlier run).
+    pub packs_deleted: u64,
+    /// Bytes given back.
+    pub bytes_deleted: u64,
+    /// Marked packs found in use again and put back into the index.
+    pub packs_restored: u64,
+    /// Marks still waiting for backups that were running when they were
+    /// made.
+    pub marks_waiting: u64,
+    /// Packs in those marks.
+    pub packs_waiting: u64,
+    /// Sessions revoked because their lease ran out.
+    pub sessions_revoked: Vec<String>,
+    /// Packs still in the index that hold some unused blobs, and those
+    /// unused bytes (reclaimed once repacking lands).
+    pub packs_partly_used: u64,
+    /// Unused bytes inside partly used packs.
+    pub bytes_unused_in_partly_used: u64,
+    /// Bytes in indexed packs after this run.
+    pub bytes_in_use_packs: u64,
+    /// Requests this run made to the destination, when counted.
+    pub requests: Option<u64>,
+    /// Wall time.
+    pub duration_secs: f64,
+}
+
+/// A mark, sealed with [`Aad::PruneMark`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Mark {
+    version: u32,
+    /// When it was made (the pruner's clock).
+    time_unix: i64,
+    hostname: String,
+    /// Sessions held once the index without these packs was visible; none
+    /// while the mark is *unarmed*: written before the index, so a cut
+    /// between the two leaves a record of the packs (see [`prune`]).
+    sessions: Option<Vec<String>>,
+    /// The packs and their index entries, as an encoded index file (hex):
+    /// what a sweep needs to put a pack back.
+    packs: String,
+}
+
+/// Runs one prune: sweeps what earlier marks allow, then marks what is
+/// unused now.
+pub fn prune(repo: &Repository, opts: &PruneOptions) -> Result<PruneReport> {
+    let started = Instant::now();
+    let mut report = PruneReport {
+        dry_run: opts.dry_run,
+        ..Default::default()
+    };
+    let now = now_unix();
+    let backend = repo.backend();
+
+    // Sessions first, snapshots after: a backup whose session is gone has
+    // committed before the listing below, or never will.
+    let sessions = list_sessions(repo)?;
+    let held: HashMap<&str, &crate::session::SessionInfo> =
+        sessions.iter().map(|(id, _, i)| (id.as_str(), i)).collect();
+    let marks = load_marks(repo)?;
+    let forgotten = list_prefix(repo, FORGOTTEN_PREFIX)?;
+
+    let (snaps, bad) = repo.list_snapshots()?;
+    if let Some(e) = bad.first() {
+        return Err(EngineError::PruneRefused(format!(
+            "{e}; a snapshot that cannot be read may use any pack (repair it with `capsule repair snapshots`, or forget it)"
+        )));
+    }
+    report.snapshots = snaps.len() as u64;
+    let (mut index, bad_index) = repo.load_index()?;
+    if let Some(e) = bad_index.first() {
+        return Err(EngineError::PruneRefused(format!(
+            "{e}; run `capsule repair index` first"
+        )));
+    }
+    // Trees a running backup reused may sit in marked packs, out of the
+    // index: the walk reads them there.
+    let mut marked_index = MasterIndex::default();
+    for (_, _, packs) in &marks {
+        for p in &packs.packs {
+            marked_index.add_pack(p);
+        }
+    }
+    let used = used_blobs(repo, &index, &marked_index, &snaps)?;
+
+    // ----- sweep -----
+    // A mark is ready when none of its sessions is still held. Held ones
+    // past their lease are revoked now; the mark waits for the next run.
+    let mut ready = Vec::new();
+    let mut pending_packs: HashSet<ObjectId> = HashSet::new();
+    let mut revoke: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut arm: Vec<(&String, &IndexFile)> = Vec::new();
+    for (name, mark, packs) in &marks {
+        let Some(mark_sessions) = &mark.sessions else {
+            // A prune was cut between its mark and its index. Whatever
+            // index is visible now, the sessions held now are the ones that
+            // may have seen these packs: arm it with them, sweep it later.
+            arm.push((name, packs));
+            report.marks_waiting += 1;
+            report.packs_waiting += packs.packs.len() as u64;
+            pending_packs.extend(packs.packs.iter().map(|p| p.id));
+            continue;
+        };
+        let live: Vec<&String> = mark_sessions
+            .iter()
+            .filter(|s| held.contains_key(s.as_str()))
+            .collect();
+        if live.is_empty() {
+            ready.push((name, packs));
+            continue;
+        }
+        report.marks_waiting += 1;
+        report.packs_waiting += packs.packs.len() as u64;
+        pending_packs.extend(packs.packs.iter().map(|p| p.id));
+        for s in live {
+            if now.saturating_sub(held[s.as_str()].heartbeat_unix) > opts.lease_secs {
+                if let Some((_, names, _)) = sessions.iter().find(|(id, _, _)| id == s) {
+                    revoke.insert(s.clone(), names.clone());
+                }
+            }
+        }
+    }
+    let mut restore: Vec<IndexPack> = Vec::new();
+    let mut delete: Vec<(String, u64)> = Vec::new();
+    let mut seen: HashSet<ObjectId> = HashSet::new();
+    for (_, packs) in &ready {
+        for p in &packs.packs {
+            if !seen.insert(p.id) || pending_packs.contains(&p.id) {
+                continue;
+            }
+            let in_use = p.entries.iter().any(|e| used.contains(&e.id));
+            if in_use || index.has_pack(&p.id) {
+                if !index.has_pack(&p.id) {
+                    restore.push(p.clone());
+                }
+                continue;
+            }
+            let t = p
+                .entries
+                .first()
+                .map(|e| e.blob_type)
+                .unwrap_or(capsule_format::BlobType::Data);
+            delete.push((crate::repo::pack_name(&p.id, t), p.size));
+        }
+    }
+    report.packs_restored = restore.len() as u64;
+    report.packs_deleted = delete.len() as u64;
+    report.bytes_deleted = delete.iter().map(|(_, s)| s).sum();
+    report.sessions_revoked = revoke.keys().cloned().collect();
+
+    if !opts.dry_run {
+        if !restore.is_empty() {
+            save_index_file(
+                repo,
+                &IndexFile {
+                    supersedes: Vec::new(),
+                    packs: restore.clone(),
+                },
+            )?;
+            for p in &restore {
+                index.add_pack(p);
+            }
+        }
+        for (name, _) in &delete {
+            backend.delete(name)?;
+        }
+        for (name, _) in &ready {
+            backend.delete(name)?;
+        }
+        for names in revoke.values() {
+            for n in names {
+                backend.delete(n)?;
+            }
+        }
+        let held_ids: Vec<String> = sessions.iter().map(|(id, _, _)| id.clone()).collect();
+        for (name, packs) in arm {
+            write_mark(repo, now, Some(held_ids.clone()), packs.packs.clone())?;
+            backend.delete(name)?;
+        }
+    }
+
+    // ----- mark -----
+    let by_pack = entries_by_pack(&index);
+    let mut keep: Vec<IndexPack> = Vec::new();
+    let mut condemned: Vec<IndexPack> = Vec::new();
+    for (i, info) in index.packs().iter().enumerate() {
+        let entries = by_pack.get(&(i as u32)).cloned().unwrap_or_default();
+        let p = IndexPack {
+            id: info.id,
+            size: info.size,
+            entries,
+        };
+        let used_bytes: u64 = p
+            .entries
+            .iter()
+            .filter(|e| used.contains(&e.id))
+            .map(|e| u64::from(e.length))
+            .sum();
+        if used_bytes == 0 {
+            condemned.push(p);
+        } else {
+            let unused: u64 = p
+                .entries
+                .iter()
+                .filter(|e| !used.contains(&e.id))
+                .map(|e| u64::from(e.length))
+                .sum();
+            if unused > 0 {
+                report.packs_partly_used += 1;
+                report.bytes_unused_in_partly_used += unused;
+            }
+            report.bytes_in_use_packs += p.size;
+            keep.push(p);
+        }
+    }
+    report.packs_marked = condemned.len() as u64;
+    report.bytes_marked = condemned.iter().map(|p| p.size).sum();
+    report.forgotten_removed = forgotten.len() as u64;
+
+    if !opts.dry_run {
+        if !condemned.is_empty() {
+            // 1. an unarmed mark, so the packs are on record before they
+            //    leave the index;
+            // 2. the index without them (superseding the files read);
+            // 3. the armed mark, naming the sessions held now that the new
+            //    index is visible: any backup that may have seen the packs
+            //    in the old index is among them, or has committed already;
+            // 4. the unarmed mark and the superseded index files go.
+            let unarmed = write_mark(repo, now, None, condemned.clone())?;
+            let superseded: Vec<ObjectId> = index.files().to_vec();
+            save_index_file(
+                repo,
+                &IndexFile {
+                    supersedes: superseded.clone(),
+                    packs: keep,
+                },
+            )?;
+            let sessions_now: Vec<String> = list_sessions(repo)?
+                .into_iter()
+                .map(|(id, _, _)| id)
+                .collect();
+            write_mark(repo, now, Some(sessions_now), condemned)?;
+            backend.delete(&unarmed)?;
+            for id in superseded {
+                backend.delete(&format!("index/{}", id.to_hex()))?;
+            }
+        }
+        // Their data is marked now (or was never theirs alone).
+        for name in &forgotten {
+            backend.delete(name)?;
+        }
+    }
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Stores a mark; returns its name.
+fn write_mark(
+    repo: &Repository,
+    now: i64,
+    sessions: Option<Vec<String>>,
+    packs: Vec<IndexPack>,
+) -> Result<String> {
+    let mark = Mark {
+        version: 1,
+        time_unix: now,
+        hostname: crate::repo::hostname(),
+        sessions,
+        packs: hex::encode(encode_index(&IndexFile {
+            supersedes: Vec::new(),
+            packs,
+        })),
+    };
+    let sealed = repo.key().seal(Aad::PruneMark, &to_json(&mark))?;
+    let name = format!("{MARKS_PREFIX}{}", ObjectId::of(&sealed).to_hex());
+    put_addressed(&**repo.backend(), &name, &sealed)?;
+    Ok(name)
+}
+
+/// Packs that a prune has marked for deletion: out of the index on
+/// purpose, so `check` does not call them unindexed and `repair index` does
+/// not take them back. A damaged mark marks nothing.
+pub fn marked_packs(repo: &Repository) -> Result<HashSet<ObjectId>> {
+    Ok(marked_index_packs(repo)?
+        .into_iter()
+        .map(|p| p.id)
+        .collect())
+}
+
+/// The packs every readable mark names, with their index entries.
+pub(crate) fn marked_index_packs(repo: &Repository) -> Result<Vec<IndexPack>> {
+    let mut out = Vec::new();
+    for name in list_prefix(repo, MARKS_PREFIX)? {
+        let Ok(b) = repo.backend().get(&name, None) else {
+            continue;
+        };
+        let Ok(p) = repo.key().open(Aad::PruneMark, &b) else {
+            continue;
+        };
+        let Ok(mark) = from_json::<Mark>(&p) else {
+            continue;
+        };
+        let Some(idx) = hex::decode(&mark.packs)
+            .ok()
+            .and_then(|raw| decode_index(&raw).ok())
+        else {
+            continue;
+        };
+        out.extend(idx.packs);
+    }
+    Ok(out)
+}
+
+/// For a backup about to commit (or just committed): puts back into the
+/// index every marked pack it may refer to, those of the index it started
+/// from and those it wrote. A prune that ran during the backup may have
+/// marked them; without this, its snapshot would refer to blobs that no
+/// index lists until the next prune's sweep finds them in use. One list
+/// request when nothing is marked.
+pub(crate) fn reindex_marked_for_writer(
+    repo: &Repository,
+    start: &MasterIndex,
+    written: &[(String, u64)],
+) -> Result<()> {
+    let marked = marked_index_packs(repo)?;
+    if marked.is_empty() {
+        return Ok(());
+    }
+    let written: HashSet<&str> = written.iter().map(|(n, _)| n.as_str()).collect();
+    let mut seen = HashSet::new();
+    let back: Vec<IndexPack> = marked
+        .into_iter()
+        .filter(|p| {
+            let t = p
+                .entries
+                .first()
+                .map_or(capsule_format::BlobType::Data, |e| e.blob_type);
+            (start.has_pack(&p.id) || written.contains(crate::repo::pack_name(&p.id, t).as_str()))
+                && seen.insert(p.id)
+        })
+        .collect();
+    if back.is_empty() {
+        return Ok(());
+    }
+    save_index_file(
+        repo,
+        &IndexFile {
+            supersedes: Vec::new(),
+            packs: back,
+        },
+    )?;
+    Ok(())
+}
+
+fn list_prefix(repo: &Repository, prefix: &str) -> Result<Vec<String>> {
+    match repo.backend().list(prefix) {
+        Ok(o) => Ok(o.into_iter().map(|o| o.name).collect()),
+        Err(e) if e.kind == capsule_backend::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+type LoadedMark = (String, Mark, IndexFile);
+
+/// Every mark, oldest first. A damaged mark stops the prune: its packs are
+/// out of the index, and without it nobody knows which they are.
+fn load_marks(repo: &Repository) -> Result<Vec<LoadedMark>> {
+    let mut out = Vec::new();
+    for name in list_prefix(repo, MARKS_PREFIX)? {
+        let b = repo.backend().get(&name, None)?;
+        let damaged = |d: String| {
+            EngineError::PruneRefused(format!(
+                "the prune mark {name} is damaged ({d}); restore it from a copy, or remove it and run `capsule repair index` to take its packs back"
+            ))
+        };
+        let p = repo
+            .key()
+            .open(Aad::PruneMark, &b)
+            .map_err(|e| damaged(e.to_string()))?;
+        let mark: Mark = from_json(&p).map_err(|e| damaged(e.to_string()))?;
+        let raw = hex::decode(&mark.packs).map_err(|e| damaged(e.to_string()))?;
+        let packs = decode_index(&raw).map_err(|e| damaged(e.to_string()))?;
+        out.push((name, mark, packs));
+    }
+    out.sort_by_key(|(n, m, _)| (m.time_unix, n.clone()));
+    Ok(out)
+}
+
+/// Every blob the snapshots reference: their trees and the data in them.
+/// Trees shared between snapshots are walked once.
+fn used_blobs(
+    repo: &Repository,
+    index: &MasterIndex,
+    marked: &MasterIndex,
+    snaps: &[(ObjectId, capsule_format::snapshot::Snapshot)],
+) -> Result<HashSet<BlobId>> {
+    let mut used: HashSet<BlobId> = HashSet::new();
+    let mut todo: Vec<BlobId> = Vec::new();
+    for (id, s) in snaps {
+        let root: BlobId = s.tree.parse().map_err(|_| {
+            EngineError::corrupt(format!("snapshots/{}", id.to_hex()), "bad tree id")
+        })?;
+        if used.insert(root) {
+            todo.push(root);
+        }
+    }
+    while let Some(t) = todo.pop() {
+        let loaded = match repo.load_tree(index, &t) {
+            Err(EngineError::MissingBlob(_)) if marked.contains(&t) => repo.load_tree(marked, &t),
+            other => other,
+        };
+        let nodes = loaded.map_err(|e| {
+            EngineError::PruneRefused(format!(
+                "tree {} cannot be read ({e}); run `capsule check` and repair first",
+                t.short()
+            ))
+        })?;
+        for n in nodes {
+            used.extend(n.content.iter().copied());
+            if let Some(sub) = n.subtree {
+                if used.insert(sub) {
+                    todo.push(sub);
+                }
+            }
+        }
+    }
+    Ok(used)
+}
+
+/// Every location in the index, grouped by pack position (first locations
+/// and alternates both: a pack's entries are all its blobs).
+fn entries_by_pack(index: &MasterIndex) -> HashMap<u32, Vec<PackEntry>> {
+    let mut by: HashMap<u32, Vec<PackEntry>> = HashMap::new();
+    let mut ids: Vec<&BlobId> = index.iter().map(|(id, _)| id).collect();
+    ids.sort();
+    for id in ids {
+        for loc in index.locations(id) {
+            by.entry(loc.pack).or_default().push(PackEntry {
+                blob_type: loc.blob_type,
+                id: *id,
+                offset: loc.offset,
+                length: loc.length,
+                raw_length: loc.raw_length,
+            });
+        }
+    }
+    for v in by.values_mut() {
+        v.sort_by_key(|e| e.offset);
+    }
+    by
+}
