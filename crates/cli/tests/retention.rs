@@ -360,7 +360,7 @@ fn paused_backup(
         .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let child = c.spawn().unwrap();
+    let mut child = c.spawn().unwrap();
     let waiting = gate.with_extension("waiting");
     for _ in 0..1200 {
         if waiting.exists() {
@@ -368,7 +368,12 @@ fn paused_backup(
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    panic!("the backup never reached {point}");
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    panic!(
+        "the backup never reached {point}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn signal(child: &std::process::Child, sig: rustix::process::Signal) {
