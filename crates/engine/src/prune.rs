@@ -390,15 +390,15 @@ pub(crate) fn marked_index_packs(repo: &Repository) -> Result<Vec<IndexPack>> {
 /// from and those it wrote. A prune that ran during the backup may have
 /// marked them; without this, its snapshot would refer to blobs that no
 /// index lists until the next prune's sweep finds them in use. One list
-/// request when nothing is marked.
+/// request when nothing is marked. Returns whether any mark exists.
 pub(crate) fn reindex_marked_for_writer(
     repo: &Repository,
     start: &MasterIndex,
     written: &[(String, u64)],
-) -> Result<()> {
+) -> Result<bool> {
     let marked = marked_index_packs(repo)?;
     if marked.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let written: HashSet<&str> = written.iter().map(|(n, _)| n.as_str()).collect();
     let mut seen = HashSet::new();
@@ -414,7 +414,7 @@ pub(crate) fn reindex_marked_for_writer(
         })
         .collect();
     if back.is_empty() {
-        return Ok(());
+        return Ok(true);
     }
     save_index_file(
         repo,
@@ -423,7 +423,7 @@ pub(crate) fn reindex_marked_for_writer(
             packs: back,
         },
     )?;
-    Ok(())
+    Ok(true)
 }
 
 fn list_prefix(repo: &Repository, prefix: &str) -> Result<Vec<String>> {

@@ -466,7 +466,7 @@ pub fn backup(
         )?;
     }
     test_pause("after-check");
-    crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
+    let marked = crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
     // The commit point: everything the snapshot references is durable and
     // indexed by now (saver.finish returned Ok).
     let id = repo.save_snapshot(&snap)?;
@@ -483,9 +483,12 @@ pub fn backup(
             return Err(e);
         }
     }
-    // A prune may have marked something between the call above and the
-    // commit.
-    crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
+    // A prune that was marking before the commit may have finished its mark
+    // since; look again when one was seen (marks are rare, and the next
+    // prune's sweep would put the packs back anyway).
+    if marked {
+        crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
+    }
     session.end();
     let ns = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
     Ok(BackupReport {
