@@ -886,6 +886,71 @@ fn sftp_full() {
 }
 
 /// Eight clients at once on each server (see `common::soak`).
+/// forget and prune over the network: the second prune deletes what the
+/// first marked, with requests in proportion to the packs it touches, and
+/// the kept snapshot restores bit for bit.
+fn prune_remote(kind: Kind) {
+    let name = format!("prune-{kind:?}").to_lowercase();
+    let Some(r) = Remote::new(kind, &name) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    r.ok(&["init"]);
+    for i in 0..3u64 {
+        let _ = std::fs::remove_file(src.join(format!("f{}", i.wrapping_sub(1))));
+        std::fs::write(src.join(format!("f{i}")), noise(2_000_000, 40 + i)).unwrap();
+        r.ok(&["backup", src.to_str().unwrap()]);
+    }
+    let marked = r.json(&["forget", "--keep-last", "1", "--prune"]);
+    let n = marked["prune"]["packs_marked"].as_u64().unwrap();
+    assert!(n >= 2, "{kind:?}: {marked}");
+    assert!(
+        marked["prune"]["bytes_marked"].as_u64().unwrap() >= 4_000_000,
+        "{marked}"
+    );
+    let check = r.json(&["check"]);
+    assert_eq!(check["ok"], true, "{check}");
+    let swept = r.json(&["prune"]);
+    assert_eq!(
+        swept["prune"]["packs_deleted"].as_u64().unwrap(),
+        n,
+        "{kind:?}: {swept}"
+    );
+    // Listing sessions, marks, forgotten, snapshots, index; reading them;
+    // one delete per pack and the mark: no per-blob requests.
+    let requests = swept["destination"]["requests"].as_u64().unwrap();
+    assert!(
+        requests <= 30 + 2 * n,
+        "{kind:?}: {requests} requests: {swept}"
+    );
+    let check = r.json(&["check", "--read-data"]);
+    assert_eq!(check["ok"], true, "{check}");
+    assert_eq!(check["report"]["packs_marked_for_deletion"], 0, "{check}");
+    let target = work.path().join("restored");
+    r.ok(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read(restored(&target, &src).join("f2")).unwrap(),
+        noise(2_000_000, 42)
+    );
+}
+
+#[test]
+fn smb_prune() {
+    prune_remote(Kind::Smb);
+}
+
+#[test]
+fn sftp_prune() {
+    prune_remote(Kind::Sftp);
+}
+
+#[test]
+fn s3_prune() {
+    prune_remote(Kind::S3);
+}
+
 fn soak_remote(kind: Kind) {
     let name = format!("soak-{kind:?}").to_lowercase();
     let Some(r) = Remote::new(kind, &name) else {
