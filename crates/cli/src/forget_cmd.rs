@@ -103,6 +103,10 @@ pub struct ForgetArgs {
     /// Prune afterwards (see `capsule prune --help`).
     #[arg(long)]
     prune: bool,
+    /// With --prune: see `capsule prune --help`.
+    #[arg(long, value_name = "PERCENT", default_value_t = 5.0,
+          value_parser = parse_percent, requires = "prune")]
+    max_unused: f64,
 }
 
 fn parse_count(s: &str) -> Result<Limit, String> {
@@ -319,7 +323,11 @@ pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
         if !out.json {
             out.say(format!("forgot {} snapshots; pruning", done.len()));
         }
-        return run_prune(&repo, out, a.dry_run, Some(summary));
+        let p = PruneArgs {
+            dry_run: a.dry_run,
+            max_unused: a.max_unused,
+        };
+        return run_prune(&std::sync::Arc::new(repo), out, &p, Some(summary));
     }
     if out.json {
         out.json(&summary);
@@ -371,23 +379,41 @@ pub struct PruneArgs {
     /// Say what would be marked and deleted; change nothing.
     #[arg(short = 'n', long)]
     dry_run: bool,
+    /// Repack partly used packs until unused space is at most this share of
+    /// used space (percent).
+    #[arg(long, value_name = "PERCENT", default_value_t = 5.0,
+          value_parser = parse_percent)]
+    max_unused: f64,
+}
+
+fn parse_percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage"))?;
+    if !(0.0..=1000.0).contains(&v) {
+        return Err(format!("{s:?}: give a percentage from 0 to 1000"));
+    }
+    Ok(v)
 }
 
 pub fn prune(g: &GlobalArgs, out: &Output, a: PruneArgs) -> Result<u8> {
     let (repo, _) = open(g, out)?;
-    run_prune(&repo, out, a.dry_run, None)
+    run_prune(&std::sync::Arc::new(repo), out, &a, None)
 }
 
 fn run_prune(
-    repo: &capsule_engine::Repository,
+    repo: &std::sync::Arc<capsule_engine::Repository>,
     out: &Output,
-    dry_run: bool,
+    a: &PruneArgs,
     forgotten: Option<serde_json::Value>,
 ) -> Result<u8> {
+    let dry_run = a.dry_run;
     let r = capsule_engine::prune::prune(
         repo,
         &capsule_engine::prune::PruneOptions {
             dry_run,
+            max_unused: a.max_unused / 100.0,
             ..Default::default()
         },
     )?;
@@ -408,7 +434,7 @@ fn run_prune(
         r.packs_restored
     ));
     out.result(format!(
-        "{} packs ({}) no snapshot uses {would}marked: the next prune deletes them",
+        "{} packs ({}) {would}marked for deletion (unused, or repacked): the next prune deletes them",
         r.packs_marked,
         bytes(r.bytes_marked)
     ));
@@ -423,9 +449,17 @@ fn run_prune(
             "session {s} has not been renewed for over an hour: revoked (that backup, if it wakes, re-checks its data before it commits)"
         ));
     }
+    if r.packs_repacked > 0 {
+        out.result(format!(
+            "{} partly used packs {would}repacked: {} {would}written anew, {} {would}freed when they are deleted",
+            r.packs_repacked,
+            bytes(r.bytes_repack_written),
+            bytes(r.bytes_repack_freed)
+        ));
+    }
     if r.packs_partly_used > 0 {
         out.result(format!(
-            "{} partly used packs hold {} no snapshot needs (not reclaimed: repacking is not built yet)",
+            "{} partly used packs keep {} no snapshot needs (within --max-unused)",
             r.packs_partly_used,
             bytes(r.bytes_unused_in_partly_used)
         ));

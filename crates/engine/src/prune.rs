@@ -23,6 +23,7 @@
 //! repository that `check` passes, where the next prune finishes the job.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Instant;
 
 use capsule_crypto::Aad;
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::forget::FORGOTTEN_PREFIX;
 use crate::index::{save_index_file, MasterIndex};
+use crate::packer::BlobSaver;
 use crate::repo::put_addressed;
 use crate::session::{list_sessions, LEASE_SECS};
 use crate::timefmt::now_unix;
@@ -49,6 +51,9 @@ pub struct PruneOptions {
     pub dry_run: bool,
     /// A session not renewed for this many seconds may be revoked.
     pub lease_secs: i64,
+    /// Repack partly used packs until unused bytes are at most this
+    /// fraction of used ones.
+    pub max_unused: f64,
 }
 
 impl Default for PruneOptions {
@@ -56,6 +61,7 @@ impl Default for PruneOptions {
         PruneOptions {
             dry_run: false,
             lease_secs: LEASE_SECS,
+            max_unused: 0.05,
         }
     }
 }
@@ -86,8 +92,14 @@ pub struct PruneReport {
     pub packs_waiting: u64,
     /// Sessions revoked because their lease ran out.
     pub sessions_revoked: Vec<String>,
-    /// Packs still in the index that hold some unused blobs, and those
-    /// unused bytes (reclaimed once repacking lands).
+    /// Partly used packs whose needed blobs were written to new packs (and
+    /// which are then marked like unused ones).
+    pub packs_repacked: u64,
+    /// Bytes written into new packs by repacking.
+    pub bytes_repack_written: u64,
+    /// Unused bytes in the repacked packs, given back when they are deleted.
+    pub bytes_repack_freed: u64,
+    /// Packs kept that still hold some unused blobs (within `max_unused`).
     pub packs_partly_used: u64,
     /// Unused bytes inside partly used packs.
     pub bytes_unused_in_partly_used: u64,
@@ -117,7 +129,7 @@ struct Mark {
 
 /// Runs one prune: sweeps what earlier marks allow, then marks what is
 /// unused now.
-pub fn prune(repo: &Repository, opts: &PruneOptions) -> Result<PruneReport> {
+pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport> {
     let started = Instant::now();
     let mut report = PruneReport {
         dry_run: opts.dry_run,
@@ -202,7 +214,12 @@ pub fn prune(repo: &Repository, opts: &PruneOptions) -> Result<PruneReport> {
             if !seen.insert(p.id) || pending_packs.contains(&p.id) {
                 continue;
             }
-            let in_use = p.entries.iter().any(|e| used.contains(&e.id));
+            // In use: a snapshot needs a blob that only this pack holds (a
+            // repacked pack's blobs live on in their new packs).
+            let in_use = p
+                .entries
+                .iter()
+                .any(|e| used.contains(&e.id) && !index.contains(&e.id));
             if in_use || index.has_pack(&p.id) {
                 if !index.has_pack(&p.id) {
                     restore.push(p.clone());
@@ -254,8 +271,11 @@ pub fn prune(repo: &Repository, opts: &PruneOptions) -> Result<PruneReport> {
     }
 
     // ----- mark -----
+    // Each used blob counts in one pack: the index's first location for
+    // it. Other copies (two backups that stored the same blob at once) are
+    // unused space like any unused blob.
     let by_pack = entries_by_pack(&index);
-    let mut keep: Vec<IndexPack> = Vec::new();
+    let mut keep: Vec<(IndexPack, u64)> = Vec::new();
     let mut condemned: Vec<IndexPack> = Vec::new();
     for (i, info) in index.packs().iter().enumerate() {
         let entries = by_pack.get(&(i as u32)).cloned().unwrap_or_default();
@@ -264,29 +284,60 @@ pub fn prune(repo: &Repository, opts: &PruneOptions) -> Result<PruneReport> {
             size: info.size,
             entries,
         };
-        let used_bytes: u64 = p
+        let needed: u64 = p
             .entries
             .iter()
-            .filter(|e| used.contains(&e.id))
+            .filter(|e| needed_here(&index, &used, e, i as u32))
             .map(|e| u64::from(e.length))
             .sum();
-        if used_bytes == 0 {
+        if needed == 0 {
             condemned.push(p);
         } else {
-            let unused: u64 = p
-                .entries
-                .iter()
-                .filter(|e| !used.contains(&e.id))
-                .map(|e| u64::from(e.length))
-                .sum();
-            if unused > 0 {
-                report.packs_partly_used += 1;
-                report.bytes_unused_in_partly_used += unused;
-            }
-            report.bytes_in_use_packs += p.size;
-            keep.push(p);
+            // Blob bytes only: a pack's header is overhead, not waste.
+            let stored: u64 = p.entries.iter().map(|e| u64::from(e.length)).sum();
+            keep.push((p, stored - needed));
         }
     }
+    // Repack the emptiest partly used packs until what stays unused is at
+    // most `max_unused` of what is used.
+    let used_bytes: u64 = keep.iter().map(|(p, u)| p.size - u).sum();
+    let mut unused_left: u64 = keep.iter().map(|(_, u)| u).sum();
+    let limit = (used_bytes as f64 * opts.max_unused) as u64;
+    let mut order: Vec<usize> = (0..keep.len()).filter(|&i| keep[i].1 > 0).collect();
+    order.sort_by(|&a, &b| {
+        let ra = keep[a].1 as f64 / keep[a].0.size.max(1) as f64;
+        let rb = keep[b].1 as f64 / keep[b].0.size.max(1) as f64;
+        rb.total_cmp(&ra)
+    });
+    let mut repack_set: HashSet<usize> = HashSet::new();
+    for i in order {
+        if unused_left <= limit {
+            break;
+        }
+        unused_left -= keep[i].1;
+        repack_set.insert(i);
+    }
+    let mut repack: Vec<IndexPack> = Vec::new();
+    let mut kept: Vec<IndexPack> = Vec::new();
+    for (i, (p, unneeded)) in keep.into_iter().enumerate() {
+        if repack_set.contains(&i) {
+            report.bytes_repack_freed += unneeded;
+            repack.push(p);
+        } else {
+            if unneeded > 0 {
+                report.packs_partly_used += 1;
+                report.bytes_unused_in_partly_used += unneeded;
+            }
+            report.bytes_in_use_packs += p.size;
+            kept.push(p);
+        }
+    }
+    report.packs_repacked = repack.len() as u64;
+    if !opts.dry_run && !repack.is_empty() {
+        report.bytes_repack_written = repack_packs(repo, &index, &used, &kept, &repack)?;
+    }
+    let keep = kept;
+    condemned.extend(repack);
     report.packs_marked = condemned.len() as u64;
     report.bytes_marked = condemned.iter().map(|p| p.size).sum();
     report.forgotten_removed = forgotten.len() as u64;
@@ -326,6 +377,76 @@ pub fn prune(repo: &Repository, opts: &PruneOptions) -> Result<PruneReport> {
     }
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// Whether entry `e` of pack `pos` is where a used blob is counted: the
+/// index's first location of a blob some snapshot uses.
+fn needed_here(index: &MasterIndex, used: &HashSet<BlobId>, e: &PackEntry, pos: u32) -> bool {
+    used.contains(&e.id) && index.get(&e.id).is_some_and(|l| l.pack == pos)
+}
+
+/// Packs larger than this are read blob by blob rather than whole.
+const WHOLE_PACK_READ: u64 = 64 << 20;
+
+/// Writes the needed blobs of `repack` into new packs (indexed as they
+/// fill, by the backup's own saver); returns the bytes written. Blobs
+/// already stored in a kept pack are not written again, so a repack cut
+/// short and run again adds no third copy.
+fn repack_packs(
+    repo: &Arc<Repository>,
+    index: &MasterIndex,
+    used: &HashSet<BlobId>,
+    kept: &[IndexPack],
+    repack: &[IndexPack],
+) -> Result<u64> {
+    let mut base = MasterIndex::default();
+    for p in kept {
+        base.add_pack(p);
+    }
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let saver = BlobSaver::start(repo.clone(), Arc::new(base), cores);
+    let result = (|| -> Result<()> {
+        for p in repack {
+            let pos = index
+                .packs()
+                .iter()
+                .position(|i| i.id == p.id)
+                .map(|i| i as u32);
+            let wanted: Vec<&PackEntry> = p
+                .entries
+                .iter()
+                .filter(|e| pos.is_some_and(|pos| needed_here(index, used, e, pos)))
+                .collect();
+            let Some(first) = wanted.first() else {
+                continue;
+            };
+            let name = crate::repo::pack_name(&p.id, first.blob_type);
+            let whole = if p.size <= WHOLE_PACK_READ {
+                Some(repo.backend().get(&name, None)?)
+            } else {
+                None
+            };
+            for e in wanted {
+                let range = e.offset as usize..e.offset as usize + e.length as usize;
+                let env = match &whole {
+                    Some(b) => b
+                        .get(range)
+                        .ok_or_else(|| EngineError::corrupt(&name, "shorter than its index says"))?
+                        .to_vec(),
+                    None => repo
+                        .backend()
+                        .get(&name, Some(range.start as u64..range.end as u64))?,
+                };
+                let plain =
+                    repo.decode_blob(&name, e.blob_type, &e.id, &env, e.raw_length as usize)?;
+                saver.save(e.blob_type, e.id, plain)?;
+            }
+        }
+        Ok(())
+    })();
+    let stats = saver.finish();
+    result?;
+    Ok(stats?.stored_bytes_added)
 }
 
 /// Stores a mark; returns its name.
