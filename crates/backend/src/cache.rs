@@ -18,8 +18,6 @@ use std::sync::{Arc, Mutex};
 
 use crate::{Backend, BackendError, ErrorKind, LabBackend};
 
-const CACHED_PREFIXES: [&str; 3] = ["index/", "snapshots/", "tree/"];
-
 /// What the cache did during this process.
 #[derive(Debug, Default)]
 pub struct CacheStats {
@@ -42,8 +40,9 @@ pub struct CachingBackend {
     stats: Arc<CacheStats>,
 }
 
+/// The repository layout says which kinds are cached.
 fn cacheable(name: &str) -> bool {
-    CACHED_PREFIXES.iter().any(|p| name.starts_with(p))
+    capsule_format::FileType::of_name(name).is_some_and(|t| t.cached())
 }
 
 /// The object ID in a content-addressed name (its last segment).

@@ -21,6 +21,8 @@ pub mod retry;
 pub mod testing;
 
 pub use cache::{CacheStats, CachingBackend};
+/// Prefix of incomplete writes, which no backend lists (see the format's layout).
+pub use capsule_format::layout::TEMP_PREFIX;
 pub use local::{LocalBackend, SyncPolicy};
 pub use metered::{MeteredBackend, RequestStats};
 pub use retry::{RetryBackend, RetryPolicy};

@@ -109,7 +109,10 @@ impl LocalBackend {
                 let p = e.path();
                 if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                     stack.push(p);
-                } else if e.file_name().to_string_lossy().starts_with(".tmp-")
+                } else if e
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(crate::TEMP_PREFIX)
                     && fs::remove_file(&p).is_ok()
                 {
                     n += 1;
@@ -155,7 +158,7 @@ impl LocalBackend {
     ) -> std::io::Result<PathBuf> {
         let mut rnd = [0u8; 8];
         getrandom::fill(&mut rnd).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let tmp = dir.join(format!(".tmp-{}", hex::encode(rnd)));
+        let tmp = dir.join(format!("{}{}", crate::TEMP_PREFIX, hex::encode(rnd)));
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -299,7 +302,7 @@ impl Backend for LocalBackend {
             for e in rd {
                 let e = e.map_err(|e| io_err("list", prefix, e))?;
                 let fname = e.file_name().to_string_lossy().into_owned();
-                if fname.starts_with(".tmp-") {
+                if fname.starts_with(crate::TEMP_PREFIX) {
                     continue;
                 }
                 let child = if rel.is_empty() {

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use capsule_crypto::Aad;
 use capsule_format::pack::{decode_header, parse_trailer, PACK_TRAILER_LEN};
 use capsule_format::tree::NodeKind;
-use capsule_format::{BlobId, BlobType, ObjectId};
+use capsule_format::{BlobId, BlobType, FileType, ObjectId};
 use rayon::prelude::*;
 
 use crate::index::MasterIndex;
@@ -109,7 +109,7 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
 
     // Packs on storage vs packs in the index.
     let mut stored: HashMap<String, u64> = HashMap::new();
-    for prefix in ["data/", "tree/"] {
+    for prefix in [FileType::DataPack.prefix(), FileType::TreePack.prefix()] {
         stored.extend(
             repo.backend()
                 .list(prefix)?
@@ -211,10 +211,9 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     for (sid, snap) in &snaps {
         let label = sid.short();
         let Ok(root) = snap.tree.parse::<BlobId>() else {
-            walker.problems.add(
-                format!("snapshots/{}", sid.to_hex()),
-                "bad root tree id".into(),
-            );
+            walker
+                .problems
+                .add(FileType::Snapshot.name(sid), "bad root tree id".into());
             continue;
         };
         // Every snapshot gets its own list of affected paths, also below
@@ -229,7 +228,7 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         let claimed = crate::treewalk::entry_budget(snap);
         if sub.entries > claimed {
             walker.problems.add(
-                format!("snapshots/{}", sid.to_hex()),
+                FileType::Snapshot.name(sid),
                 format!(
                     "its trees hold more than {claimed} entries, far more than the snapshot records ({} files, {} directories): shared subtrees repeated to exhaust memory (a tree bomb)",
                     snap.summary.files, snap.summary.dirs
@@ -241,7 +240,12 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     report.damaged_packs = problems
         .0
         .keys()
-        .filter(|o| o.starts_with("data/") || o.starts_with("tree/"))
+        .filter(|o| {
+            matches!(
+                FileType::of_name(o),
+                Some(FileType::DataPack | FileType::TreePack)
+            )
+        })
         .cloned()
         .collect();
     report.problems = problems.0.into_values().collect();

@@ -18,19 +18,20 @@ use std::collections::HashSet;
 
 use capsule_format::id::ObjectId;
 use capsule_format::snapshot::Snapshot;
+use capsule_format::FileType;
 
 use crate::repo::{put_addressed, SnapshotList};
 use crate::{EngineError, Repository, Result};
 
 /// Where forgotten snapshots are set aside until a prune.
-pub const FORGOTTEN_PREFIX: &str = "forgotten/";
+pub const FORGOTTEN_PREFIX: &str = FileType::Forgotten.prefix();
 
 fn live_name(id: &ObjectId) -> String {
-    format!("snapshots/{}", id.to_hex())
+    FileType::Snapshot.name(id)
 }
 
 fn forgotten_name(id: &ObjectId) -> String {
-    format!("{FORGOTTEN_PREFIX}{}", id.to_hex())
+    FileType::Forgotten.name(id)
 }
 
 /// Forgets one snapshot: sets its object aside, then removes it from the
@@ -57,7 +58,7 @@ pub fn list_forgotten(repo: &Repository) -> Result<SnapshotList> {
     let (forgotten, bad) = repo.list_snapshot_objects(FORGOTTEN_PREFIX)?;
     let live: HashSet<String> = repo
         .backend()
-        .list("snapshots/")?
+        .list(FileType::Snapshot.prefix())?
         .into_iter()
         .map(|o| o.name)
         .collect();

@@ -9,10 +9,10 @@ use std::collections::{HashMap, HashSet};
 
 use capsule_crypto::Aad;
 use capsule_format::index::{decode_index, encode_index, IndexFile, IndexPack};
+use capsule_format::FileType;
 use capsule_format::{BlobId, BlobType, ObjectId};
 use rayon::prelude::*;
 
-use crate::repo::{put_addressed, Repository};
 use crate::{EngineError, Result};
 
 /// Where a blob is stored.
@@ -44,7 +44,7 @@ pub struct PackInfo {
 impl PackInfo {
     /// The pack's object name.
     pub fn name(&self) -> String {
-        crate::repo::pack_name(&self.id, self.blob_type)
+        FileType::pack(self.blob_type).name(&self.id)
     }
 }
 
@@ -63,19 +63,18 @@ pub struct MasterIndex {
 }
 
 impl MasterIndex {
-    /// Loads and merges every index file of `repo`. Index files that fail to
+    /// Loads and merges every index file of `store`. Index files that fail to
     /// read, authenticate or decode are returned as errors; the rest load.
-    pub fn load(repo: &Repository) -> Result<(Self, Vec<EngineError>)> {
-        let objs = repo.backend().list("index/")?;
+    pub fn load(store: &dyn SealedStore) -> Result<(Self, Vec<EngineError>)> {
+        let objs = store.list(FileType::Index)?;
         let loaded: Vec<Result<(ObjectId, IndexFile)>> = objs
             .par_iter()
             .map(|o| {
                 let id: ObjectId = o
-                    .name
-                    .trim_start_matches("index/")
+                    .trim_start_matches(FileType::Index.prefix())
                     .parse()
-                    .map_err(|_| EngineError::corrupt(&o.name, "name is not an ID"))?;
-                Ok((id, load_index_file(repo, &id)?))
+                    .map_err(|_| EngineError::corrupt(o, "name is not an ID"))?;
+                Ok((id, load_index_file(store, &id)?))
             })
             .collect();
         let (good, bad) = crate::partition(loaded);
@@ -230,31 +229,135 @@ impl MasterIndex {
     }
 }
 
+/// What the index needs from a repository, and no more: list the objects of
+/// a kind, read one back authenticated, store one sealed. The repository
+/// implements it over its backend and key; tests implement it in memory, so
+/// the index is loaded and saved without a whole repository.
+pub trait SealedStore: Sync {
+    /// Names of every object of kind `t`.
+    fn list(&self, t: FileType) -> Result<Vec<String>>;
+    /// The plaintext of object `id` of kind `t`, after checking that its
+    /// bytes hash to its name and authenticating them with `aad`.
+    fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>>;
+    /// Seals `plain` with `aad`, stores it under its hash; returns the ID.
+    fn write_sealed(&self, t: FileType, aad: Aad<'_>, plain: &[u8]) -> Result<ObjectId>;
+}
+
 /// Reads and decodes one index file.
-pub fn load_index_file(repo: &Repository, id: &ObjectId) -> Result<IndexFile> {
-    let name = format!("index/{}", id.to_hex());
-    let b = repo.backend().get(&name, None)?;
-    if ObjectId::of(&b) != *id {
-        return Err(EngineError::corrupt(
-            &name,
-            "content does not match its name",
-        ));
-    }
-    let p = repo
-        .key()
-        .open(Aad::Index, &b)
-        .map_err(|e| EngineError::corrupt(&name, e))?;
-    decode_index(&p).map_err(|e| EngineError::corrupt(&name, e))
+pub fn load_index_file(store: &dyn SealedStore, id: &ObjectId) -> Result<IndexFile> {
+    let p = store.read_sealed(FileType::Index, id, Aad::Index)?;
+    decode_index(&p).map_err(|e| EngineError::corrupt(FileType::Index.name(id), e))
 }
 
 /// Encrypts and stores an index file; returns its ID.
-pub fn save_index_file(repo: &Repository, f: &IndexFile) -> Result<ObjectId> {
-    let sealed = repo.key().seal(Aad::Index, &encode_index(f))?;
-    let id = ObjectId::of(&sealed);
-    put_addressed(
-        &**repo.backend(),
-        &format!("index/{}", id.to_hex()),
-        &sealed,
-    )?;
-    Ok(id)
+pub fn save_index_file(store: &dyn SealedStore, f: &IndexFile) -> Result<ObjectId> {
+    store.write_sealed(FileType::Index, Aad::Index, &encode_index(f))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use capsule_format::pack::PackEntry;
+
+    use super::*;
+
+    /// Objects in memory, "sealed" as plaintext: what the index needs and
+    /// nothing of a repository.
+    #[derive(Default)]
+    struct MemStore(Mutex<BTreeMap<String, Vec<u8>>>);
+
+    impl SealedStore for MemStore {
+        fn list(&self, t: FileType) -> Result<Vec<String>> {
+            let m = self.0.lock().unwrap();
+            Ok(m.keys()
+                .filter(|k| k.starts_with(t.prefix()))
+                .cloned()
+                .collect())
+        }
+        fn read_sealed(&self, t: FileType, id: &ObjectId, _: Aad<'_>) -> Result<Vec<u8>> {
+            let name = t.name(id);
+            let m = self.0.lock().unwrap();
+            m.get(&name)
+                .cloned()
+                .ok_or_else(|| EngineError::corrupt(&name, "missing"))
+        }
+        fn write_sealed(&self, t: FileType, _: Aad<'_>, plain: &[u8]) -> Result<ObjectId> {
+            let id = ObjectId::of(plain);
+            self.0.lock().unwrap().insert(t.name(&id), plain.to_vec());
+            Ok(id)
+        }
+    }
+
+    fn pack(seed: u8, blobs: &[u8]) -> IndexPack {
+        IndexPack {
+            id: ObjectId::of(&[seed]),
+            size: 1000,
+            entries: blobs
+                .iter()
+                .enumerate()
+                .map(|(i, b)| PackEntry {
+                    blob_type: BlobType::Data,
+                    id: BlobId(capsule_format::Id([*b; 32])),
+                    offset: i as u32 * 100,
+                    length: 100,
+                    raw_length: 90,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn superseded_files_drop_out_and_duplicates_become_alternates() {
+        let store = MemStore::default();
+        let a = save_index_file(
+            &store,
+            &IndexFile {
+                supersedes: vec![],
+                packs: vec![pack(1, &[1, 2])],
+            },
+        )
+        .unwrap();
+        save_index_file(
+            &store,
+            &IndexFile {
+                supersedes: vec![],
+                packs: vec![pack(2, &[2, 3])],
+            },
+        )
+        .unwrap();
+        let (idx, bad) = MasterIndex::load(&store).unwrap();
+        assert!(bad.is_empty());
+        assert_eq!((idx.packs().len(), idx.len()), (2, 3));
+        assert_eq!(
+            idx.locations(&BlobId(capsule_format::Id([2; 32]))).count(),
+            2
+        );
+
+        // A rewrite superseding the first file, without its pack.
+        save_index_file(
+            &store,
+            &IndexFile {
+                supersedes: vec![a],
+                packs: vec![],
+            },
+        )
+        .unwrap();
+        let (idx, _) = MasterIndex::load(&store).unwrap();
+        assert_eq!(idx.packs().len(), 1);
+        assert!(!idx.contains(&BlobId(capsule_format::Id([1; 32]))));
+        assert!(idx.contains(&BlobId(capsule_format::Id([3; 32]))));
+
+        // A damaged file is reported, the rest still load.
+        store
+            .0
+            .lock()
+            .unwrap()
+            .insert(FileType::Index.name_hex(&"ab".repeat(32)), vec![9, 9]);
+        let (idx, bad) = MasterIndex::load(&store).unwrap();
+        assert_eq!(bad.len(), 1);
+        assert_eq!(idx.packs().len(), 1);
+    }
 }

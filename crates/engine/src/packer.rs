@@ -222,7 +222,7 @@ impl Shared {
             }
             std::mem::take(&mut *p)
         };
-        save_index_file(&self.repo, &f)?;
+        save_index_file(&*self.repo, &f)?;
         self.stats.index_files.fetch_add(1, Ordering::Relaxed);
         self.indexed
             .lock()

@@ -30,6 +30,7 @@ use capsule_crypto::Aad;
 use capsule_format::index::{decode_index, encode_index, IndexFile, IndexPack};
 use capsule_format::pack::PackEntry;
 use capsule_format::snapshot::{from_json, to_json};
+use capsule_format::FileType;
 use capsule_format::{BlobId, ObjectId};
 use serde::{Deserialize, Serialize};
 
@@ -42,7 +43,7 @@ use crate::timefmt::now_unix;
 use crate::{EngineError, Repository, Result};
 
 /// Where marks live.
-pub const MARKS_PREFIX: &str = "prune-marks/";
+pub const MARKS_PREFIX: &str = FileType::PruneMark.prefix();
 
 /// Options of [`prune`].
 #[derive(Debug, Clone)]
@@ -242,7 +243,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     if !opts.dry_run {
         if !restore.is_empty() {
             save_index_file(
-                repo,
+                &**repo,
                 &IndexFile {
                     supersedes: Vec::new(),
                     packs: restore.clone(),
@@ -354,7 +355,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
             let unarmed = write_mark(repo, now, None, condemned.clone())?;
             let superseded: Vec<ObjectId> = index.files().to_vec();
             save_index_file(
-                repo,
+                &**repo,
                 &IndexFile {
                     supersedes: superseded.clone(),
                     packs: keep,
@@ -367,7 +368,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
             write_mark(repo, now, Some(sessions_now), condemned)?;
             backend.delete(&unarmed)?;
             for id in superseded {
-                backend.delete(&format!("index/{}", id.to_hex()))?;
+                backend.delete(&FileType::Index.name(&id))?;
             }
         }
         // Their data is marked now (or was never theirs alone).
@@ -467,7 +468,7 @@ fn write_mark(
         })),
     };
     let sealed = repo.key().seal(Aad::PruneMark, &to_json(&mark))?;
-    let name = format!("{MARKS_PREFIX}{}", ObjectId::of(&sealed).to_hex());
+    let name = FileType::PruneMark.name(&ObjectId::of(&sealed));
     put_addressed(&**repo.backend(), &name, &sealed)?;
     Ok(name)
 }
@@ -592,9 +593,10 @@ fn used_blobs(
     let mut used: HashSet<BlobId> = HashSet::new();
     let mut todo: Vec<BlobId> = Vec::new();
     for (id, s) in snaps {
-        let root: BlobId = s.tree.parse().map_err(|_| {
-            EngineError::corrupt(format!("snapshots/{}", id.to_hex()), "bad tree id")
-        })?;
+        let root: BlobId = s
+            .tree
+            .parse()
+            .map_err(|_| EngineError::corrupt(FileType::Snapshot.name(id), "bad tree id"))?;
         if used.insert(root) {
             todo.push(root);
         }

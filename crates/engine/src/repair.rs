@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use capsule_crypto::Aad;
 use capsule_format::index::{IndexFile, IndexPack};
 use capsule_format::pack::{decode_header, parse_trailer, PACK_TRAILER_LEN};
+use capsule_format::FileType;
 use capsule_format::{BlobType, ObjectId};
 use rayon::prelude::*;
 
@@ -52,7 +53,7 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
     let mut damaged_files = Vec::new();
     for e in bad {
         match e {
-            EngineError::Corrupt { object, .. } if object.starts_with("index/") => {
+            EngineError::Corrupt { object, .. } if object.starts_with(FileType::Index.prefix()) => {
                 damaged_files.push(object)
             }
             // Anything else (the destination failing) stops the repair
@@ -64,7 +65,7 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
     // Packs a prune marked stay out: indexing them would undo the prune.
     indexed.extend(crate::prune::marked_packs(repo)?);
     let mut todo = Vec::new();
-    for prefix in ["data/", "tree/"] {
+    for prefix in [FileType::DataPack.prefix(), FileType::TreePack.prefix()] {
         for o in repo.backend().list(prefix)? {
             report.packs += 1;
             let Some(id) = o.name.rsplit('/').next().and_then(|h| h.parse().ok()) else {
@@ -104,7 +105,7 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
                 packs,
             },
         )?;
-        report.index_file = Some(format!("index/{}", id.to_hex()));
+        report.index_file = Some(FileType::Index.name(&id));
     }
     // The new index file is durable: what the damaged ones listed and is
     // still on storage is indexed again, so they can go.
@@ -144,7 +145,7 @@ fn read_header(repo: &Repository, name: &str, id: ObjectId, size: u64) -> Result
         .open(Aad::PackHeader, env)
         .map_err(|e| EngineError::corrupt(name, format!("header: {e}")))?;
     let entries = decode_header(&plain).map_err(|e| EngineError::corrupt(name, e))?;
-    let want = if name.starts_with("tree/") {
+    let want = if FileType::of_name(name) == Some(FileType::TreePack) {
         BlobType::Tree
     } else {
         BlobType::Data

@@ -10,7 +10,7 @@ use capsule_backend::{Backend, ErrorKind};
 use capsule_crypto::{Aad, KdfParams, MasterKey};
 use capsule_format::snapshot::{from_json, to_json, KeyFile, RepoConfig, Snapshot};
 use capsule_format::tree::{decode_tree, Node};
-use capsule_format::{compress, BlobId, BlobType, ObjectId, FORMAT_VERSION};
+use capsule_format::{compress, BlobId, BlobType, FileType, ObjectId, FORMAT_VERSION};
 use rayon::prelude::*;
 
 use crate::index::MasterIndex;
@@ -80,12 +80,7 @@ const ENVELOPE_SLACK: usize = 4096;
 /// `tree/`, so tree packs (small, needed by every backup) can be cached and
 /// listed without reading pack headers.
 pub fn pack_name(id: &ObjectId, t: BlobType) -> String {
-    let h = id.to_hex();
-    let dir = match t {
-        BlobType::Data => "data",
-        BlobType::Tree => "tree",
-    };
-    format!("{dir}/{}/{}", &h[..2], h)
+    FileType::pack(t).name(id)
 }
 
 /// Host name for snapshot and key metadata.
@@ -154,7 +149,7 @@ impl ParsedKey {
 /// when the damage is inside the sealed key.
 fn parse_keyfile(bytes: &[u8], name: &str) -> Result<ParsedKey> {
     let id: ObjectId = name
-        .trim_start_matches("keys/")
+        .trim_start_matches(FileType::Key.prefix())
         .parse()
         .map_err(|_| EngineError::corrupt(name, "not a key file (its name is not a key ID)"))?;
     if ObjectId::of(bytes) != id {
@@ -227,7 +222,7 @@ struct KeySearch {
 fn find_key(backend: &dyn Backend, password: &[u8]) -> Result<KeySearch> {
     let mut parsed = Vec::new();
     let mut damaged = Vec::new();
-    for k in backend.list("keys/")? {
+    for k in backend.list(FileType::Key.prefix())? {
         let bytes = match backend.get(&k.name, None) {
             Ok(b) => b,
             Err(e) if e.kind == ErrorKind::NotFound => continue,
@@ -306,7 +301,11 @@ pub(crate) fn put_addressed_owned(
 /// Whether the location holds keys, snapshots or index files: the marks
 /// of a repository, with or without its config.
 fn holds_repository_objects(backend: &dyn Backend) -> Result<bool> {
-    for prefix in ["keys/", "snapshots/", "index/"] {
+    for prefix in [
+        FileType::Key.prefix(),
+        FileType::Snapshot.prefix(),
+        FileType::Index.prefix(),
+    ] {
         match backend.list(prefix) {
             Ok(l) if !l.is_empty() => return Ok(true),
             Ok(_) => {}
@@ -315,6 +314,38 @@ fn holds_repository_objects(backend: &dyn Backend) -> Result<bool> {
         }
     }
     Ok(false)
+}
+
+impl crate::index::SealedStore for Repository {
+    fn list(&self, t: FileType) -> Result<Vec<String>> {
+        Ok(self
+            .backend
+            .list(t.prefix())?
+            .into_iter()
+            .map(|o| o.name)
+            .collect())
+    }
+
+    fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>> {
+        let name = t.name(id);
+        let b = self.backend.get(&name, None)?;
+        if ObjectId::of(&b) != *id {
+            return Err(EngineError::corrupt(
+                &name,
+                "content does not match its name",
+            ));
+        }
+        self.key
+            .open(aad, &b)
+            .map_err(|e| EngineError::corrupt(&name, e))
+    }
+
+    fn write_sealed(&self, t: FileType, aad: Aad<'_>, plain: &[u8]) -> Result<ObjectId> {
+        let sealed = self.key.seal(aad, plain)?;
+        let id = ObjectId::of(&sealed);
+        put_addressed(&*self.backend, &t.name(&id), &sealed)?;
+        Ok(id)
+    }
 }
 
 impl Repository {
@@ -357,7 +388,7 @@ impl Repository {
         // exists, and by then a key can open it.
         let kf = new_keyfile(&key, password, opts.kdf)?;
         let key_id = ObjectId::of(&kf);
-        put_addressed(&*backend, &format!("keys/{}", key_id.to_hex()), &kf)?;
+        put_addressed(&*backend, &FileType::Key.name(&key_id), &kf)?;
         let sealed = key.seal(Aad::Config, &to_json(&config))?;
         backend.put("config", &sealed)?;
         Ok(Repository {
@@ -481,15 +512,18 @@ impl Repository {
         }
         let kf = new_keyfile(&self.key, password, kdf)?;
         let id = ObjectId::of(&kf);
-        put_addressed(&*self.backend, &format!("keys/{}", id.to_hex()), &kf)?;
+        put_addressed(&*self.backend, &FileType::Key.name(&id), &kf)?;
         Ok(id)
     }
 
     /// Lists key files, damaged ones included (so they can be removed).
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>> {
         let mut out = Vec::new();
-        for o in self.backend.list("keys/")? {
-            let id = o.name.trim_start_matches("keys/").to_string();
+        for o in self.backend.list(FileType::Key.prefix())? {
+            let id = o
+                .name
+                .trim_start_matches(FileType::Key.prefix())
+                .to_string();
             let parsed = self
                 .backend
                 .get(&o.name, None)
@@ -540,7 +574,7 @@ impl Repository {
                 "refusing to remove the last key".into(),
             ));
         }
-        self.backend.delete(&format!("keys/{}", k.id))?;
+        self.backend.delete(&FileType::Key.name_hex(&k.id))?;
         Ok(k.id.clone())
     }
 
@@ -548,8 +582,7 @@ impl Repository {
     /// written before the old one is removed, so a crash leaves both.
     pub fn change_password(&mut self, new_password: &[u8], kdf: KdfParams) -> Result<ObjectId> {
         let id = self.add_key(new_password, kdf)?;
-        self.backend
-            .delete(&format!("keys/{}", self.key_id.to_hex()))?;
+        self.backend.delete(&FileType::Key.name(&self.key_id))?;
         self.key_id = id;
         Ok(id)
     }
@@ -560,17 +593,13 @@ impl Repository {
     pub fn save_snapshot(&self, s: &Snapshot) -> Result<ObjectId> {
         let sealed = self.key.seal(Aad::Snapshot, &to_json(s))?;
         let id = ObjectId::of(&sealed);
-        put_addressed(
-            &*self.backend,
-            &format!("snapshots/{}", id.to_hex()),
-            &sealed,
-        )?;
+        put_addressed(&*self.backend, &FileType::Snapshot.name(&id), &sealed)?;
         Ok(id)
     }
 
     /// Loads one snapshot by ID.
     pub fn load_snapshot(&self, id: &ObjectId) -> Result<Snapshot> {
-        self.load_snapshot_object(&format!("snapshots/{}", id.to_hex()), id)
+        self.load_snapshot_object(&FileType::Snapshot.name(id), id)
     }
 
     /// Loads, authenticates and decodes a snapshot object stored under
@@ -594,7 +623,7 @@ impl Repository {
     /// All snapshots, oldest first. Damaged ones are returned as errors
     /// beside the good ones, so one bad object does not hide the rest.
     pub fn list_snapshots(&self) -> Result<SnapshotList> {
-        self.list_snapshot_objects("snapshots/")
+        self.list_snapshot_objects(FileType::Snapshot.prefix())
     }
 
     /// Every snapshot object under `prefix`, oldest first, damaged ones
@@ -637,7 +666,7 @@ impl Repository {
             // The snapshot asked for by ID exists but is damaged: say that,
             // not "no such snapshot".
             Err(EngineError::SnapshotNotFound(_)) if spec != "latest" => {
-                let want = format!("snapshots/{}", spec.to_ascii_lowercase());
+                let want = FileType::Snapshot.name_hex(&spec.to_ascii_lowercase());
                 match bad.iter().position(
                     |e| matches!(e, EngineError::Corrupt { object, .. } if object.starts_with(&want)),
                 ) {

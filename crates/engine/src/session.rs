@@ -24,6 +24,7 @@ use std::time::Duration;
 use capsule_backend::ErrorKind;
 use capsule_crypto::Aad;
 use capsule_format::snapshot::{from_json, to_json};
+use capsule_format::FileType;
 use serde::{Deserialize, Serialize};
 
 use crate::repo::put_addressed;
@@ -31,7 +32,7 @@ use crate::timefmt::now_unix;
 use crate::{EngineError, Repository, Result};
 
 /// Where sessions live.
-pub const SESSIONS_PREFIX: &str = "sessions/";
+pub const SESSIONS_PREFIX: &str = FileType::Session.prefix();
 
 /// How often a session is renewed.
 pub const HEARTBEAT: Duration = Duration::from_secs(300);
@@ -58,7 +59,7 @@ pub struct SessionInfo {
 }
 
 fn object_name(id: &str, seq: u64) -> String {
-    format!("{SESSIONS_PREFIX}{id}-{seq:010}")
+    FileType::Session.name_hex(&format!("{id}-{seq:010}"))
 }
 
 /// A held session; renewed in the background until [`Session::end`] or drop.

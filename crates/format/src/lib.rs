@@ -9,12 +9,14 @@ pub mod codec;
 pub mod compress;
 pub mod id;
 pub mod index;
+pub mod layout;
 pub mod pack;
 pub mod snapshot;
 pub mod tree;
 
 pub use codec::DecodeError;
 pub use id::{BlobId, Id, ObjectHasher, ObjectId};
+pub use layout::FileType;
 
 /// Version of the repository format this code writes. Readers accept every
 /// version listed in `docs/FORMAT.md`'s version log up to this one.

@@ -187,7 +187,10 @@ where
         let listed = futures::future::join_all(batch.iter().map(|d| read_dir(d.clone()))).await;
         for (dir, entries) in batch.into_iter().zip(listed) {
             for e in entries?.unwrap_or_default() {
-                if e.name == "." || e.name == ".." || e.name.starts_with(".tmp-") {
+                if e.name == "."
+                    || e.name == ".."
+                    || e.name.starts_with(capsule_backend::TEMP_PREFIX)
+                {
                     continue;
                 }
                 let child = if dir.is_empty() {

@@ -573,8 +573,12 @@ impl SftpBackend {
     ) -> Result<(), BackendError> {
         let dir = name.rsplit_once('/').map(|(d, _)| d);
         let tmp_rel = match dir {
-            Some(d) => format!("{d}/.tmp-{}", crate::random_suffix()),
-            None => format!(".tmp-{}", crate::random_suffix()),
+            Some(d) => format!(
+                "{d}/{}{}",
+                capsule_backend::TEMP_PREFIX,
+                crate::random_suffix()
+            ),
+            None => format!("{}{}", capsule_backend::TEMP_PREFIX, crate::random_suffix()),
         };
         let tmp = self.path(&tmp_rel);
         let flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;

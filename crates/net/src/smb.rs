@@ -338,8 +338,12 @@ impl SmbBackend {
     async fn write_tmp(&self, name: &str, source: Source<'_>) -> Result<String, BackendError> {
         let dir = name.rsplit_once('/').map(|(d, _)| d);
         let tmp = match dir {
-            Some(d) => format!("{d}/.tmp-{}", crate::random_suffix()),
-            None => format!(".tmp-{}", crate::random_suffix()),
+            Some(d) => format!(
+                "{d}/{}{}",
+                capsule_backend::TEMP_PREFIX,
+                crate::random_suffix()
+            ),
+            None => format!("{}{}", capsule_backend::TEMP_PREFIX, crate::random_suffix()),
         };
         let mut source = source;
         let mut made_dirs = false;

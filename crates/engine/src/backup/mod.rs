@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use capsule_format::snapshot::{Snapshot, SnapshotSummary};
+use capsule_format::FileType;
 use capsule_format::{BlobId, ObjectId, FORMAT_VERSION};
 
 use crate::index::MasterIndex;
@@ -198,7 +199,7 @@ pub fn normalize_source(p: &Path) -> Result<PathBuf> {
 /// Indexed packs that are not on the destination with their indexed size.
 fn missing_packs(repo: &Repository, index: &MasterIndex) -> Result<Vec<ObjectId>> {
     let mut stored = std::collections::HashMap::new();
-    for prefix in ["data/", "tree/"] {
+    for prefix in [FileType::DataPack.prefix(), FileType::TreePack.prefix()] {
         for o in repo.backend().list(prefix)? {
             stored.insert(o.name, o.size);
         }
@@ -221,7 +222,7 @@ fn lease_check(
 ) -> Result<()> {
     let mut missing = missing_packs(repo, index)?.len();
     let mut stored = std::collections::HashMap::new();
-    for prefix in ["data/", "tree/"] {
+    for prefix in [FileType::DataPack.prefix(), FileType::TreePack.prefix()] {
         for o in repo.backend().list(prefix)? {
             stored.insert(o.name, o.size);
         }
