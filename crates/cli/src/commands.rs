@@ -834,10 +834,21 @@ pub enum RepairCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Rewrite snapshots that refer to missing data: drop the files (and
+    /// directories) that are lost, name them, keep everything else. The
+    /// damaged snapshots are set aside (`capsule unforget` brings one back).
+    Snapshots {
+        /// Report what would be dropped; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 pub fn repair(g: &GlobalArgs, out: &Output, r: RepairCommand) -> Result<u8> {
-    let RepairCommand::Index { dry_run } = r;
+    let dry_run = match r {
+        RepairCommand::Index { dry_run } => dry_run,
+        RepairCommand::Snapshots { dry_run } => return repair_snapshots(g, out, dry_run),
+    };
     // The destination's truth, not the cache's.
     let (repo, _) = open_uncached(g, out)?;
     let rep = capsule_engine::repair::repair_index(&repo, dry_run)?;
@@ -873,4 +884,43 @@ pub fn repair(g: &GlobalArgs, out: &Output, r: RepairCommand) -> Result<u8> {
         );
         Ok(exit::DAMAGED)
     }
+}
+
+fn repair_snapshots(g: &GlobalArgs, out: &Output, dry_run: bool) -> Result<u8> {
+    let (repo, _) = open_uncached(g, out)?;
+    let rep = capsule_engine::repair::repair_snapshots(&Arc::new(repo), dry_run)?;
+    if out.json {
+        let mut v = serde_json::to_value(&rep)?;
+        v["dry_run"] = serde_json::json!(dry_run);
+        v["destination"] = settings::destination_json();
+        out.json(&v);
+        return Ok(exit::OK);
+    }
+    for r in &rep.repaired {
+        out.result(format!(
+            "snapshot {}: {} lost entr{}{}",
+            &r.snapshot[..8],
+            r.dropped.len(),
+            if r.dropped.len() == 1 { "y" } else { "ies" },
+            match (&r.replaced_by, dry_run) {
+                (_, true) => " (dry run)".to_string(),
+                (Some(n), false) => format!(", replaced by {} (tagged repaired)", &n[..8]),
+                (None, false) => ", nothing left to keep: set aside".to_string(),
+            }
+        ));
+        for d in &r.dropped {
+            out.result(format!("  dropped {d}"));
+        }
+    }
+    out.say(format!(
+        "{} snapshots read, {} {}",
+        rep.snapshots,
+        rep.repaired.len(),
+        if dry_run {
+            "refer to missing data (dry run: nothing changed)"
+        } else {
+            "repaired; the originals are set aside until the next prune (`capsule snapshots --forgotten`), and two prunes take the lost packs out of the index"
+        }
+    ));
+    Ok(exit::OK)
 }

@@ -340,7 +340,7 @@ fn prune_gives_back_what_no_kept_snapshot_uses_in_two_passes() {
 fn paused_backup(
     repo: &Path,
     src: &Path,
-    when: i64,
+    when: &str,
     point: &str,
     gate: &Path,
 ) -> std::process::Child {
@@ -356,7 +356,7 @@ fn paused_backup(
             "CAPSULE_STATE_DIR",
             repo.with_extension("cache").join("state"),
         )
-        .env("CAPSULE_TEST_NOW", when.to_string())
+        .env("CAPSULE_TEST_NOW", when)
         .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -405,7 +405,7 @@ fn a_backup_reusing_a_blob_that_prune_marks_keeps_it() {
     let t = tempfile::tempdir().unwrap();
     let (src, repo) = reuse_scenario(t.path());
     let gate = t.path().join("gate");
-    let child = paused_backup(&repo, &src, NOW - H, "commit", &gate);
+    let child = paused_backup(&repo, &src, &(NOW - H).to_string(), "commit", &gate);
     let first = snapshot_times(&repo, false)[0].0.clone();
     ok_at(&repo, NOW - H, &["forget", &first]);
     let packs = pack_files(&repo);
@@ -461,7 +461,10 @@ fn suspended_backup_past_its_lease(point: &str) {
     let t = tempfile::tempdir().unwrap();
     let (src, repo) = reuse_scenario(t.path());
     let gate = t.path().join("gate");
-    let child = paused_backup(&repo, &src, NOW - H, point, &gate);
+    // The backup's clock reads a file, so it can jump while it is stopped.
+    let clock = t.path().join("clock");
+    std::fs::write(&clock, (NOW - H).to_string()).unwrap();
+    let child = paused_backup(&repo, &src, &format!("@{}", clock.display()), point, &gate);
     signal(&child, rustix::process::Signal::STOP);
     let first = snapshot_times(&repo, false)[0].0.clone();
     ok_at(&repo, NOW - H, &["forget", &first]);
@@ -486,6 +489,8 @@ fn suspended_backup_past_its_lease(point: &str) {
         "{sweep}"
     );
 
+    // It wakes two hours later.
+    std::fs::write(&clock, (NOW + H).to_string()).unwrap();
     std::fs::write(&gate, b"").unwrap();
     signal(&child, rustix::process::Signal::CONT);
     let out = child.wait_with_output().unwrap();
@@ -578,4 +583,65 @@ fn repacking_gives_back_the_unused_part_of_shared_packs() {
     // Repacking again finds nothing to do.
     let again = json(&repo, &["prune"]);
     assert_eq!(again["prune"]["packs_repacked"], 0, "{again}");
+}
+
+/// A lost pack: `repair snapshots` drops exactly the files whose data it
+/// held, names them, keeps the rest restorable, and sets the damaged
+/// snapshots aside; two prunes later `check` is clean.
+#[test]
+fn repair_snapshots_drops_only_what_is_lost() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("lost"), noise(3_000_000, 1)).unwrap();
+    init(&repo);
+    ok(&repo, &["backup", "-q", src.to_str().unwrap()]);
+    // The first pack holds only `lost`; the second run's data goes elsewhere.
+    let first_packs = pack_files(&repo);
+    std::fs::write(src.join("sub/kept"), noise(3_000_000, 2)).unwrap();
+    std::fs::write(src.join("small"), b"small").unwrap();
+    ok(&repo, &["backup", "-q", src.to_str().unwrap()]);
+    let lost_pack = first_packs
+        .iter()
+        .filter(|p| p.starts_with(repo.join("data")))
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    std::fs::remove_file(lost_pack).unwrap();
+    assert_eq!(capsule(&repo, &["check"]).status.code(), Some(12));
+
+    let dry = json(&repo, &["repair", "snapshots", "--dry-run"]);
+    assert_eq!(dry["repaired"].as_array().unwrap().len(), 2, "{dry}");
+    assert_eq!(snapshot_times(&repo, true).len(), 0);
+    let rep = json(&repo, &["repair", "snapshots"]);
+    for r in rep["repaired"].as_array().unwrap() {
+        let dropped = r["dropped"].as_array().unwrap();
+        assert_eq!(dropped.len(), 1, "{rep}");
+        assert!(dropped[0].as_str().unwrap().contains("/src/lost"), "{rep}");
+        assert!(r["replaced_by"].is_string());
+    }
+    assert_eq!(snapshot_times(&repo, true).len(), 2);
+    let target = t.path().join("restored");
+    ok(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    let r = restored(&target, &src);
+    assert_eq!(
+        std::fs::read(r.join("sub/kept")).unwrap(),
+        noise(3_000_000, 2)
+    );
+    assert_eq!(std::fs::read(r.join("small")).unwrap(), b"small");
+    assert!(!r.join("lost").exists());
+    let snaps = json(&repo, &["snapshots"]);
+    for s in snaps.as_array().unwrap() {
+        assert_eq!(s["snapshot"]["incomplete"], true);
+        assert!(s["snapshot"]["tags"]
+            .as_array()
+            .unwrap()
+            .contains(&"repaired".into()));
+    }
+    // The lost pack leaves the index in two prunes.
+    ok(&repo, &["prune"]);
+    ok(&repo, &["prune"]);
+    ok(&repo, &["check", "--read-data"]);
 }

@@ -160,3 +160,212 @@ fn read_header(repo: &Repository, name: &str, id: ObjectId, size: u64) -> Result
     }
     Ok(IndexPack { id, size, entries })
 }
+
+/// What `repair snapshots` did to one snapshot.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SnapshotRepair {
+    /// The damaged snapshot (moved to `forgotten/`).
+    pub snapshot: String,
+    /// Its replacement, when one was written.
+    pub replaced_by: Option<String>,
+    /// Paths dropped because their data (or their directory's tree) is
+    /// gone, as `<path>: <why>`.
+    pub dropped: Vec<String>,
+}
+
+/// What `repair snapshots` did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SnapshotsRepairReport {
+    /// Snapshots read.
+    pub snapshots: u64,
+    /// Those that referenced missing data, and what became of them.
+    pub repaired: Vec<SnapshotRepair>,
+}
+
+/// Rewrites every snapshot that refers to missing data: files whose blobs no
+/// stored pack holds, and directories whose tree cannot be read, are
+/// dropped (and named); everything else is kept, in a new snapshot with the
+/// same time, host, paths and tags, marked incomplete and tagged
+/// `repaired`. The old snapshot moves to `forgotten/`, so `unforget` can
+/// bring it back if the data turns up again (say, a pack restored from a
+/// copy). With `dry_run`, reports and writes nothing.
+pub fn repair_snapshots(
+    repo: &std::sync::Arc<Repository>,
+    dry_run: bool,
+) -> Result<SnapshotsRepairReport> {
+    let (index, _) = repo.load_index()?;
+    // A blob counts as there when an indexed pack holding it is stored
+    // with its indexed size.
+    let mut stored = std::collections::HashMap::new();
+    for prefix in [FileType::DataPack.prefix(), FileType::TreePack.prefix()] {
+        for o in repo.backend().list(prefix)? {
+            stored.insert(o.name, o.size);
+        }
+    }
+    let present: HashSet<u32> = index
+        .packs()
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| stored.get(&p.name()) == Some(&p.size))
+        .map(|(i, _)| i as u32)
+        .collect();
+    let have = |b: &capsule_format::BlobId| index.locations(b).any(|l| present.contains(&l.pack));
+    let (snaps, _) = repo.list_snapshots()?;
+    let mut report = SnapshotsRepairReport {
+        snapshots: snaps.len() as u64,
+        ..Default::default()
+    };
+    let saver = (!dry_run).then(|| {
+        crate::packer::BlobSaver::start(
+            repo.clone(),
+            std::sync::Arc::new(crate::index::MasterIndex::default()),
+            2,
+        )
+    });
+    // Each damaged snapshot and its new root (none when the root itself is
+    // lost: nothing of it can be kept).
+    let mut fixed: Vec<(
+        ObjectId,
+        capsule_format::snapshot::Snapshot,
+        Option<capsule_format::BlobId>,
+    )> = Vec::new();
+    let mut memo: std::collections::HashMap<capsule_format::BlobId, Rewritten> = Default::default();
+    for (id, snap) in &snaps {
+        let root: capsule_format::BlobId = snap
+            .tree
+            .parse()
+            .map_err(|_| EngineError::corrupt(FileType::Snapshot.name(id), "bad tree id"))?;
+        let mut dropped = Vec::new();
+        let new_root = match rewrite_tree(
+            repo,
+            &index,
+            &have,
+            saver.as_ref(),
+            &root,
+            std::path::Path::new("/"),
+            &mut dropped,
+            &mut memo,
+        )? {
+            Rewritten::Same => continue,
+            Rewritten::New(r) => Some(r),
+            Rewritten::Lost(why) => {
+                dropped.push(format!("/: {why}"));
+                None
+            }
+        };
+        report.repaired.push(SnapshotRepair {
+            snapshot: id.to_hex(),
+            replaced_by: None,
+            dropped,
+        });
+        fixed.push((*id, snap.clone(), new_root));
+    }
+    if let Some(saver) = saver {
+        // New trees are stored and indexed before any snapshot names them.
+        saver.finish()?;
+    }
+    if dry_run {
+        return Ok(report);
+    }
+    for (i, (old_id, snap, new_root)) in fixed.into_iter().enumerate() {
+        if let Some(root) = new_root {
+            let mut s = snap;
+            s.tree = root.to_hex();
+            s.incomplete = true;
+            if !s.tags.iter().any(|t| t == "repaired") {
+                s.tags.push("repaired".into());
+            }
+            let new_id = repo.save_snapshot(&s)?;
+            report.repaired[i].replaced_by = Some(new_id.to_hex());
+        }
+        // Set aside, not deleted: `unforget` brings it back if the data
+        // turns up again.
+        crate::forget::forget(repo, &old_id)?;
+    }
+    Ok(report)
+}
+
+/// A tree after repair.
+#[derive(Clone)]
+enum Rewritten {
+    /// Nothing under it was lost.
+    Same,
+    /// Rewritten without what was lost.
+    New(capsule_format::BlobId),
+    /// The tree itself cannot be read.
+    Lost(String),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rewrite_tree(
+    repo: &Repository,
+    index: &crate::index::MasterIndex,
+    have: &dyn Fn(&capsule_format::BlobId) -> bool,
+    saver: Option<&crate::packer::BlobSaver>,
+    tree: &capsule_format::BlobId,
+    path: &std::path::Path,
+    dropped: &mut Vec<String>,
+    memo: &mut std::collections::HashMap<capsule_format::BlobId, Rewritten>,
+) -> Result<Rewritten> {
+    use capsule_format::tree::{encode_tree, NodeKind};
+    use std::os::unix::ffi::OsStrExt;
+    // Shared subtrees are judged once; what they drop is named per snapshot.
+    if let Some(r) = memo.get(tree) {
+        if !matches!(r, Rewritten::Same) {
+            dropped.push(format!("{}: (as in an earlier snapshot)", path.display()));
+        }
+        return Ok(r.clone());
+    }
+    let nodes = match repo.load_tree(index, tree) {
+        Ok(n) if have(tree) => n,
+        Ok(_) => return Ok(Rewritten::Lost("its tree's pack is missing".into())),
+        Err(EngineError::Backend(b)) if b.is_destination_failure() => {
+            return Err(EngineError::Backend(b))
+        }
+        Err(e) => return Ok(Rewritten::Lost(e.to_string())),
+    };
+    let mut changed = false;
+    let mut out = Vec::with_capacity(nodes.len());
+    for mut n in nodes {
+        let p = path.join(std::ffi::OsStr::from_bytes(&n.name));
+        match n.kind() {
+            NodeKind::Dir => {
+                if let Some(sub) = n.subtree {
+                    match rewrite_tree(repo, index, have, saver, &sub, &p, dropped, memo)? {
+                        Rewritten::Same => {}
+                        Rewritten::New(id) => {
+                            n.subtree = Some(id);
+                            changed = true;
+                        }
+                        Rewritten::Lost(why) => {
+                            dropped.push(format!("{}/: {why}", p.display()));
+                            changed = true;
+                            continue;
+                        }
+                    }
+                }
+            }
+            NodeKind::File => {
+                if let Some(b) = n.content.iter().find(|b| !have(b)) {
+                    dropped.push(format!("{}: blob {} is missing", p.display(), b.short()));
+                    changed = true;
+                    continue;
+                }
+            }
+            _ => {}
+        }
+        out.push(n);
+    }
+    let r = if !changed {
+        Rewritten::Same
+    } else {
+        let enc = encode_tree(&out);
+        let id = repo.key().blob_id(&enc);
+        if let Some(s) = saver {
+            s.save(BlobType::Tree, id, enc)?;
+        }
+        Rewritten::New(id)
+    };
+    memo.insert(*tree, r.clone());
+    Ok(r)
+}

@@ -14,10 +14,13 @@ pub fn rfc3339(secs: i64) -> String {
 }
 
 /// The test clock: when `CAPSULE_TEST_NOW` is set, capsule's notion of now
-/// (snapshot times, retention windows) is that time plus the time elapsed
-/// since the process started, so a test can simulate a year of hourly
-/// backups in minutes. It takes Unix seconds or RFC 3339 (`2027-03-28T01:30:00Z`).
-/// For tests only; an unreadable value is ignored.
+/// (snapshot times, session heartbeats, retention windows) is that time
+/// plus the time elapsed since the process first asked, so a test can
+/// simulate a year of hourly backups in minutes. It takes Unix seconds or
+/// RFC 3339 (`2027-03-28T01:30:00Z`), or `@FILE` to read either from FILE
+/// at every call, so a test can move the clock of a running process (a
+/// process suspended for hours). For tests only; an unreadable value is
+/// ignored.
 pub const TEST_CLOCK_ENV: &str = "CAPSULE_TEST_NOW";
 
 fn wall_clock() -> (i64, u32) {
@@ -27,28 +30,46 @@ fn wall_clock() -> (i64, u32) {
         .unwrap_or((0, 0))
 }
 
-/// How far the test clock is from the wall clock, fixed at first use.
-fn test_clock_shift() -> i64 {
-    static SHIFT: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
-    *SHIFT.get_or_init(|| {
-        let Some(v) = std::env::var_os(TEST_CLOCK_ENV) else {
-            return 0;
+fn parse_time(v: &str) -> Option<i64> {
+    let v = v.trim();
+    v.parse::<i64>()
+        .ok()
+        .or_else(|| v.parse::<jiff::Timestamp>().ok().map(|t| t.as_second()))
+}
+
+/// The test clock's current time, when one is set.
+fn test_clock() -> Option<i64> {
+    enum Clock {
+        Off,
+        Fixed(i64),
+        File(std::path::PathBuf),
+    }
+    static CLOCK: std::sync::OnceLock<(Clock, std::time::Instant)> = std::sync::OnceLock::new();
+    let (clock, since) = CLOCK.get_or_init(|| {
+        let clock = match std::env::var_os(TEST_CLOCK_ENV) {
+            None => Clock::Off,
+            Some(v) => {
+                let v = v.to_string_lossy().into_owned();
+                match v.strip_prefix('@') {
+                    Some(f) => Clock::File(f.into()),
+                    None => parse_time(&v).map_or(Clock::Off, Clock::Fixed),
+                }
+            }
         };
-        let v = v.to_string_lossy();
-        let t = v.trim().parse::<i64>().ok().or_else(|| {
-            v.trim()
-                .parse::<jiff::Timestamp>()
-                .ok()
-                .map(|t| t.as_second())
-        });
-        t.map_or(0, |t| t.saturating_sub(wall_clock().0))
-    })
+        (clock, std::time::Instant::now())
+    });
+    let base = match clock {
+        Clock::Off => return None,
+        Clock::Fixed(t) => *t,
+        Clock::File(f) => parse_time(&std::fs::read_to_string(f).ok()?)?,
+    };
+    Some(base.saturating_add(since.elapsed().as_secs() as i64))
 }
 
 /// Current Unix time as seconds and nanoseconds (the test clock's, when set).
 pub fn now_precise() -> (i64, u32) {
     let (s, n) = wall_clock();
-    (s.saturating_add(test_clock_shift()), n)
+    (test_clock().unwrap_or(s), n)
 }
 
 /// Current Unix time in seconds (the test clock's, when set).
