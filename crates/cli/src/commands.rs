@@ -81,6 +81,10 @@ pub struct InitArgs {
     /// Target pack size in MiB.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(4..=512))]
     pack_size_mib: u32,
+    /// Most space the repository may take (500G, 1.5T): backups delete the
+    /// oldest snapshots to stay within it (`capsule quota` changes it).
+    #[arg(long, value_name = "SIZE", value_parser = crate::forget_cmd::parse_size)]
+    quota: Option<u64>,
 }
 
 pub fn init(g: &GlobalArgs, out: &Output, a: InitArgs) -> Result<u8> {
@@ -93,7 +97,11 @@ pub fn init(g: &GlobalArgs, out: &Output, a: InitArgs) -> Result<u8> {
         ..InitOptions::default()
     };
     let repo = Repository::init(backend, &pw, &opts)?;
-    out.json(&serde_json::json!({ "repository": loc.display(), "id": repo.config().id }));
+    if let Some(q) = a.quota.filter(|q| *q > 0) {
+        capsule_engine::quota::set(&repo, q, 3600)?;
+        out.say(format!("quota {}", bytes(q)));
+    }
+    out.json(&serde_json::json!({ "repository": loc.display(), "id": repo.config().id, "quota": a.quota }));
     out.say(format!(
         "created repository {} at {}",
         &repo.config().id[..8],
@@ -133,9 +141,82 @@ pub struct BackupArgs {
     /// Host name to record.
     #[arg(long)]
     host: Option<String>,
+    /// When the repository's quota would be exceeded or the destination is
+    /// full: delete the oldest snapshots (never the newest of a source, nor
+    /// recent ones) and carry on, or fail.
+    #[arg(long, value_enum, default_value = "delete-oldest")]
+    when_full: WhenFull,
     /// Reader threads (default: twice the cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+}
+
+/// What a backup does when space runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WhenFull {
+    /// Delete the oldest snapshots, prune, carry on (as Time Machine does).
+    DeleteOldest,
+    /// Fail, deleting nothing.
+    Fail,
+}
+
+/// Before a backup: with a quota, thin so that the run's expected new data
+/// (what the last run of these paths added) fits. Says so when it will not.
+fn thin_before_backup(
+    repo: &Arc<Repository>,
+    out: &Output,
+    when_full: WhenFull,
+    expected: u64,
+) -> Result<Option<capsule_engine::quota::ThinReport>> {
+    let Some(q) = capsule_engine::quota::load(repo)? else {
+        return Ok(None);
+    };
+    let stored = capsule_engine::quota::stored_bytes(repo)?;
+    if stored.saturating_add(expected) <= q.bytes {
+        return Ok(None);
+    }
+    // Pack headers and index files take a little beyond the blobs.
+    let target = (q.bytes as f64 * 0.98) as u64;
+    let target = target.saturating_sub(expected);
+    let plan = capsule_engine::quota::plan(repo, target, q.min_age_secs)?;
+    if when_full == WhenFull::Fail {
+        return Err(EngineError::Invalid(format!(
+            "the repository holds {} of its {} quota and this run is expected to add {}; deleting old snapshots would make room (--when-full delete-oldest)",
+            bytes(stored),
+            bytes(q.bytes),
+            bytes(expected)
+        ))
+        .into());
+    }
+    if !plan.fits {
+        out.warn(format!(
+            "the repository will not fit its {} quota even without every old snapshot; backing up anyway",
+            bytes(q.bytes)
+        ));
+    }
+    if plan.remove.is_empty() {
+        return Ok(None);
+    }
+    crate::forget_cmd::report_plan(out, &plan, false);
+    Ok(Some(capsule_engine::quota::thin(repo, plan)?))
+}
+
+/// After a destination reported itself full: frees a fifth of what the
+/// snapshots use, oldest first, so that the run can be tried again.
+fn thin_when_full(repo: &Arc<Repository>, out: &Output) -> Result<bool> {
+    let min_age = capsule_engine::quota::load(repo)?.map_or(3600, |q| q.min_age_secs);
+    let probe = capsule_engine::quota::plan(repo, u64::MAX, min_age)?;
+    let plan = capsule_engine::quota::plan(repo, probe.used / 5 * 4, min_age)?;
+    if plan.remove.is_empty() {
+        return Ok(false);
+    }
+    out.warn(format!(
+        "the destination is full: deleting the {} oldest snapshot(s) to make room, then trying again",
+        plan.remove.len()
+    ));
+    crate::forget_cmd::report_plan(out, &plan, false);
+    capsule_engine::quota::thin(repo, plan)?;
+    Ok(true)
 }
 
 pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
@@ -208,10 +289,28 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     );
     let start_unix = capsule_engine::timefmt::now_unix();
     let paths: Vec<String> = opts.paths.iter().map(|p| p.display().to_string()).collect();
-    let report = capsule_engine::backup::backup(Arc::new(repo), &opts, &progress);
+    let repo = Arc::new(repo);
+    let expected = repo
+        .list_snapshots()
+        .ok()
+        .and_then(|(s, _)| s.last().map(|(_, s)| s.summary.bytes_added))
+        .unwrap_or(0);
+    let thinned = thin_before_backup(&repo, out, a.when_full, expected)?;
+    let mut report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
+    let full = matches!(&report, Err(e) if is_full(e));
+    if a.when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, out)? {
+        report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
+    }
     let series = recorder.finish();
     drop(bar);
     let report = report?;
+    // A run larger than expected may have gone over: thin now, so the
+    // repository is within its quota between runs.
+    let after = thin_before_backup(&repo, out, a.when_full, 0).unwrap_or_else(|e| {
+        out.warn(format!("could not thin to the quota after the run: {e}"));
+        None
+    });
+    let thinned: Vec<_> = thinned.into_iter().chain(after).collect();
     let counters = requests
         .as_ref()
         .map(|r| capsule_lab::record::DestCounters::read(r).since(&before))
@@ -245,6 +344,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     let cache_stats = cache.as_ref().map(|(c, _)| settings::cache_json(c));
     if out.json {
         let mut v = serde_json::to_value(&report)?;
+        v["thinned"] = serde_json::to_value(&thinned)?;
         v["cache"] = cache_stats.clone().unwrap_or(serde_json::Value::Null);
         v["destination"] = settings::destination_json();
         v["bound"] = serde_json::to_value(&record.bound)?;
@@ -923,4 +1023,17 @@ fn repair_snapshots(g: &GlobalArgs, out: &Output, dry_run: bool) -> Result<u8> {
         }
     ));
     Ok(exit::OK)
+}
+
+/// Whether an engine error means the destination (or a spill directory)
+/// is full.
+fn is_full(e: &EngineError) -> bool {
+    match e {
+        EngineError::Backend(b) => b.kind == capsule_backend::ErrorKind::NoSpace,
+        EngineError::Io { source, .. } => matches!(
+            source.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        ),
+        _ => false,
+    }
 }

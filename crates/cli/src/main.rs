@@ -42,6 +42,8 @@ pub mod exit {
     /// A retention policy would remove every snapshot of a group, and
     /// `--allow-empty` was not given.
     pub const KEEPS_NOTHING: u8 = 18;
+    /// A quota cannot hold the snapshots that must stay.
+    pub const QUOTA_TOO_SMALL: u8 = 19;
     /// Interrupted by a signal.
     pub const INTERRUPTED: u8 = 130;
 }
@@ -113,6 +115,9 @@ enum Command {
     Unforget(forget_cmd::UnforgetArgs),
     /// Give back the space of data no snapshot uses (safe while backups run).
     Prune(forget_cmd::PruneArgs),
+    /// Set, show or enforce the repository's quota.
+    #[command(subcommand)]
+    Quota(forget_cmd::QuotaCommand),
     /// Restore a snapshot (or part of it) into a directory.
     Restore(commands::RestoreArgs),
     /// Verify the repository's integrity.
@@ -195,6 +200,7 @@ fn main() -> ExitCode {
         Command::Forget(a) => forget_cmd::forget(&cli.global, &out, *a),
         Command::Unforget(a) => forget_cmd::unforget(&cli.global, &out, a),
         Command::Prune(a) => forget_cmd::prune(&cli.global, &out, a),
+        Command::Quota(q) => forget_cmd::quota(&cli.global, &out, q),
         Command::Ls(a) => commands::ls(&cli.global, &out, a),
         Command::Restore(a) => commands::restore(&cli.global, &out, a),
         Command::Check(a) => commands::check(&cli.global, &out, a),

@@ -206,6 +206,11 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     {
         return exit::KEEPS_NOTHING;
     }
+    if e.downcast_ref::<crate::forget_cmd::QuotaTooSmall>()
+        .is_some()
+    {
+        return exit::QUOTA_TOO_SMALL;
+    }
     match e.downcast_ref::<capsule_lab::LabError>() {
         Some(capsule_lab::LabError::NotFound(_)) => return exit::NOT_FOUND,
         Some(capsule_lab::LabError::Interrupted) => return exit::INTERRUPTED,

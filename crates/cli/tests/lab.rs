@@ -326,42 +326,6 @@ fn lab_local_directory() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--yes"));
 }
 
-/// A loop-mounted ext4 file system, unmounted on drop.
-struct LoopFs {
-    dir: PathBuf,
-    _img: tempfile::TempDir,
-}
-
-impl LoopFs {
-    fn new(mib: u32) -> Option<LoopFs> {
-        if !common::is_root() {
-            assert!(!required(), "the nearly-full test needs root (loop mounts)");
-            eprintln!("skipped: loop mounts need root");
-            return None;
-        }
-        let img = tempfile::tempdir().unwrap();
-        let file = img.path().join("fs.img");
-        let dir = img.path().join("mnt");
-        std::fs::create_dir(&dir).unwrap();
-        let run = |c: &mut Command| assert!(c.status().unwrap().success(), "{c:?}");
-        run(Command::new("truncate").arg(format!("-s{mib}M")).arg(&file));
-        run(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0"])
-            .arg(&file));
-        run(Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&file)
-            .arg(&dir));
-        Some(LoopFs { dir, _img: img })
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
-    }
-}
-
 #[test]
 fn lab_nearly_full_loop_filesystem() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

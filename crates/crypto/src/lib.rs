@@ -67,6 +67,8 @@ pub enum Aad<'a> {
     Session,
     /// A prune's mark of packs to delete.
     PruneMark,
+    /// The repository's quota.
+    Quota,
 }
 
 impl Aad<'_> {
@@ -86,6 +88,7 @@ impl Aad<'_> {
             Aad::KeyFile => b"capsule:keyfile".to_vec(),
             Aad::Session => b"capsule:session".to_vec(),
             Aad::PruneMark => b"capsule:prunemark".to_vec(),
+            Aad::Quota => b"capsule:quota".to_vec(),
         }
     }
 }

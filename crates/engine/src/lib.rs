@@ -13,6 +13,7 @@ mod meta;
 pub mod packer;
 pub mod progress;
 pub mod prune;
+pub mod quota;
 pub mod repair;
 pub mod repo;
 pub mod restore;

@@ -26,6 +26,8 @@ pub enum FileType {
     Session,
     /// `prune-marks/<id>`: packs a prune will delete.
     PruneMark,
+    /// `quota/<id>`: the repository's quota (the newest counts).
+    Quota,
 }
 
 /// Prefix of incomplete writes (`.tmp-<random>` in the object's directory):
@@ -34,7 +36,7 @@ pub const TEMP_PREFIX: &str = ".tmp-";
 
 impl FileType {
     /// Every kind, in the order of FORMAT.md's table.
-    pub const ALL: [FileType; 9] = [
+    pub const ALL: [FileType; 10] = [
         FileType::Config,
         FileType::Key,
         FileType::Snapshot,
@@ -44,6 +46,7 @@ impl FileType {
         FileType::TreePack,
         FileType::Session,
         FileType::PruneMark,
+        FileType::Quota,
     ];
 
     /// The directory prefix to list (with its trailing `/`); for the
@@ -59,6 +62,7 @@ impl FileType {
             FileType::TreePack => "tree/",
             FileType::Session => "sessions/",
             FileType::PruneMark => "prune-marks/",
+            FileType::Quota => "quota/",
         }
     }
 

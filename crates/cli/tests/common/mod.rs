@@ -560,3 +560,43 @@ pub fn soak(work: &Path, run: &CapsuleRunner<'_>) {
         assert_same_tree(src, &restored(&target, src), false);
     }
 }
+
+/// A loop-mounted ext4 file system, unmounted on drop. `None` (a skip)
+/// when not root, unless the test command requires everything to run.
+pub struct LoopFs {
+    pub dir: PathBuf,
+    _img: tempfile::TempDir,
+}
+
+impl LoopFs {
+    pub fn new(mib: u32) -> Option<LoopFs> {
+        if !is_root() {
+            assert!(
+                std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
+                "loop mounts need root"
+            );
+            eprintln!("skipped: loop mounts need root");
+            return None;
+        }
+        let img = tempfile::tempdir().unwrap();
+        let file = img.path().join("fs.img");
+        let dir = img.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let run = |c: &mut Command| assert!(c.status().unwrap().success(), "{c:?}");
+        run(Command::new("truncate").arg(format!("-s{mib}M")).arg(&file));
+        run(Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0"])
+            .arg(&file));
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&file)
+            .arg(&dir));
+        Some(LoopFs { dir, _img: img })
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
