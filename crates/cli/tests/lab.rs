@@ -329,7 +329,7 @@ fn lab_local_directory() {
 #[test]
 fn lab_nearly_full_loop_filesystem() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(fs) = LoopFs::new(256) else {
+    let Some(fs) = common::LoopFs::new(256) else {
         return;
     };
     // Someone else's data fills half of it.
