@@ -201,12 +201,14 @@ fn thin_before_backup(
     Ok(Some(capsule_engine::quota::thin(repo, plan)?))
 }
 
-/// After a destination reported itself full: frees a fifth of what the
-/// snapshots use, oldest first, so that the run can be tried again.
-fn thin_when_full(repo: &Arc<Repository>, out: &Output) -> Result<bool> {
+/// After a destination reported itself full: frees, oldest first, what the
+/// last run added with a fifth to spare, and at least a fifth of what the
+/// snapshots use, so that the run can be tried again.
+fn thin_when_full(repo: &Arc<Repository>, out: &Output, expected: u64) -> Result<bool> {
     let min_age = capsule_engine::quota::load(repo)?.map_or(3600, |q| q.min_age_secs);
     let probe = capsule_engine::quota::plan(repo, u64::MAX, min_age)?;
-    let plan = capsule_engine::quota::plan(repo, probe.used / 5 * 4, min_age)?;
+    let free = (probe.used / 5).max(expected / 5 * 6);
+    let plan = capsule_engine::quota::plan(repo, probe.used.saturating_sub(free), min_age)?;
     if plan.remove.is_empty() {
         return Ok(false);
     }
@@ -298,7 +300,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     let thinned = thin_before_backup(&repo, out, a.when_full, expected)?;
     let mut report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
     let full = matches!(&report, Err(e) if is_full(e));
-    if a.when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, out)? {
+    if a.when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, out, expected)? {
         report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
     }
     let series = recorder.finish();

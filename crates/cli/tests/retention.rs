@@ -726,7 +726,10 @@ fn a_simulated_month_stays_within_its_quota_and_policy() {
     let expected = timemachine_expected(&times, now);
     let oldest = *kept.iter().next().unwrap();
     // The quota took some of the policy's oldest snapshots.
-    assert!(*expected.iter().next().unwrap() < oldest, "the quota never acted");
+    assert!(
+        *expected.iter().next().unwrap() < oldest,
+        "the quota never acted"
+    );
     let expected_suffix: BTreeSet<i64> = expected.into_iter().filter(|t| *t >= oldest).collect();
     assert_eq!(kept, expected_suffix);
     // The quota, not the policy, decided how far back it goes; the last day
@@ -760,4 +763,69 @@ fn a_simulated_month_stays_within_its_quota_and_policy() {
         }
     }
     ok(&repo, &["check", "--read-data"]);
+}
+
+/// A destination that fills up: with the default --when-full delete-oldest
+/// every run succeeds, deleting the oldest snapshots to make room; with
+/// --when-full fail the run fails with exit 16 and deletes nothing.
+#[test]
+fn a_full_destination_deletes_the_oldest_and_carries_on() {
+    let Some(fs) = LoopFs::new(48) else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let repo = fs.dir.join("repo");
+    init(&repo);
+    let fill = |run: u64| {
+        for f in 0..6u64 {
+            std::fs::write(src.join(format!("f{f}")), noise(1_000_000, run * 10 + f)).unwrap();
+        }
+    };
+    // Six runs of 6 MB fit in 48 MiB; then --when-full fail refuses.
+    let mut run = 0;
+    loop {
+        fill(run);
+        let o = at(
+            &repo,
+            NOW - 20 * D + run as i64 * D,
+            &["backup", "-q", "--when-full", "fail", src.to_str().unwrap()],
+        );
+        if !o.status.success() {
+            assert_eq!(
+                o.status.code(),
+                Some(16),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            break;
+        }
+        run += 1;
+        assert!(run < 12, "48 MiB never filled");
+    }
+    let before = snapshot_times(&repo, false).len();
+    assert_eq!(before as u64, run);
+    // The default deletes the oldest and carries on, run after run.
+    for _ in 0..4 {
+        fill(run);
+        ok_at(
+            &repo,
+            NOW - 20 * D + run as i64 * D,
+            &["backup", "-q", src.to_str().unwrap()],
+        );
+        run += 1;
+    }
+    let after = snapshot_times(&repo, false);
+    assert!(after.len() >= 2 && after.len() < run as usize, "{after:?}");
+    ok(&repo, &["check", "--read-data"]);
+    let target = t.path().join("restored");
+    ok(
+        &repo,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
+    assert_eq!(
+        std::fs::read(restored(&target, &src).join("f5")).unwrap(),
+        noise(1_000_000, (run - 1) * 10 + 5)
+    );
 }
