@@ -829,3 +829,118 @@ fn a_full_destination_deletes_the_oldest_and_carries_on() {
         noise(1_000_000, (run - 1) * 10 + 5)
     );
 }
+
+/// Copies a directory tree (a repository at a chosen state).
+fn copy_tree(from: &Path, to: &Path) {
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+/// A prune killed (SIGKILL) at each of its steps, from the same starting
+/// state: one mark waiting to be swept, new unused packs and a partly used
+/// one to repack. Afterwards the next prunes finish the job, `check
+/// --read-data` is clean and the kept snapshot restores bit for bit.
+#[test]
+fn a_prune_killed_at_any_step_leaves_a_repository_the_next_prune_finishes() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, base) = (t.path().join("src"), t.path().join("base"));
+    std::fs::create_dir_all(&src).unwrap();
+    init(&base);
+    // Five runs; each rewrites four of twenty 150 kB files, so packs end up
+    // partly used.
+    let mut seeds: Vec<u64> = (0..20).collect();
+    for f in 0..20 {
+        std::fs::write(src.join(format!("f{f:02}")), noise(150_000, seeds[f])).unwrap();
+    }
+    for run in 0..5u64 {
+        for k in 0..4usize {
+            let f = (run as usize * 4 + k) % 20;
+            seeds[f] = 100 + run * 10 + k as u64;
+            std::fs::write(src.join(format!("f{f:02}")), noise(150_000, seeds[f])).unwrap();
+        }
+        ok(&base, &["backup", "-q", src.to_str().unwrap()]);
+    }
+    ok(&base, &["forget", "--keep-last", "3", "--prune"]);
+    ok(&base, &["forget", "--keep-last", "1"]);
+    // ("prune-restored" needs a marked pack used again by a snapshot no
+    // writer re-indexed, a race this state cannot set up; that step is one
+    // put of an index file listing packs that also stay marked.)
+    let points = [
+        "prune-deleting",
+        "prune-deleted",
+        "prune-repacked",
+        "prune-unarmed",
+        "prune-rewritten",
+        "prune-armed",
+        "prune-marked",
+    ];
+    let mut reached = 0;
+    for point in points {
+        let repo = t.path().join(point);
+        copy_tree(&base, &repo);
+        copy_tree(&base.with_extension("cache"), &repo.with_extension("cache"));
+        let gate = t.path().join(format!("{point}-gate"));
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+        c.arg("--repo")
+            .arg(&repo)
+            .args(["prune", "--max-unused", "0"])
+            .env_remove("CAPSULE_PASSWORD_FILE")
+            .env_remove("CAPSULE_REPO")
+            .env("CAPSULE_PASSWORD", PASSWORD)
+            .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
+            .env(
+                "CAPSULE_STATE_DIR",
+                repo.with_extension("cache").join("state"),
+            )
+            .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let mut child = c.spawn().unwrap();
+        let waiting = gate.with_extension("waiting");
+        let mut paused = false;
+        for _ in 0..1200 {
+            if waiting.exists() {
+                paused = true;
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        if paused {
+            reached += 1;
+        }
+        // The next prunes finish what it started.
+        for _ in 0..3 {
+            ok(&repo, &["prune"]);
+        }
+        ok(&repo, &["check", "--read-data"]);
+        let target = t.path().join(format!("{point}.restored"));
+        ok(
+            &repo,
+            &["restore", "latest", "--target", target.to_str().unwrap()],
+        );
+        let dir = restored(&target, &src);
+        for f in 0..20 {
+            assert_eq!(
+                std::fs::read(dir.join(format!("f{f:02}"))).unwrap(),
+                noise(150_000, seeds[f]),
+                "{point}: f{f:02}"
+            );
+        }
+        let left = json(&repo, &["prune", "--dry-run"]);
+        assert_eq!(left["prune"]["packs_marked"], 0, "{point}: {left}");
+        assert_eq!(left["prune"]["marks_waiting"], 0, "{point}: {left}");
+    }
+    // Every step was reached (a renamed step would otherwise go untested).
+    assert_eq!(reached, points.len());
+}

@@ -252,10 +252,15 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
             for p in &restore {
                 index.add_pack(p);
             }
+            crate::test_pause("prune-restored");
         }
-        for (name, _) in &delete {
+        for (i, (name, _)) in delete.iter().enumerate() {
             backend.delete(name)?;
+            if i == 0 {
+                crate::test_pause("prune-deleting");
+            }
         }
+        crate::test_pause("prune-deleted");
         for (name, _) in &ready {
             backend.delete(name)?;
         }
@@ -336,6 +341,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     report.packs_repacked = repack.len() as u64;
     if !opts.dry_run && !repack.is_empty() {
         report.bytes_repack_written = repack_packs(repo, &index, &used, &kept, &repack)?;
+        crate::test_pause("prune-repacked");
     }
     let keep = kept;
     condemned.extend(repack);
@@ -353,6 +359,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
             //    in the old index is among them, or has committed already;
             // 4. the unarmed mark and the superseded index files go.
             let unarmed = write_mark(repo, now, None, condemned.clone())?;
+            crate::test_pause("prune-unarmed");
             let superseded: Vec<ObjectId> = index.files().to_vec();
             save_index_file(
                 &**repo,
@@ -361,16 +368,19 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
                     packs: keep,
                 },
             )?;
+            crate::test_pause("prune-rewritten");
             let sessions_now: Vec<String> = list_sessions(repo)?
                 .into_iter()
                 .map(|(id, _, _)| id)
                 .collect();
             write_mark(repo, now, Some(sessions_now), condemned)?;
+            crate::test_pause("prune-armed");
             backend.delete(&unarmed)?;
             for id in superseded {
                 backend.delete(&FileType::Index.name(&id))?;
             }
         }
+        crate::test_pause("prune-marked");
         // Their data is marked now (or was never theirs alone).
         for name in &forgotten {
             backend.delete(name)?;

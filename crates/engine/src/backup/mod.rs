@@ -241,30 +241,6 @@ fn lease_check(
     )))
 }
 
-/// Test hook: with `CAPSULE_TEST_PAUSE=<point>:<file>`, the process
-/// creates `<file>.waiting` at that point and waits (at most ten minutes)
-/// until `<file>` exists, so a test can act at an exact moment (stop the
-/// process, run a prune, move the clock). Not for production use.
-fn test_pause(point: &str) {
-    let Some(v) = std::env::var_os("CAPSULE_TEST_PAUSE") else {
-        return;
-    };
-    let v = v.to_string_lossy();
-    let Some((p, file)) = v.split_once(':') else {
-        return;
-    };
-    if p != point {
-        return;
-    }
-    let _ = std::fs::write(format!("{file}.waiting"), b"");
-    for _ in 0..6000 {
-        if std::path::Path::new(file).exists() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 /// Picks the parent snapshot: explicit, or the latest with the same host and
 /// the same set of paths.
 fn find_parent(
@@ -457,7 +433,7 @@ pub fn backup(
     // A session that lapsed (the process was suspended past its lease) may
     // have let a prune delete packs this backup refers to: commit only if
     // every pack it started from is still there.
-    test_pause("commit");
+    crate::test_pause("commit");
     if !session.still_held()? {
         lease_check(
             &repo,
@@ -466,7 +442,7 @@ pub fn backup(
             "nothing was committed",
         )?;
     }
-    test_pause("after-check");
+    crate::test_pause("after-check");
     let marked = crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
     // The commit point: everything the snapshot references is durable and
     // indexed by now (saver.finish returned Ok).
