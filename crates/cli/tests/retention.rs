@@ -855,8 +855,8 @@ fn a_prune_killed_at_any_step_leaves_a_repository_the_next_prune_finishes() {
     // Five runs; each rewrites four of twenty 150 kB files, so packs end up
     // partly used.
     let mut seeds: Vec<u64> = (0..20).collect();
-    for f in 0..20 {
-        std::fs::write(src.join(format!("f{f:02}")), noise(150_000, seeds[f])).unwrap();
+    for (f, seed) in seeds.iter().enumerate() {
+        std::fs::write(src.join(format!("f{f:02}")), noise(150_000, *seed)).unwrap();
     }
     for run in 0..5u64 {
         for k in 0..4usize {
@@ -930,10 +930,10 @@ fn a_prune_killed_at_any_step_leaves_a_repository_the_next_prune_finishes() {
             &["restore", "latest", "--target", target.to_str().unwrap()],
         );
         let dir = restored(&target, &src);
-        for f in 0..20 {
+        for (f, seed) in seeds.iter().enumerate() {
             assert_eq!(
                 std::fs::read(dir.join(format!("f{f:02}"))).unwrap(),
-                noise(150_000, seeds[f]),
+                noise(150_000, *seed),
                 "{point}: f{f:02}"
             );
         }
