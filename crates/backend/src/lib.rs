@@ -110,12 +110,15 @@ impl BackendError {
 }
 
 /// Size (and, where cheap, other facts) of a stored object.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ObjectInfo {
     /// Full object name.
     pub name: String,
     /// Size in bytes.
     pub size: u64,
+    /// Last modification, Unix seconds by the destination's clock, where a
+    /// listing gives it (prune compares it with the local clock).
+    pub modified: Option<i64>,
 }
 
 /// What a backend can do and how it prefers to be used.

@@ -286,6 +286,7 @@ impl Backend for LocalBackend {
         Ok(ObjectInfo {
             name: name.to_string(),
             size: m.len(),
+            modified: unix_mtime(&m),
         })
     }
 
@@ -314,8 +315,12 @@ impl Backend for LocalBackend {
                 if ft.is_dir() {
                     stack.push((e.path(), child));
                 } else if ft.is_file() {
-                    let size = e.metadata().map_err(|e| io_err("list", prefix, e))?.len();
-                    out.push(ObjectInfo { name: child, size });
+                    let m = e.metadata().map_err(|e| io_err("list", prefix, e))?;
+                    out.push(ObjectInfo {
+                        name: child,
+                        size: m.len(),
+                        modified: unix_mtime(&m),
+                    });
                 }
             }
         }
@@ -422,6 +427,11 @@ impl LabBackend for LocalBackend {
         }
         Ok(())
     }
+}
+
+fn unix_mtime(m: &fs::Metadata) -> Option<i64> {
+    use std::os::unix::fs::MetadataExt;
+    Some(m.mtime())
 }
 
 #[cfg(test)]

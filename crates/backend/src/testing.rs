@@ -101,6 +101,7 @@ impl Backend for MemoryBackend {
         Ok(ObjectInfo {
             name: name.to_string(),
             size: b.len() as u64,
+            modified: None,
         })
     }
 
@@ -112,6 +113,7 @@ impl Backend for MemoryBackend {
             .map(|(k, v)| ObjectInfo {
                 name: k.clone(),
                 size: v.len() as u64,
+                modified: None,
             })
             .collect())
     }

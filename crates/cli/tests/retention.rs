@@ -944,3 +944,68 @@ fn a_prune_killed_at_any_step_leaves_a_repository_the_next_prune_finishes() {
     // Every step was reached (a renamed step would otherwise go untested).
     assert_eq!(reached, points.len());
 }
+
+/// A destination whose clock is two hours off this machine's (the prune's
+/// own session object is dated so): prune refuses, deleting nothing.
+#[test]
+fn prune_refuses_a_large_clock_skew_against_the_destination() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), noise(10_000, 1)).unwrap();
+    init(&repo);
+    ok(&repo, &["backup", "-q", src.to_str().unwrap()]);
+    let gate = t.path().join("gate");
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+    c.arg("--repo")
+        .arg(&repo)
+        .arg("prune")
+        .env_remove("CAPSULE_PASSWORD_FILE")
+        .env_remove("CAPSULE_REPO")
+        .env("CAPSULE_PASSWORD", PASSWORD)
+        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
+        .env(
+            "CAPSULE_STATE_DIR",
+            repo.with_extension("cache").join("state"),
+        )
+        .env(
+            "CAPSULE_TEST_PAUSE",
+            format!("prune-session:{}", gate.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    let waiting = gate.with_extension("waiting");
+    for _ in 0..1200 {
+        if waiting.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    for s in std::fs::read_dir(repo.join("sessions")).unwrap() {
+        let ok = std::process::Command::new("touch")
+            .args(["-d", "2 hours ago"])
+            .arg(s.unwrap().path())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    }
+    std::fs::write(&gate, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(12), "{stderr}");
+    assert!(
+        stderr.contains("clock") && stderr.contains("ahead"),
+        "{stderr}"
+    );
+    assert!(
+        std::fs::read_dir(repo.join("prune-marks"))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            || std::fs::read_dir(repo.join("prune-marks"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
+    ok(&repo, &["check"]);
+}

@@ -55,6 +55,9 @@ pub struct PruneOptions {
     /// Repack partly used packs until unused bytes are at most this
     /// fraction of used ones.
     pub max_unused: f64,
+    /// Refuse when this machine's clock and the destination's differ by
+    /// more (seconds): session leases are judged by clocks.
+    pub max_skew_secs: i64,
 }
 
 impl Default for PruneOptions {
@@ -63,6 +66,7 @@ impl Default for PruneOptions {
             dry_run: false,
             lease_secs: LEASE_SECS,
             max_unused: 0.05,
+            max_skew_secs: 300,
         }
     }
 }
@@ -139,9 +143,21 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     let now = now_unix();
     let backend = repo.backend();
 
+    // A prune holds a session too: its object's time, as the destination
+    // records it, is the destination's clock.
+    let own = if opts.dry_run {
+        None
+    } else {
+        Some(crate::session::Session::start_kind(repo, "prune")?)
+    };
+    crate::test_pause("prune-session");
+
     // Sessions first, snapshots after: a backup whose session is gone has
     // committed before the listing below, or never will.
     let sessions = list_sessions(repo)?;
+    if let Some(own) = &own {
+        check_clock(repo, &own.id(), opts.max_skew_secs)?;
+    }
     let held: HashMap<&str, &crate::session::SessionInfo> =
         sessions.iter().map(|(id, _, i)| (id.as_str(), i)).collect();
     let marks = load_marks(repo)?;
@@ -269,7 +285,19 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
                 backend.delete(n)?;
             }
         }
-        let held_ids: Vec<String> = sessions.iter().map(|(id, _, _)| id.clone()).collect();
+        let held_ids: Vec<String> = sessions
+            .iter()
+            .filter(|(_, _, i)| i.kind != "prune")
+            .map(|(id, _, _)| id.clone())
+            .collect();
+        // A prune that died leaves its session; clear those past the lease.
+        for (_, names, i) in &sessions {
+            if i.kind == "prune" && now.saturating_sub(i.heartbeat_unix) > opts.lease_secs {
+                for n in names {
+                    backend.delete(n)?;
+                }
+            }
+        }
         for (name, packs) in arm {
             write_mark(repo, now, Some(held_ids.clone()), packs.packs.clone())?;
             backend.delete(name)?;
@@ -371,6 +399,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
             crate::test_pause("prune-rewritten");
             let sessions_now: Vec<String> = list_sessions(repo)?
                 .into_iter()
+                .filter(|(_, _, i)| i.kind != "prune")
                 .map(|(id, _, _)| id)
                 .collect();
             write_mark(repo, now, Some(sessions_now), condemned)?;
@@ -458,6 +487,38 @@ fn repack_packs(
     let stats = saver.finish();
     result?;
     Ok(stats?.stored_bytes_added)
+}
+
+/// Refuses to prune when the destination's clock, read from the time it
+/// gave this prune's own session object, is far from this machine's: a
+/// lease judged by a clock hours ahead would revoke live backups (kopia
+/// refuses at five minutes too). Destinations that give no times pass.
+fn check_clock(repo: &Repository, own_session: &str, max_skew: i64) -> Result<()> {
+    let objs = repo.backend().list(crate::session::SESSIONS_PREFIX)?;
+    let Some(theirs) = objs
+        .iter()
+        .find(|o| {
+            o.name
+                .trim_start_matches(crate::session::SESSIONS_PREFIX)
+                .starts_with(own_session)
+        })
+        .and_then(|o| o.modified)
+    else {
+        return Ok(());
+    };
+    // The wall clock, not the test clock: this is about the machines.
+    let ours = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let skew = theirs - ours;
+    if skew.abs() > max_skew {
+        return Err(EngineError::PruneRefused(format!(
+            "this machine's clock is {} min {} the destination's; session leases are judged by clocks, so set the time right (NTP) and prune again",
+            skew.abs() / 60,
+            if skew > 0 { "behind" } else { "ahead of" }
+        )));
+    }
+    Ok(())
 }
 
 /// Stores a mark; returns its name.

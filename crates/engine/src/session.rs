@@ -56,6 +56,14 @@ pub struct SessionInfo {
     pub heartbeat_unix: i64,
     /// Renewal count.
     pub seq: u64,
+    /// What holds it: "backup", or "prune" (a prune's session only dates
+    /// the destination's clock; marks do not wait for it).
+    #[serde(default = "backup_kind")]
+    pub kind: String,
+}
+
+fn backup_kind() -> String {
+    "backup".into()
 }
 
 fn object_name(id: &str, seq: u64) -> String {
@@ -78,8 +86,14 @@ struct State {
 }
 
 impl Session {
-    /// Opens a session: its first object is stored before this returns.
+    /// Opens a backup's session: its first object is stored before this
+    /// returns.
     pub fn start(repo: &Arc<Repository>) -> Result<Session> {
+        Self::start_kind(repo, "backup")
+    }
+
+    /// Opens a session of the given kind.
+    pub fn start_kind(repo: &Arc<Repository>, kind: &str) -> Result<Session> {
         let mut raw = [0u8; 12];
         capsule_crypto::random_bytes(&mut raw)?;
         let now = now_unix();
@@ -90,6 +104,7 @@ impl Session {
             started_unix: now,
             heartbeat_unix: now,
             seq: 0,
+            kind: kind.into(),
         };
         let name = object_name(&info.id, 0);
         store(repo, &name, &info)?;
@@ -247,6 +262,7 @@ pub fn list_sessions(repo: &Repository) -> Result<Vec<(String, Vec<String>, Sess
                 started_unix: 0,
                 heartbeat_unix: 0,
                 seq: 0,
+                kind: backup_kind(),
             },
         };
         out.push((id, names, info));

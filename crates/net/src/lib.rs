@@ -139,6 +139,8 @@ pub(crate) struct DirEntry {
     pub(crate) name: String,
     pub(crate) is_dir: bool,
     pub(crate) size: u64,
+    /// Unix seconds, when the listing gives it.
+    pub(crate) modified: Option<i64>,
 }
 
 /// Lists every object under `prefix` on a destination made of directories
@@ -204,6 +206,7 @@ where
                     out.push(capsule_backend::ObjectInfo {
                         name: child,
                         size: e.size,
+                        modified: e.modified,
                     });
                 }
             }

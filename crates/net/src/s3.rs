@@ -515,6 +515,7 @@ impl Backend for S3Backend {
         Ok(ObjectInfo {
             name: name.to_string(),
             size: meta.size,
+            modified: Some(meta.last_modified.timestamp()),
         })
     }
 
@@ -538,6 +539,7 @@ impl Backend for S3Backend {
                     out.push(ObjectInfo {
                         name,
                         size: meta.size,
+                        modified: Some(meta.last_modified.timestamp()),
                     });
                 }
             }

@@ -771,6 +771,7 @@ impl SftpBackend {
                         name: f.filename,
                         is_dir,
                         size: f.attrs.size.unwrap_or(0),
+                        modified: f.attrs.mtime.map(i64::from),
                     })
                 })),
                 Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(()),
@@ -887,6 +888,7 @@ impl Backend for SftpBackend {
         Ok(ObjectInfo {
             name: name.to_string(),
             size: a.attrs.size.unwrap_or(0),
+            modified: a.attrs.mtime.map(i64::from),
         })
     }
 

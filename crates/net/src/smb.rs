@@ -411,6 +411,11 @@ impl SmbBackend {
                         name: e.name,
                         is_dir: e.is_directory,
                         size: e.size,
+                        modified: e
+                            .modified
+                            .to_system_time()
+                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                            .map(|d| d.as_secs() as i64),
                     })
                     .collect(),
             )),
@@ -686,6 +691,7 @@ impl Backend for SmbBackend {
         Ok(ObjectInfo {
             name: name.to_string(),
             size: i.size,
+            modified: None,
         })
     }
 
