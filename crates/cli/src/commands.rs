@@ -166,9 +166,10 @@ fn thin_before_backup(
     repo: &Arc<Repository>,
     out: &Output,
     when_full: WhenFull,
+    quota: Option<capsule_engine::quota::Quota>,
     expected: u64,
 ) -> Result<Option<capsule_engine::quota::ThinReport>> {
-    let Some(q) = capsule_engine::quota::load(repo)? else {
+    let Some(q) = quota else {
         return Ok(None);
     };
     let stored = capsule_engine::quota::stored_bytes(repo)?;
@@ -292,12 +293,18 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     let start_unix = capsule_engine::timefmt::now_unix();
     let paths: Vec<String> = opts.paths.iter().map(|p| p.display().to_string()).collect();
     let repo = Arc::new(repo);
-    let expected = repo
-        .list_snapshots()
-        .ok()
-        .and_then(|(s, _)| s.last().map(|(_, s)| s.summary.bytes_added))
-        .unwrap_or(0);
-    let thinned = thin_before_backup(&repo, out, a.when_full, expected)?;
+    // One listing when there is no quota; with one, what the last run
+    // added is what this one is expected to add.
+    let quota = capsule_engine::quota::load(&repo)?;
+    let expected = match quota {
+        Some(_) => repo
+            .list_snapshots()
+            .ok()
+            .and_then(|(s, _)| s.last().map(|(_, s)| s.summary.bytes_added))
+            .unwrap_or(0),
+        None => 0,
+    };
+    let thinned = thin_before_backup(&repo, out, a.when_full, quota, expected)?;
     let mut report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
     let full = matches!(&report, Err(e) if is_full(e));
     if a.when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, out, expected)? {
@@ -308,7 +315,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     let report = report?;
     // A run larger than expected may have gone over: thin now, so the
     // repository is within its quota between runs.
-    let after = thin_before_backup(&repo, out, a.when_full, 0).unwrap_or_else(|e| {
+    let after = thin_before_backup(&repo, out, a.when_full, quota, 0).unwrap_or_else(|e| {
         out.warn(format!("could not thin to the quota after the run: {e}"));
         None
     });
