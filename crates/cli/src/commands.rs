@@ -501,7 +501,8 @@ fn root_of(s: &capsule_format::snapshot::Snapshot) -> Result<BlobId> {
 pub fn ls(g: &GlobalArgs, out: &Output, a: LsArgs) -> Result<u8> {
     let (repo, _) = open(g, out)?;
     let (_, snap) = resolve(&repo, out, &a.snapshot)?;
-    let (index, _) = repo.load_index()?;
+    let (mut index, _) = repo.load_index()?;
+    capsule_engine::prune::add_marked_packs(&repo, &mut index)?;
     let mut root = root_of(&snap)?;
     let base = treewalk::snapshot_path(a.path.as_deref().unwrap_or("/"));
     let mut items = Vec::new();
@@ -616,7 +617,8 @@ impl From<OverwriteArg> for capsule_engine::restore::Overwrite {
 pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
     let (repo, _) = open(g, out)?;
     let (id, snap) = resolve(&repo, out, &a.snapshot)?;
-    let (index, bad) = repo.load_index()?;
+    let (mut index, bad) = repo.load_index()?;
+    capsule_engine::prune::add_marked_packs(&repo, &mut index)?;
     for e in &bad {
         out.warn(format!("{e} (blobs it lists are unavailable)"));
     }
@@ -710,6 +712,19 @@ pub struct CheckArgs {
 
 pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
     let (repo, _) = open_uncached(g, out)?;
+    let repo = Arc::new(repo);
+    // Held like a backup's, so that a prune running meanwhile does not
+    // delete packs this check is about to read. A destination this user may
+    // only read gets none, and a prune could then race the check.
+    let session = match capsule_engine::session::Session::start_kind(&repo, "check") {
+        Ok(s) => Some(s),
+        Err(e) => {
+            out.warn(format!(
+                "no session could be written ({e}); a prune running meanwhile may make this check report packs it deleted"
+            ));
+            None
+        }
+    };
     let progress = Arc::new(Progress::default());
     let bar = if a.read_data {
         out.progress(&progress, "check")
@@ -718,6 +733,7 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
     };
     let r = capsule_engine::check::check(&repo, a.read_data, &progress);
     drop(bar);
+    drop(session);
     let r = r?;
     // The next backup must not reuse what this check found lost.
     if let Some(dir) = settings::cache_dir(g, &repo) {
@@ -800,7 +816,8 @@ pub fn diff(g: &GlobalArgs, out: &Output, a: DiffArgs) -> Result<u8> {
     let (repo, _) = open(g, out)?;
     let (_, sa) = resolve(&repo, out, &a.a)?;
     let (_, sb) = resolve(&repo, out, &a.b)?;
-    let (index, _) = repo.load_index()?;
+    let (mut index, _) = repo.load_index()?;
+    capsule_engine::prune::add_marked_packs(&repo, &mut index)?;
     let mut budget = treewalk::Budget::new(
         treewalk::entry_budget(&sa).saturating_add(treewalk::entry_budget(&sb)),
     );

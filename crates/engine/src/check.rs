@@ -101,11 +101,17 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     // a listed snapshot needs even while a backup is running. (The other
     // order finds a new snapshot whose index file it has not loaded yet.)
     let (snaps, bad_snaps) = repo.list_snapshots()?;
-    let (index, bad_index) = repo.load_index()?;
+    let (mut index, bad_index) = repo.load_index()?;
     for e in bad_index {
         let (obj, detail) = describe(&e);
         problems.add(obj, detail);
     }
+
+    // Marks before the pack listing: a prune deletes a marked pack before
+    // its mark, so a pack listed below whose mark is gone by then cannot be
+    // taken for an unindexed one.
+    let marked_packs = crate::prune::marked_index_packs(repo)?;
+    let marked: HashSet<ObjectId> = marked_packs.iter().map(|p| p.id).collect();
 
     // Packs on storage vs packs in the index.
     let mut stored: HashMap<String, u64> = HashMap::new();
@@ -145,7 +151,6 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         }
     }
     report.packs = index.packs().len() as u64;
-    let marked = crate::prune::marked_packs(repo)?;
     let is_marked = |name: &str| {
         name.rsplit('/')
             .next()
@@ -194,11 +199,31 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         report.bytes_read = Progress::get(&progress.bytes_done);
     }
 
-    // Snapshots and trees.
+    // Snapshots and trees. A backup that committed while a prune marked
+    // blobs it reused finds them in their marked packs until the next
+    // prune puts those back: not damage.
+    for p in &marked_packs {
+        if !index.has_pack(&p.id) {
+            index.add_pack(p);
+        }
+    }
     for e in bad_snaps {
         let (obj, detail) = describe(&e);
         problems.add(obj, detail);
     }
+    // A snapshot forgotten while this check ran may have had its data
+    // marked (and taken out of the index loaded above) by a prune: only
+    // snapshots still live now are walked. One listing.
+    let live: HashSet<ObjectId> = repo
+        .backend()
+        .list(FileType::Snapshot.prefix())?
+        .iter()
+        .filter_map(|o| FileType::id_of(&o.name))
+        .collect();
+    let snaps: Vec<_> = snaps
+        .into_iter()
+        .filter(|(id, _)| live.contains(id))
+        .collect();
     report.snapshots = snaps.len() as u64;
     let mut walker = TreeChecker {
         repo,

@@ -5,7 +5,7 @@
 //! 100 MB per 1 TB of unique data; a sorted on-disk index replaces this
 //! before repositories grow past that (see docs/DESIGN.md).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use capsule_crypto::Aad;
 use capsule_format::index::{decode_index, encode_index, IndexFile, IndexPack};
@@ -62,22 +62,48 @@ pub struct MasterIndex {
     files: Vec<ObjectId>,
 }
 
+/// Listings taken again when index files vanish while being read.
+const VANISHED_RETRIES: usize = 5;
+
+fn is_not_found(e: &EngineError) -> bool {
+    matches!(e, EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::NotFound)
+}
+
 impl MasterIndex {
     /// Loads and merges every index file of `store`. Index files that fail to
     /// read, authenticate or decode are returned as errors; the rest load.
     pub fn load(store: &dyn SealedStore) -> Result<(Self, Vec<EngineError>)> {
-        let objs = store.list(FileType::Index)?;
-        let loaded: Vec<Result<(ObjectId, IndexFile)>> = objs
-            .par_iter()
-            .map(|o| {
-                let id: ObjectId = o
-                    .trim_start_matches(FileType::Index.prefix())
-                    .parse()
-                    .map_err(|_| EngineError::corrupt(o, "name is not an ID"))?;
-                Ok((id, load_index_file(store, &id)?))
-            })
-            .collect();
-        let (good, bad) = crate::partition(loaded);
+        // A prune deletes index files once the file superseding them is
+        // stored. One read between the two finds a listed file gone; the
+        // listing taken again then holds the file that replaced it. Bounded:
+        // a destination that keeps losing files is reported as it is.
+        let mut good: BTreeMap<ObjectId, IndexFile> = BTreeMap::new();
+        let mut bad = Vec::new();
+        for attempt in 0..VANISHED_RETRIES {
+            let objs = store.list(FileType::Index)?;
+            let loaded: Vec<Result<(ObjectId, IndexFile)>> = objs
+                .par_iter()
+                .filter_map(|o| {
+                    let id: ObjectId = match o.trim_start_matches(FileType::Index.prefix()).parse()
+                    {
+                        Ok(id) => id,
+                        Err(_) => return Some(Err(EngineError::corrupt(o, "name is not an ID"))),
+                    };
+                    if good.contains_key(&id) {
+                        return None;
+                    }
+                    Some(load_index_file(store, &id).map(|f| (id, f)))
+                })
+                .collect();
+            let (ok, failed) = crate::partition(loaded);
+            good.extend(ok);
+            let vanished = failed.iter().any(is_not_found);
+            bad = failed;
+            if !vanished || attempt + 1 == VANISHED_RETRIES {
+                break;
+            }
+        }
+        let good: Vec<(ObjectId, IndexFile)> = good.into_iter().collect();
         let superseded: HashSet<ObjectId> = good
             .iter()
             .flat_map(|(_, f)| f.supersedes.iter().copied())

@@ -554,6 +554,25 @@ pub fn marked_packs(repo: &Repository) -> Result<HashSet<ObjectId>> {
         .collect())
 }
 
+/// Adds the packs marked for deletion to `index` as a fallback: blobs
+/// indexed elsewhere keep their place, others are found in their marked
+/// pack. Readers (restore, ls, check's tree walk) use it for the one window
+/// where a live snapshot needs a marked pack: a backup that committed
+/// while a prune marked blobs it reused, until the next prune's sweep puts
+/// the pack back. Such a pack is never deleted while a live snapshot uses
+/// it. Returns how many packs were added.
+pub fn add_marked_packs(repo: &Repository, index: &mut MasterIndex) -> Result<usize> {
+    let marked = marked_index_packs(repo)?;
+    let mut added = 0;
+    for p in &marked {
+        if !index.has_pack(&p.id) {
+            index.add_pack(p);
+            added += 1;
+        }
+    }
+    Ok(added)
+}
+
 /// The packs every readable mark names, with their index entries.
 pub(crate) fn marked_index_packs(repo: &Repository) -> Result<Vec<IndexPack>> {
     let mut out = Vec::new();

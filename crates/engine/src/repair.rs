@@ -193,7 +193,10 @@ pub fn repair_snapshots(
     repo: &std::sync::Arc<Repository>,
     dry_run: bool,
 ) -> Result<SnapshotsRepairReport> {
-    let (index, _) = repo.load_index()?;
+    let (mut index, _) = repo.load_index()?;
+    // Blobs a prune has marked but a live snapshot still uses are not lost:
+    // the next prune puts their packs back.
+    crate::prune::add_marked_packs(repo, &mut index)?;
     // A blob counts as there when an indexed pack holding it is stored
     // with its indexed size.
     let mut stored = std::collections::HashMap::new();

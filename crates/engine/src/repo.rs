@@ -637,13 +637,16 @@ impl Repository {
         };
         let results: Vec<_> = objs
             .par_iter()
-            .map(|o| {
-                let id: ObjectId = o
-                    .name
-                    .trim_start_matches(prefix)
-                    .parse()
-                    .map_err(|_| EngineError::corrupt(&o.name, "name is not an ID"))?;
-                self.load_snapshot_object(&o.name, &id).map(|s| (id, s))
+            .filter_map(|o| {
+                let Ok(id) = o.name.trim_start_matches(prefix).parse::<ObjectId>() else {
+                    return Some(Err(EngineError::corrupt(&o.name, "name is not an ID")));
+                };
+                match self.load_snapshot_object(&o.name, &id) {
+                    // Forgotten (or set back) between the listing and the
+                    // read: it was moved, not damaged.
+                    Err(EngineError::Backend(e)) if e.kind == ErrorKind::NotFound => None,
+                    r => Some(r.map(|s| (id, s))),
+                }
             })
             .collect();
         let (mut good, bad) = crate::partition(results);

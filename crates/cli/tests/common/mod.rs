@@ -456,52 +456,95 @@ pub type CapsuleRunner<'a> = dyn Fn(&[&str], &[(&str, String)]) -> Output + Sync
 
 /// Eight clients (own source, own cache, own host name, as eight machines
 /// would be) back up into one repository at once, `rounds` times each,
-/// while `check --read-data` runs beside them in a loop; then every
-/// snapshot must be there, the repository clean, and each client's latest
-/// snapshot must restore what it backed up. `run` runs capsule against the
+/// while `check --read-data` runs beside them in a loop and a ninth client
+/// forgets all but the newest snapshot of each host and prunes, again and
+/// again. Afterwards no snapshot is lost (each one made is live or was
+/// forgotten by name), the repository is clean, and every live snapshot
+/// restores what its client backed up. `run` runs capsule against the
 /// repository with extra environment. `CAPSULE_SOAK_ROUNDS` lengthens it
 /// (docs/RELIABILITY.md has the hour-long run).
 pub fn soak(work: &Path, run: &CapsuleRunner<'_>) {
+    use std::collections::BTreeSet;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::Mutex;
     let rounds: usize = std::env::var("CAPSULE_SOAK_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
     let clients = 8;
+    let own = |i: usize| noise(300_000 + 1000 * i, 1000 + i as u64);
     let srcs: Vec<PathBuf> = (0..clients)
         .map(|i| {
             let s = work.join(format!("client{i}"));
             std::fs::create_dir_all(s.join("d")).unwrap();
             // Shared content across clients (dedup races) and unique files.
             std::fs::write(s.join("shared"), noise(400_000, 42)).unwrap();
-            std::fs::write(s.join(format!("d/own{i}")), noise(300_000, 1000 + i as u64)).unwrap();
+            std::fs::write(s.join(format!("d/own{i}")), own(i)).unwrap();
             s
         })
         .collect();
     let o = run(&["init"], &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let mut failures: Vec<String> = Vec::new();
-    let failures_m = std::sync::Mutex::new(&mut failures);
+    let stop = AtomicBool::new(false);
+    let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let made: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let forgotten: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let fail = |what: String, o: &Output| {
+        failures.lock().unwrap().push(format!(
+            "{what} exited {:?}: {}",
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    };
     std::thread::scope(|s| {
         let checker = s.spawn(|| {
             let mut checks = 0;
             // Bounded: stops when the clients are done, or after 200 checks.
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) && checks < 200 {
+            while !stop.load(SeqCst) && checks < 200 {
                 let o = run(&["--no-cache", "check", "--read-data"], &[]);
                 checks += 1;
                 if !o.status.success() {
-                    failures_m.lock().unwrap().push(format!(
-                        "check during backups exited {:?}: {}",
-                        o.status.code(),
-                        String::from_utf8_lossy(&o.stderr)
-                    ));
+                    fail("check during backups and prunes".into(), &o);
                 }
             }
             checks
         });
+        let pruner = s.spawn(|| {
+            let mut prunes = 0;
+            // Bounded like the checker. Its own cache, as another machine.
+            let cache = work.join("cache-pruner");
+            let env = [("CAPSULE_CACHE_DIR", cache.display().to_string())];
+            while !stop.load(SeqCst) && prunes < 200 {
+                let args = [
+                    "--json",
+                    "forget",
+                    "--keep-last",
+                    "1",
+                    "--group-by",
+                    "host",
+                    "--prune",
+                ];
+                let o = run(&args, &env);
+                prunes += 1;
+                if !o.status.success() {
+                    fail("forget --prune during backups".into(), &o);
+                    continue;
+                }
+                let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+                let gone = v["forget"]["forgotten"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                forgotten
+                    .lock()
+                    .unwrap()
+                    .extend(gone.iter().map(|i| i.as_str().unwrap().to_string()));
+            }
+            prunes
+        });
         let handles: Vec<_> = (0..clients)
             .map(|i| {
-                let (src, failures_m) = (&srcs[i], &failures_m);
+                let (src, fail, made) = (&srcs[i], &fail, &made);
                 s.spawn(move || {
                     let cache = work.join(format!("cache{i}"));
                     let env = [
@@ -514,14 +557,16 @@ pub fn soak(work: &Path, run: &CapsuleRunner<'_>) {
                     for round in 0..rounds {
                         std::fs::write(src.join("round"), format!("{i} {round}")).unwrap();
                         let host = format!("client{i}");
-                        let o = run(&["backup", "--host", &host, src.to_str().unwrap()], &env);
+                        let args = ["--json", "backup", "--host", &host, src.to_str().unwrap()];
+                        let o = run(&args, &env);
                         if !o.status.success() {
-                            failures_m.lock().unwrap().push(format!(
-                                "client {i} round {round} exited {:?}: {}",
-                                o.status.code(),
-                                String::from_utf8_lossy(&o.stderr)
-                            ));
+                            fail(format!("client {i} round {round}"), &o);
+                            continue;
                         }
+                        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+                        made.lock()
+                            .unwrap()
+                            .insert(v["snapshot_id"].as_str().unwrap().to_string());
                     }
                 })
             })
@@ -529,35 +574,76 @@ pub fn soak(work: &Path, run: &CapsuleRunner<'_>) {
         for h in handles {
             h.join().unwrap();
         }
-        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        stop.store(true, SeqCst);
         let checks = checker.join().unwrap();
-        eprintln!("soak: {clients} clients x {rounds} rounds, {checks} concurrent checks");
+        let prunes = pruner.join().unwrap();
+        eprintln!(
+            "soak: {clients} clients x {rounds} rounds, {checks} concurrent checks, {prunes} concurrent forget --prune runs"
+        );
     });
+    let failures = failures.into_inner().unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The marks the last prunes made are swept now that nothing runs.
+    for _ in 0..2 {
+        let o = run(&["prune"], &[]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
     let o = run(&["--json", "snapshots"], &[]);
     let snaps: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(
-        snaps.as_array().unwrap().len(),
-        clients * rounds,
-        "snapshots lost"
+    let snaps = snaps.as_array().unwrap();
+    let live: BTreeSet<String> = snaps
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect();
+    let (made, forgotten) = (made.into_inner().unwrap(), forgotten.into_inner().unwrap());
+    assert_eq!(made.len(), clients * rounds);
+    let accounted: BTreeSet<String> = live.union(&forgotten).cloned().collect();
+    assert_eq!(accounted, made, "snapshots lost, or forgotten twice");
+    assert!(live.is_disjoint(&forgotten), "a forgotten snapshot is live");
+    let o = run(&["--no-cache", "--json", "check", "--read-data"], &[]);
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
     );
-    let o = run(&["--no-cache", "check", "--read-data"], &[]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    for (i, src) in srcs.iter().enumerate() {
-        let target = work.join(format!("restore{i}"));
-        let id = snaps
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["report"]["packs_marked_for_deletion"], 0, "{v}");
+    assert!(
+        v["report"]["unindexed_packs"]
             .as_array()
             .unwrap()
+            .is_empty(),
+        "{v}"
+    );
+    for (i, src) in srcs.iter().enumerate() {
+        let mine: Vec<&serde_json::Value> = snaps
             .iter()
-            .rev()
-            .find(|s| s["snapshot"]["hostname"] == format!("client{i}"))
-            .unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let o = run(&["restore", &id, "--target", target.to_str().unwrap()], &[]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert_same_tree(src, &restored(&target, src), false);
+            .filter(|s| s["snapshot"]["hostname"] == format!("client{i}"))
+            .collect();
+        assert!(!mine.is_empty(), "client {i} has no snapshot left");
+        for s in mine {
+            let id = s["id"].as_str().unwrap();
+            let target = work.join(format!("restore-{id}"));
+            let o = run(&["restore", id, "--target", target.to_str().unwrap()], &[]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let got = restored(&target, src);
+            assert_eq!(
+                std::fs::read(got.join("shared")).unwrap(),
+                noise(400_000, 42)
+            );
+            assert_eq!(
+                std::fs::read(got.join(format!("d/own{i}"))).unwrap(),
+                own(i)
+            );
+            let round = std::fs::read_to_string(got.join("round")).unwrap();
+            let r: usize = round
+                .strip_prefix(&format!("{i} "))
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(r < rounds, "{round}");
+        }
     }
 }
 
