@@ -192,7 +192,8 @@ fn kill_mid_backup_leaves_repository_valid_and_resumable() {
 }
 
 /// The reliability suite's crash points by real SIGKILL. Seeded operations
-/// (a backup with new data, key add, key passwd, key remove, repair index)
+/// (a backup with new data, key add, key passwd, key remove, repair index,
+/// forget --prune)
 /// are killed after a seeded delay within the time the same operation took
 /// uncut in this run, so the points spread over the whole operation
 /// whatever the machine's speed. After each kill:
@@ -206,7 +207,7 @@ fn kill_mid_backup_leaves_repository_valid_and_resumable() {
 /// and `CAPSULE_KILL_SEED` (to replay one failing point: its seed is in
 /// the failure message).
 #[test]
-fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
+fn sigkill_at_seeded_points_across_backup_keys_repair_and_prune() {
     let env_u64 = |k: &str, d: u64| {
         std::env::var(k)
             .ok()
@@ -228,6 +229,9 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
             .unwrap();
             *added += 1;
         }
+        // A file every backup replaces: forgetting old snapshots leaves
+        // data for prune to mark, repack and delete.
+        std::fs::write(src.join("churn"), noise(400_000, 90_000 + *added)).unwrap();
     };
     add(&mut added, 10);
     init(&repo);
@@ -288,6 +292,7 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         "key passwd",
         "key remove",
         "repair index",
+        "forget --prune",
     ];
     let args_of = |op: &str, key: &str| -> Vec<String> {
         let f = pwfile.to_str().unwrap().to_string();
@@ -296,6 +301,7 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
             "key add" => vec!["key", "add", "--new-password-file", &f],
             "key passwd" => vec!["key", "passwd", "--new-password-file", &f],
             "key remove" => vec!["key", "remove", key],
+            "forget --prune" => vec!["forget", "--keep-last", "1", "--prune", "--max-unused", "0"],
             _ => vec!["repair", "index"],
         };
         v.into_iter().map(String::from).collect()
@@ -437,6 +443,9 @@ fn sigkill_at_seeded_points_across_backup_keys_and_repair() {
         let mut files = 0;
         for f in files_under(&got) {
             let name = f.file_name().unwrap().to_owned();
+            if name == "churn" {
+                continue;
+            }
             assert_eq!(
                 std::fs::read(&f).unwrap(),
                 std::fs::read(src.join(&name)).unwrap(),

@@ -30,6 +30,7 @@ use capsule_backend::Backend;
 use capsule_crypto::KdfParams;
 use capsule_engine::backup::{backup, BackupOptions};
 use capsule_engine::progress::Progress;
+use capsule_engine::prune::{prune, PruneOptions};
 use capsule_engine::repo::InitOptions;
 use capsule_engine::restore::{restore, RestoreOptions};
 use capsule_engine::Repository;
@@ -504,13 +505,188 @@ fn bitflip_scenario(w: &World, n: u64, base: u64) -> Row {
     }
 }
 
+/// Three snapshots, each generation replacing the last one's large file
+/// and a small one, so forgetting the oldest leaves packs wholly unused
+/// and packs partly used: prune marks, repacks and sweeps.
+struct PruneWorld {
+    _dir: tempfile::TempDir,
+    src: PathBuf,
+    scratch: PathBuf,
+    base: Arc<MemoryBackend>,
+    expected: BTreeMap<String, BTreeMap<PathBuf, Vec<u8>>>,
+    oldest: capsule_format::ObjectId,
+    /// The source now: the newest generation.
+    current: BTreeMap<PathBuf, Vec<u8>>,
+    /// Backend calls a clean forget and two prunes make.
+    clean_calls: u64,
+}
+
+fn prune_opts() -> PruneOptions {
+    // Repack whatever is partly used: more steps for a fault to land in.
+    PruneOptions {
+        max_unused: 0.0,
+        ..PruneOptions::default()
+    }
+}
+
+/// Forgets the oldest snapshot, then prunes twice (mark, then sweep).
+fn forget_and_prune(
+    store: Arc<dyn Backend>,
+    oldest: &capsule_format::ObjectId,
+) -> capsule_engine::Result<()> {
+    let repo = Arc::new(open(store)?);
+    capsule_engine::forget::forget(&repo, oldest)?;
+    prune(&repo, &prune_opts())?;
+    prune(&repo, &prune_opts())?;
+    Ok(())
+}
+
+fn prune_world() -> PruneWorld {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let scratch = dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let base = Arc::new(MemoryBackend::new());
+    init(&base);
+    let mut expected = BTreeMap::new();
+    let mut ids = Vec::new();
+    for g in 0..3 {
+        if g > 0 {
+            std::fs::remove_file(src.join(format!("gen-{}", g - 1))).unwrap();
+        }
+        write_tree(&src, g);
+        let id = run_backup(open(base.clone()).unwrap(), &src).unwrap();
+        expected.insert(id.clone(), contents(&src));
+        ids.push(id);
+    }
+    let oldest: capsule_format::ObjectId = ids[0].parse().unwrap();
+    let current = contents(&src);
+    let probe = Arc::new(base.fork());
+    let fb = Arc::new(FaultBackend::new(probe.clone(), FaultPlan::default()));
+    forget_and_prune(fb.clone(), &oldest).unwrap();
+    // The clean run did give space back, or the scenario tests nothing.
+    let packs = |m: &MemoryBackend| m.names().iter().filter(|n| n.starts_with("data/")).count();
+    assert!(packs(&probe) < packs(&base), "nothing pruned");
+    PruneWorld {
+        _dir: dir,
+        src,
+        scratch,
+        base,
+        current,
+        expected,
+        oldest,
+        clean_calls: fb.calls(),
+    }
+}
+
+/// After a faulted forget and prune: check is clean and every live
+/// snapshot restores what it recorded; prunes run cleanly until one finds
+/// nothing left to do (at most four), with the same holding after; then
+/// the oracle of the backup scenarios (next backup included).
+fn prune_oracle(store: &Arc<MemoryBackend>, w: &PruneWorld) -> Result<(), String> {
+    let verify = |when: &str| -> Result<(), String> {
+        let repo = open(store.clone()).map_err(|e| format!("open {when}: {e}"))?;
+        let r = capsule_engine::check::check(&repo, true, &Progress::default())
+            .map_err(|e| format!("check {when}: {e}"))?;
+        if !r.ok() {
+            return Err(format!("check {when} found damage: {:?}", r.problems));
+        }
+        let (snaps, _) = repo.list_snapshots().map_err(|e| e.to_string())?;
+        if snaps.len() < 2 {
+            return Err(format!(
+                "{when}: {} snapshots live, expected 2 or 3",
+                snaps.len()
+            ));
+        }
+        for (id, _) in &snaps {
+            let hex = id.to_hex();
+            let (got, errors) = restore_snapshot(&repo, &hex, &w.src, &w.scratch);
+            if !errors.is_empty() || got != w.expected[&hex] {
+                return Err(format!(
+                    "{when}: snapshot {} restores wrong: {errors:?}",
+                    id.short()
+                ));
+            }
+        }
+        Ok(())
+    };
+    verify("after the fault")?;
+    let repo = Arc::new(open(store.clone()).map_err(|e| e.to_string())?);
+    // The forget may not have happened: finish it, as a user would.
+    if repo.list_snapshots().map_err(|e| e.to_string())?.0.len() == 3 {
+        capsule_engine::forget::forget(&repo, &w.oldest)
+            .map_err(|e| format!("forget again: {e}"))?;
+    }
+    let mut done = false;
+    for _ in 0..4 {
+        let r = prune(&repo, &prune_opts()).map_err(|e| format!("next prune: {e}"))?;
+        if r.packs_marked == 0
+            && r.marks_waiting == 0
+            && r.packs_deleted == 0
+            && r.forgotten_removed == 0
+        {
+            done = true;
+            break;
+        }
+    }
+    if !done {
+        return Err("four prunes after the fault did not finish the job".into());
+    }
+    verify("after the next prunes")?;
+    let expected: BTreeMap<_, _> = w
+        .expected
+        .iter()
+        .filter(|(id, _)| **id != w.oldest.to_hex())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    // The source holds the newest generation: the next backup is of it.
+    oracle(store, &expected, &w.current, &w.src, &w.scratch)
+}
+
+/// One fault at a seeded call of forget-and-prune, then the prune oracle.
+fn prune_fault_scenario(
+    w: &PruneWorld,
+    name: &'static str,
+    fault: Fault,
+    n: u64,
+    base: u64,
+) -> Row {
+    let t = Instant::now();
+    let mut failures = Vec::new();
+    let mut aborted = 0;
+    let list = seeds(n, base);
+    for &seed in &list {
+        let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1);
+        let at = 1 + rng.below(w.clean_calls + 1);
+        let store = Arc::new(w.base.fork());
+        let fb = Arc::new(FaultBackend::new(store.clone(), FaultPlan::at(at, fault)));
+        let outcome = forget_and_prune(fb, &w.oldest);
+        aborted += u64::from(outcome.is_err());
+        if let Err(e) = prune_oracle(&store, w) {
+            failures.push((
+                seed,
+                format!("fault at call {at} (prune: {:?}): {e}", outcome.err()),
+            ));
+        }
+    }
+    Row {
+        scenario: name,
+        runs: list.len() as u64,
+        aborted,
+        failures,
+        seeds: format!("{}..{}", list[0], list[list.len() - 1]),
+        secs: t.elapsed().as_secs_f64(),
+    }
+}
+
 #[test]
 fn reliability_suite() {
     let w = world();
+    let pw = prune_world();
     let n = runs(200);
     eprintln!(
-        "a clean second backup makes {} backend calls",
-        w.clean_calls
+        "a clean second backup makes {} backend calls; forget and two prunes make {}",
+        w.clean_calls, pw.clean_calls
     );
     let rows = vec![
         backup_fault_scenario(&w, "crash in backup", Fault::Crash, n, 1),
@@ -522,6 +698,22 @@ fn reliability_suite() {
         backup_fault_scenario(&w, "stalled call in backup", Fault::Stall, n / 8, 70_001),
         every_nth_scenario(&w, n / 4, 80_001),
         key_scenario(),
+        prune_fault_scenario(
+            &pw,
+            "crash in forget and prune",
+            Fault::Crash,
+            n / 2,
+            90_001,
+        ),
+        prune_fault_scenario(&pw, "failed call in prune", Fault::Fail, n / 4, 100_001),
+        prune_fault_scenario(
+            &pw,
+            "destination full in prune",
+            Fault::Full,
+            n / 8,
+            110_001,
+        ),
+        prune_fault_scenario(&pw, "short read in prune", Fault::ShortRead, n / 8, 120_001),
         bitflip_scenario(&w, n, 60_001),
     ];
     eprintln!(
