@@ -225,6 +225,51 @@ impl Remote {
         (status, err)
     }
 
+    /// Runs capsule paused at test point `point` (`CAPSULE_TEST_PAUSE`),
+    /// takes the destination away there, lets it go on, and brings the
+    /// destination back once it has given up.
+    fn vanish_at_pause(&self, args: &[&str], point: &str) -> (std::process::ExitStatus, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let go = dir.path().join("go");
+        let pause = format!("{point}:{}", go.display());
+        let mut child = self
+            .command(args, &[("CAPSULE_TEST_PAUSE", &pause)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let waiting = go.with_extension("waiting");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !waiting.exists() {
+            assert!(
+                child.try_wait().unwrap().is_none() && Instant::now() < deadline,
+                "{:?}: {args:?} never reached {point}",
+                self.kind
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.proxy.set_enabled(false).unwrap();
+        std::fs::write(&go, b"").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "{:?}: {args:?} did not give up on a vanished destination",
+                    self.kind
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        self.proxy.set_enabled(true).unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        (status, err)
+    }
+
     fn run(&self, args: &[&str]) -> Output {
         self.run_with(args, &[])
     }
@@ -888,7 +933,6 @@ fn sftp_full() {
     full(Kind::Sftp);
 }
 
-/// Eight clients at once on each server (see `common::soak`).
 /// forget and prune over the network: the second prune deletes what the
 /// first marked, with requests in proportion to the packs it touches, and
 /// the kept snapshot restores bit for bit.
@@ -954,6 +998,62 @@ fn s3_prune() {
     prune_remote(Kind::S3);
 }
 
+/// The destination vanishes in the middle of a prune's mark (index
+/// rewritten, mark not yet armed) and again in the middle of its sweep
+/// (first pack deleted): each run exits 14, `check` stays clean, the next
+/// prunes finish the job, and the kept snapshot restores bit for bit.
+fn vanish_mid_prune(kind: Kind) {
+    let name = format!("vanish-prune-{kind:?}").to_lowercase();
+    let Some(r) = Remote::new(kind, &name) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    r.ok(&["init", "--pack-size-mib", "4"]);
+    for i in 0..3u64 {
+        let _ = std::fs::remove_file(src.join(format!("f{}", i.wrapping_sub(1))));
+        std::fs::write(src.join(format!("f{i}")), noise(9_000_000, 60 + i)).unwrap();
+        r.ok(&["backup", src.to_str().unwrap()]);
+    }
+    let forget = ["forget", "--keep-last", "1", "--prune"];
+    let (status, err) = r.vanish_at_pause(&forget, "prune-rewritten");
+    assert_eq!(status.code(), Some(14), "{kind:?}: {err}");
+    let check = r.json(&["check"]);
+    assert_eq!(check["ok"], true, "{kind:?}: {check}");
+    // Arms the mark the cut run left unarmed; the next one sweeps it.
+    r.ok(&["prune"]);
+    let (status, err) = r.vanish_at_pause(&["prune"], "prune-deleting");
+    assert_eq!(status.code(), Some(14), "{kind:?}: {err}");
+    let check = r.json(&["check"]);
+    assert_eq!(check["ok"], true, "{kind:?}: {check}");
+    r.ok(&["prune"]);
+    let check = r.json(&["check", "--read-data"]);
+    assert_eq!(check["ok"], true, "{kind:?}: {check}");
+    assert_eq!(check["report"]["packs_marked_for_deletion"], 0, "{check}");
+    let dry = r.json(&["prune", "--dry-run"]);
+    assert_eq!(dry["prune"]["packs_marked"], 0, "{kind:?}: {dry}");
+    assert_eq!(dry["prune"]["marks_waiting"], 0, "{kind:?}: {dry}");
+    let target = work.path().join("restored");
+    r.ok(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    assert_same_tree(&src, &restored(&target, &src), false);
+}
+
+#[test]
+fn smb_vanish_mid_prune() {
+    vanish_mid_prune(Kind::Smb);
+}
+#[test]
+fn sftp_vanish_mid_prune() {
+    vanish_mid_prune(Kind::Sftp);
+}
+#[test]
+fn s3_vanish_mid_prune() {
+    vanish_mid_prune(Kind::S3);
+}
+
+/// Eight clients at once on each server, with a ninth forgetting and
+/// pruning (see `common::soak`).
 fn soak_remote(kind: Kind) {
     let name = format!("soak-{kind:?}").to_lowercase();
     let Some(r) = Remote::new(kind, &name) else {
