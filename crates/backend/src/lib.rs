@@ -179,6 +179,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// are never listed.
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError>;
 
+    /// The temporaries interrupted writes left behind (names whose last
+    /// segment starts with [`TEMP_PREFIX`]), with their sizes and times,
+    /// for a prune to remove with [`Backend::delete`] once they are too old
+    /// to belong to a write still under way. Destinations whose writes
+    /// leave no such names (object stores) have none: the default.
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        Ok(Vec::new())
+    }
+
     /// Removes an object. Idempotent: deleting a missing object succeeds.
     fn delete(&self, name: &str) -> Result<(), BackendError>;
 
@@ -315,6 +324,10 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
         self.inner().list(prefix)
     }
+    /// See [`Backend::list_temporaries`].
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.inner().list_temporaries()
+    }
     /// See [`Backend::delete`].
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.inner().delete(name)
@@ -385,6 +398,9 @@ impl<L: Layer> Backend for L {
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
         Layer::list(self, prefix)
     }
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        Layer::list_temporaries(self)
+    }
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         Layer::delete(self, name)
     }
@@ -446,6 +462,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
         (**self).list(prefix)
+    }
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        (**self).list_temporaries()
     }
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         (**self).delete(name)

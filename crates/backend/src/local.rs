@@ -4,8 +4,8 @@
 //! directory, is fsynced, then linked into place with `renameat2(NOREPLACE)`
 //! (falling back to `link`+`unlink` where the file system lacks it), and the
 //! directory is fsynced. A crash at any point leaves either no object or the
-//! complete object; stray `.tmp-*` files are invisible to `list` and removed
-//! by [`LocalBackend::clean_temporaries`].
+//! complete object; stray `.tmp-*` files are invisible to `list`, and a
+//! prune removes old ones (`list_temporaries`).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind as IoKind, Read, Seek, SeekFrom, Write};
@@ -95,31 +95,40 @@ impl LocalBackend {
         Ok(())
     }
 
-    /// Removes temporary files left by interrupted writes. Only call when no
-    /// other process is writing to this repository.
-    pub fn clean_temporaries(&self) -> Result<usize, BackendError> {
-        let mut n = 0;
-        let mut stack = vec![self.root.clone()];
-        while let Some(dir) = stack.pop() {
+    /// Objects below `prefix`, or (with `temps`) only the temporaries.
+    fn walk(&self, prefix: &str, temps: bool) -> Result<Vec<ObjectInfo>, BackendError> {
+        let mut out = Vec::new();
+        let start = self.root.join(prefix.trim_end_matches('/'));
+        let mut stack = vec![(start, prefix.trim_end_matches('/').to_string())];
+        while let Some((dir, rel)) = stack.pop() {
             let rd = match fs::read_dir(&dir) {
                 Ok(rd) => rd,
-                Err(_) => continue,
+                Err(e) if e.kind() == IoKind::NotFound => continue,
+                Err(e) => return Err(io_err("list", prefix, e)),
             };
-            for e in rd.flatten() {
-                let p = e.path();
-                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    stack.push(p);
-                } else if e
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with(crate::TEMP_PREFIX)
-                    && fs::remove_file(&p).is_ok()
-                {
-                    n += 1;
+            for e in rd {
+                let e = e.map_err(|e| io_err("list", prefix, e))?;
+                let fname = e.file_name().to_string_lossy().into_owned();
+                let is_temp = fname.starts_with(crate::TEMP_PREFIX);
+                let child = if rel.is_empty() {
+                    fname
+                } else {
+                    format!("{rel}/{fname}")
+                };
+                let ft = e.file_type().map_err(|e| io_err("list", prefix, e))?;
+                if ft.is_dir() {
+                    stack.push((e.path(), child));
+                } else if ft.is_file() && is_temp == temps {
+                    let m = e.metadata().map_err(|e| io_err("list", prefix, e))?;
+                    out.push(ObjectInfo {
+                        name: child,
+                        size: m.len(),
+                        modified: unix_mtime(&m),
+                    });
                 }
             }
         }
-        Ok(n)
+        Ok(out)
     }
 
     /// The shared body of `put` and `put_stream`: `fill` writes the bytes
@@ -291,40 +300,11 @@ impl Backend for LocalBackend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        let mut out = Vec::new();
-        let start = self.root.join(prefix.trim_end_matches('/'));
-        let mut stack = vec![(start, prefix.trim_end_matches('/').to_string())];
-        while let Some((dir, rel)) = stack.pop() {
-            let rd = match fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) if e.kind() == IoKind::NotFound => continue,
-                Err(e) => return Err(io_err("list", prefix, e)),
-            };
-            for e in rd {
-                let e = e.map_err(|e| io_err("list", prefix, e))?;
-                let fname = e.file_name().to_string_lossy().into_owned();
-                if fname.starts_with(crate::TEMP_PREFIX) {
-                    continue;
-                }
-                let child = if rel.is_empty() {
-                    fname
-                } else {
-                    format!("{rel}/{fname}")
-                };
-                let ft = e.file_type().map_err(|e| io_err("list", prefix, e))?;
-                if ft.is_dir() {
-                    stack.push((e.path(), child));
-                } else if ft.is_file() {
-                    let m = e.metadata().map_err(|e| io_err("list", prefix, e))?;
-                    out.push(ObjectInfo {
-                        name: child,
-                        size: m.len(),
-                        modified: unix_mtime(&m),
-                    });
-                }
-            }
-        }
-        Ok(out)
+        self.walk(prefix, false)
+    }
+
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.walk("", true)
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
@@ -455,6 +435,11 @@ mod tests {
         std::fs::write(dir.path().join("data/.tmp-deadbeef"), b"partial").unwrap();
         assert!(b.list("data/").unwrap().is_empty());
         assert!(b.stat("data/x").is_err());
-        assert_eq!(b.clean_temporaries().unwrap(), 1);
+        let temps = b.list_temporaries().unwrap();
+        assert_eq!(temps.len(), 1);
+        assert_eq!(temps[0].name, "data/.tmp-deadbeef");
+        assert!(temps[0].modified.is_some());
+        b.delete(&temps[0].name).unwrap();
+        assert!(b.list_temporaries().unwrap().is_empty());
     }
 }

@@ -189,6 +189,10 @@ impl crate::Layer for MeteredBackend {
         self.timed(&self.stats.lists, || self.inner.list(prefix))
     }
 
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.timed(&self.stats.lists, || self.inner.list_temporaries())
+    }
+
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.timed(&self.stats.deletes, || self.inner.delete(name))
     }

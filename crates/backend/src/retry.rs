@@ -147,6 +147,10 @@ impl crate::Layer for RetryBackend {
         self.run(|| self.inner.list(prefix))
     }
 
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.run(|| self.inner.list_temporaries())
+    }
+
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.run(|| self.inner.delete(name))
     }

@@ -324,6 +324,11 @@ impl crate::Layer for FaultBackend {
         self.inner.list(prefix)
     }
 
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.next("list", "")?;
+        self.inner.list_temporaries()
+    }
+
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.next("delete", name)?;
         self.inner.delete(name)

@@ -470,6 +470,13 @@ fn run_prune(
             r.forgotten_removed
         ));
     }
+    if r.temporaries_removed > 0 {
+        out.result(format!(
+            "{} temporaries ({}) that interrupted writes left {would}removed",
+            r.temporaries_removed,
+            bytes(r.bytes_temporaries)
+        ));
+    }
     let d = crate::settings::destination_json();
     out.say(format!(
         "{}in {:.2}s, {} requests",

@@ -959,12 +959,24 @@ fn prune_remote(kind: Kind) {
     );
     let check = r.json(&["check"]);
     assert_eq!(check["ok"], true, "{check}");
+    // What cut writes leave on a share: old temporaries go, a fresh one
+    // stays (object stores leave none).
+    let planted = r.local_dir.as_deref().map(plant_temporaries);
     let swept = r.json(&["prune"]);
     assert_eq!(
         swept["prune"]["packs_deleted"].as_u64().unwrap(),
         n,
         "{kind:?}: {swept}"
     );
+    if let Some((old, fresh)) = planted {
+        assert_eq!(
+            swept["prune"]["temporaries_removed"], 2,
+            "{kind:?}: {swept}"
+        );
+        assert!(old.iter().all(|p| !p.exists()), "{kind:?}");
+        assert!(fresh.exists(), "{kind:?}");
+        std::fs::remove_file(&fresh).unwrap();
+    }
     // Listing sessions, marks, forgotten, snapshots, index; reading them;
     // one delete per pack and the mark: no per-blob requests.
     let requests = swept["destination"]["requests"].as_u64().unwrap();

@@ -110,6 +110,11 @@ pub struct PruneReport {
     pub bytes_unused_in_partly_used: u64,
     /// Bytes in indexed packs after this run.
     pub bytes_in_use_packs: u64,
+    /// Temporaries that interrupted writes left (`.tmp-*`), older than the
+    /// lease, removed (or, in a dry run, to be removed).
+    pub temporaries_removed: u64,
+    /// Their bytes.
+    pub bytes_temporaries: u64,
     /// Requests this run made to the destination, when counted.
     pub requests: Option<u64>,
     /// Wall time.
@@ -155,9 +160,10 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     // Sessions first, snapshots after: a backup whose session is gone has
     // committed before the listing below, or never will.
     let sessions = list_sessions(repo)?;
-    if let Some(own) = &own {
-        check_clock(repo, &own.id(), opts.max_skew_secs)?;
-    }
+    let destination_now = match &own {
+        Some(own) => check_clock(repo, &own.id(), opts.max_skew_secs)?,
+        None => None,
+    };
     let held: HashMap<&str, &crate::session::SessionInfo> =
         sessions.iter().map(|(id, _, i)| (id.as_str(), i)).collect();
     let marks = load_marks(repo)?;
@@ -301,6 +307,26 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
         for (name, packs) in arm {
             write_mark(repo, now, Some(held_ids.clone()), packs.packs.clone())?;
             backend.delete(name)?;
+        }
+    }
+
+    // Temporaries of writes cut short. One still being written was touched
+    // lately, so only those older than the lease go, judged by the
+    // destination's clock where it gives one.
+    let clock = destination_now.unwrap_or_else(wall_clock);
+    let stale: Vec<capsule_backend::ObjectInfo> = backend
+        .list_temporaries()?
+        .into_iter()
+        .filter(|t| {
+            t.modified
+                .is_some_and(|m| clock.saturating_sub(m) > opts.lease_secs)
+        })
+        .collect();
+    report.temporaries_removed = stale.len() as u64;
+    report.bytes_temporaries = stale.iter().map(|t| t.size).sum();
+    if !opts.dry_run {
+        for t in &stale {
+            backend.delete(&t.name)?;
         }
     }
 
@@ -489,11 +515,20 @@ fn repack_packs(
     Ok(stats?.stored_bytes_added)
 }
 
+/// This machine's clock (not the test clock: it is compared with the
+/// destination's).
+fn wall_clock() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
 /// Refuses to prune when the destination's clock, read from the time it
 /// gave this prune's own session object, is far from this machine's: a
 /// lease judged by a clock hours ahead would revoke live backups (kopia
 /// refuses at five minutes too). Destinations that give no times pass.
-fn check_clock(repo: &Repository, own_session: &str, max_skew: i64) -> Result<()> {
+/// Returns the destination's time, when it gave one.
+fn check_clock(repo: &Repository, own_session: &str, max_skew: i64) -> Result<Option<i64>> {
     let objs = repo.backend().list(crate::session::SESSIONS_PREFIX)?;
     let Some(theirs) = objs
         .iter()
@@ -504,13 +539,9 @@ fn check_clock(repo: &Repository, own_session: &str, max_skew: i64) -> Result<()
         })
         .and_then(|o| o.modified)
     else {
-        return Ok(());
+        return Ok(None);
     };
-    // The wall clock, not the test clock: this is about the machines.
-    let ours = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let skew = theirs - ours;
+    let skew = theirs - wall_clock();
     if skew.abs() > max_skew {
         return Err(EngineError::PruneRefused(format!(
             "this machine's clock is {} min {} the destination's; session leases are judged by clocks, so set the time right (NTP) and prune again",
@@ -518,7 +549,7 @@ fn check_clock(repo: &Repository, own_session: &str, max_skew: i64) -> Result<()
             if skew > 0 { "behind" } else { "ahead of" }
         )));
     }
-    Ok(())
+    Ok(Some(theirs))
 }
 
 /// Stores a mark; returns its name.

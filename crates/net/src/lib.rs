@@ -156,9 +156,20 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<Option<Vec<DirEntry>>, BackendError>>,
 {
-    let (mut out, _) = walk(prefix.trim_end_matches('/'), read_dir).await?;
+    let (mut out, _, _) = walk(prefix.trim_end_matches('/'), read_dir).await?;
     out.retain(|o| o.name.starts_with(prefix));
     Ok(out)
+}
+
+/// Every temporary below the base: what interrupted writes left.
+pub(crate) async fn walk_temporaries<F, Fut>(
+    read_dir: F,
+) -> Result<Vec<capsule_backend::ObjectInfo>, BackendError>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Vec<DirEntry>>, BackendError>>,
+{
+    Ok(walk("", read_dir).await?.2)
 }
 
 /// Every directory below the base (and the base, `""`), parents before
@@ -171,30 +182,33 @@ where
     Ok(walk("", read_dir).await?.1)
 }
 
-/// The walk behind [`walk_tree`] and [`all_dirs`]: objects, and directories
-/// in the order visited (parents first).
-async fn walk<F, Fut>(
-    start: &str,
-    read_dir: F,
-) -> Result<(Vec<capsule_backend::ObjectInfo>, Vec<String>), BackendError>
+/// Objects, directories in the order visited (parents first), and
+/// temporaries.
+type Walked = (
+    Vec<capsule_backend::ObjectInfo>,
+    Vec<String>,
+    Vec<capsule_backend::ObjectInfo>,
+);
+
+/// The walk behind [`walk_tree`], [`all_dirs`] and [`walk_temporaries`].
+async fn walk<F, Fut>(start: &str, read_dir: F) -> Result<Walked, BackendError>
 where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<Option<Vec<DirEntry>>, BackendError>>,
 {
     let mut out = Vec::new();
     let mut dirs = Vec::new();
+    let mut temps = Vec::new();
     let mut pending = vec![start.to_string()];
     while !pending.is_empty() {
         let batch: Vec<String> = pending.drain(..pending.len().min(16)).collect();
         let listed = futures::future::join_all(batch.iter().map(|d| read_dir(d.clone()))).await;
         for (dir, entries) in batch.into_iter().zip(listed) {
             for e in entries?.unwrap_or_default() {
-                if e.name == "."
-                    || e.name == ".."
-                    || e.name.starts_with(capsule_backend::TEMP_PREFIX)
-                {
+                if e.name == "." || e.name == ".." {
                     continue;
                 }
+                let is_temp = e.name.starts_with(capsule_backend::TEMP_PREFIX);
                 let child = if dir.is_empty() {
                     e.name
                 } else {
@@ -203,15 +217,20 @@ where
                 if e.is_dir {
                     pending.push(child);
                 } else {
-                    out.push(capsule_backend::ObjectInfo {
+                    let o = capsule_backend::ObjectInfo {
                         name: child,
                         size: e.size,
                         modified: e.modified,
-                    });
+                    };
+                    if is_temp {
+                        temps.push(o);
+                    } else {
+                        out.push(o);
+                    }
                 }
             }
             dirs.push(dir);
         }
     }
-    Ok((out, dirs))
+    Ok((out, dirs, temps))
 }

@@ -900,6 +900,14 @@ impl Backend for SftpBackend {
         )
     }
 
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        block_on(
+            self.with_conn(
+                |c| async move { crate::walk_temporaries(|d| self.read_dir(&c, d)).await },
+            ),
+        )
+    }
+
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         validate_name(name)?;
         block_on(self.with_conn(|c| async move {

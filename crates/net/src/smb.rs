@@ -705,6 +705,16 @@ impl Backend for SmbBackend {
         )
     }
 
+    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
+        self.live("list", "")?;
+        self.bounded(
+            "list",
+            "",
+            LIST_LIMIT,
+            crate::walk_temporaries(|d| self.read_dir(d)),
+        )
+    }
+
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.live("delete", name)?;
         validate_name(name)?;

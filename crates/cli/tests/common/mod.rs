@@ -686,3 +686,38 @@ impl Drop for LoopFs {
         let _ = Command::new("umount").arg(&self.dir).status();
     }
 }
+
+/// Plants what interrupted writes leave in a repository directory (local,
+/// or the directory behind an SMB or SFTP share): two `.tmp-*` files two
+/// hours old and one just written, owned like the directory they are in so
+/// the server may remove them. Returns (old, fresh) paths.
+pub fn plant_temporaries(repo_dir: &Path) -> (Vec<PathBuf>, PathBuf) {
+    use std::os::unix::fs::MetadataExt;
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    let mut old = Vec::new();
+    let data_dir = std::fs::read_dir(repo_dir.join("data"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("a data subdirectory");
+    let plant = |dir: &Path, name: &str, when: Option<std::time::SystemTime>| {
+        let p = dir.join(name);
+        let f = std::fs::File::create(&p).unwrap();
+        std::io::Write::write_all(&mut &f, &noise(10_000, 7)).unwrap();
+        if let Some(t) = when {
+            f.set_modified(t).unwrap();
+        }
+        let m = std::fs::metadata(dir).unwrap();
+        std::os::unix::fs::chown(&p, Some(m.uid()), Some(m.gid())).unwrap();
+        p
+    };
+    old.push(plant(&data_dir, ".tmp-cut1", Some(two_hours_ago)));
+    old.push(plant(
+        &repo_dir.join("index"),
+        ".tmp-cut2",
+        Some(two_hours_ago),
+    ));
+    let fresh = plant(&data_dir, ".tmp-inflight", None);
+    (old, fresh)
+}
