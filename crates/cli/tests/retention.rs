@@ -1016,3 +1016,54 @@ fn prune_refuses_a_large_clock_skew_against_the_destination() {
     );
     ok(&repo, &["check"]);
 }
+
+/// Thinning to a quota frees what its dry run said it would, within 1%:
+/// the plan counts each snapshot's unique bytes, the disk is the judge.
+#[test]
+fn thinning_frees_what_its_dry_run_says_within_one_percent() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    init(&repo);
+    // Shared data in every snapshot, and each snapshot's own file of a
+    // different size; one file lives in two snapshots.
+    std::fs::write(src.join("shared"), noise(1_500_000, 1)).unwrap();
+    for i in 0..6u64 {
+        if i % 2 == 0 {
+            let _ = std::fs::remove_file(src.join(format!("own{}", i.wrapping_sub(2))));
+        }
+        std::fs::write(
+            src.join(format!("own{i}")),
+            noise(1_000_000 + 300_000 * i as usize, 10 + i),
+        )
+        .unwrap();
+        ok_at(
+            &repo,
+            NOW - 10 * D + i as i64 * D,
+            &["backup", "-q", src.to_str().unwrap()],
+        );
+    }
+    let before = dir_bytes(&pack_files(&repo));
+    ok_at(&repo, NOW, &["quota", "set", "9M", "--min-age", "1h"]);
+    let dry = json(&repo, &["quota", "enforce", "--dry-run"]);
+    let remove = dry["plan"]["remove"].as_array().unwrap();
+    assert!(remove.len() >= 2, "{dry}");
+    let predicted = remove.last().unwrap()["frees_with_older"].as_u64().unwrap();
+    let done = json(&repo, &["quota", "enforce"]);
+    assert_eq!(
+        done["thin"]["plan"]["remove"].as_array().unwrap().len(),
+        remove.len()
+    );
+    let after = dir_bytes(&pack_files(&repo));
+    assert_eq!(after, done["thin"]["stored_after"].as_u64().unwrap());
+    let freed = before - after;
+    let error = (freed as f64 - predicted as f64).abs() / freed as f64;
+    eprintln!("thinning: predicted {predicted} bytes freed, {freed} freed");
+    assert!(
+        error <= 0.01,
+        "predicted {predicted}, freed {freed} ({:.2}%)",
+        error * 100.0
+    );
+    assert!(after <= 9 << 20, "{after}");
+    ok(&repo, &["check", "--read-data"]);
+}
