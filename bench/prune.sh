@@ -5,6 +5,7 @@
 # a Markdown table.
 #
 #   bench/prune.sh [--tree DIR] [--snapshots N] [--keep K] [--rtt MS]
+#                  [--tools "capsule restic borg rustic"] [--dests "local sftp"]
 #                  [--output FILE]
 #
 # Each tool backs up the same N states of DIR (default: the toolchain's std
@@ -18,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-tree="" n=50 keep=10 rtt=2 output=""
+tree="" n=50 keep=10 rtt=2 output="" tools="capsule restic borg rustic" dests="local sftp"
 while [ $# -gt 0 ]; do
   case "$1" in
     --tree) tree=$2; shift ;;
@@ -26,6 +27,8 @@ while [ $# -gt 0 ]; do
     --keep) keep=$2; shift ;;
     --rtt) rtt=$2; shift ;;
     --output) output=$2; shift ;;
+    --tools) tools=$2; shift ;;
+    --dests) dests=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -102,6 +105,8 @@ measured() { # LABEL CMD...: prints "wall rss" of CMD
 
 case_tool() { # DEST TOOL MAIN-REPO IDEAL-REPO MAIN-DIR IDEAL-DIR
   local dest=$1 tool=$2 main=$3 ideal=$4 main_dir=$5 ideal_dir=$6
+  [[ " $tools " == *" $tool "* ]] || return 0
+  [[ " $dests " == *" ${dest%% *} "* ]] || return 0
   echo "== $tool on $dest" >&2
   reset_src
   "${tool}_init" "$main"; "${tool}_init" "$ideal"

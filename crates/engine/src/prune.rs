@@ -363,13 +363,35 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     let used_bytes: u64 = keep.iter().map(|(p, u)| p.size - u).sum();
     let mut unused_left: u64 = keep.iter().map(|(_, u)| u).sum();
     let limit = (used_bytes as f64 * opts.max_unused) as u64;
-    let mut order: Vec<usize> = (0..keep.len()).filter(|&i| keep[i].1 > 0).collect();
+    // Some partly used packs are repacked whatever the limit, as restic
+    // does: tree packs (trees are a small part of a repository, every
+    // backup, restore and listing reads them, and a forgotten snapshot
+    // whose files live on leaves its unique bytes there), and packs smaller
+    // than the target size (an hourly backup's few changes make one; merged
+    // they cost fewer requests to read, and their waste is the changes the
+    // forgotten snapshots made).
+    let target = u64::from(repo.config().pack_size);
+    let always = |p: &IndexPack| {
+        p.size < target
+            || p.entries
+                .first()
+                .is_some_and(|e| e.blob_type == capsule_format::BlobType::Tree)
+    };
+    let mut repack_set: HashSet<usize> = HashSet::new();
+    for (i, (p, unneeded)) in keep.iter().enumerate() {
+        if *unneeded > 0 && always(p) {
+            unused_left -= unneeded;
+            repack_set.insert(i);
+        }
+    }
+    let mut order: Vec<usize> = (0..keep.len())
+        .filter(|&i| keep[i].1 > 0 && !repack_set.contains(&i))
+        .collect();
     order.sort_by(|&a, &b| {
         let ra = keep[a].1 as f64 / keep[a].0.size.max(1) as f64;
         let rb = keep[b].1 as f64 / keep[b].0.size.max(1) as f64;
         rb.total_cmp(&ra)
     });
-    let mut repack_set: HashSet<usize> = HashSet::new();
     for i in order {
         if unused_left <= limit {
             break;
