@@ -306,10 +306,9 @@ pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
 
     let mut done = Vec::new();
     if !a.dry_run {
-        for (id, _) in &order {
-            forget::forget(&repo, id)?;
-            done.push(id.to_hex());
-        }
+        let ids: Vec<_> = order.iter().map(|(id, _)| *id).collect();
+        forget::forget_all(&repo, &ids)?;
+        done = ids.iter().map(|id| id.to_hex()).collect();
     }
     let summary = serde_json::json!({
             "dry_run": a.dry_run,

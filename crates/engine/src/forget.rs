@@ -52,6 +52,12 @@ pub fn forget(repo: &Repository, id: &ObjectId) -> Result<()> {
     Ok(())
 }
 
+/// Forgets several snapshots, a few at a time (each move is three
+/// requests). Stops at the first failure; those moved stay moved.
+pub fn forget_all(repo: &Repository, ids: &[ObjectId]) -> Result<()> {
+    crate::for_each_in_flight(ids, crate::REQUESTS_IN_FLIGHT, |id| forget(repo, id))
+}
+
 /// Snapshots forgotten and not yet pruned away, oldest first (those whose
 /// move was cut short and which are still live are left out).
 pub fn list_forgotten(repo: &Repository) -> Result<SnapshotList> {

@@ -276,12 +276,15 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
             }
             crate::test_pause("prune-restored");
         }
-        for (i, (name, _)) in delete.iter().enumerate() {
-            backend.delete(name)?;
-            if i == 0 {
-                crate::test_pause("prune-deleting");
-            }
+        if let Some((first, _)) = delete.first() {
+            backend.delete(first)?;
+            crate::test_pause("prune-deleting");
         }
+        crate::for_each_in_flight(
+            delete.get(1..).unwrap_or(&[]),
+            crate::REQUESTS_IN_FLIGHT,
+            |(name, _)| Ok(backend.delete(name)?),
+        )?;
         crate::test_pause("prune-deleted");
         for (name, _) in &ready {
             backend.delete(name)?;
@@ -325,9 +328,9 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     report.temporaries_removed = stale.len() as u64;
     report.bytes_temporaries = stale.iter().map(|t| t.size).sum();
     if !opts.dry_run {
-        for t in &stale {
-            backend.delete(&t.name)?;
-        }
+        crate::for_each_in_flight(&stale, crate::REQUESTS_IN_FLIGHT, |t| {
+            Ok(backend.delete(&t.name)?)
+        })?;
     }
 
     // ----- mark -----
@@ -453,15 +456,15 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
             write_mark(repo, now, Some(sessions_now), condemned)?;
             crate::test_pause("prune-armed");
             backend.delete(&unarmed)?;
-            for id in superseded {
-                backend.delete(&FileType::Index.name(&id))?;
-            }
+            crate::for_each_in_flight(&superseded, crate::REQUESTS_IN_FLIGHT, |id| {
+                Ok(backend.delete(&FileType::Index.name(id))?)
+            })?;
         }
         crate::test_pause("prune-marked");
         // Their data is marked now (or was never theirs alone).
-        for name in &forgotten {
-            backend.delete(name)?;
-        }
+        crate::for_each_in_flight(&forgotten, crate::REQUESTS_IN_FLIGHT, |name| {
+            Ok(backend.delete(name)?)
+        })?;
     }
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
@@ -493,45 +496,44 @@ fn repack_packs(
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let saver = BlobSaver::start(repo.clone(), Arc::new(base), cores);
-    let result = (|| -> Result<()> {
-        for p in repack {
-            let pos = index
-                .packs()
-                .iter()
-                .position(|i| i.id == p.id)
-                .map(|i| i as u32);
-            let wanted: Vec<&PackEntry> = p
-                .entries
-                .iter()
-                .filter(|e| pos.is_some_and(|pos| needed_here(index, used, e, pos)))
-                .collect();
-            let Some(first) = wanted.first() else {
-                continue;
+    // Two packs read at once: the next one's round trips hide behind the
+    // current one's decoding, and at most two whole packs are held.
+    let result = crate::for_each_in_flight(repack, 2, |p| -> Result<()> {
+        let pos = index
+            .packs()
+            .iter()
+            .position(|i| i.id == p.id)
+            .map(|i| i as u32);
+        let wanted: Vec<&PackEntry> = p
+            .entries
+            .iter()
+            .filter(|e| pos.is_some_and(|pos| needed_here(index, used, e, pos)))
+            .collect();
+        let Some(first) = wanted.first() else {
+            return Ok(());
+        };
+        let name = crate::repo::pack_name(&p.id, first.blob_type);
+        let whole = if p.size <= WHOLE_PACK_READ {
+            Some(repo.backend().get(&name, None)?)
+        } else {
+            None
+        };
+        for e in wanted {
+            let range = e.offset as usize..e.offset as usize + e.length as usize;
+            let env = match &whole {
+                Some(b) => b
+                    .get(range)
+                    .ok_or_else(|| EngineError::corrupt(&name, "shorter than its index says"))?
+                    .to_vec(),
+                None => repo
+                    .backend()
+                    .get(&name, Some(range.start as u64..range.end as u64))?,
             };
-            let name = crate::repo::pack_name(&p.id, first.blob_type);
-            let whole = if p.size <= WHOLE_PACK_READ {
-                Some(repo.backend().get(&name, None)?)
-            } else {
-                None
-            };
-            for e in wanted {
-                let range = e.offset as usize..e.offset as usize + e.length as usize;
-                let env = match &whole {
-                    Some(b) => b
-                        .get(range)
-                        .ok_or_else(|| EngineError::corrupt(&name, "shorter than its index says"))?
-                        .to_vec(),
-                    None => repo
-                        .backend()
-                        .get(&name, Some(range.start as u64..range.end as u64))?,
-                };
-                let plain =
-                    repo.decode_blob(&name, e.blob_type, &e.id, &env, e.raw_length as usize)?;
-                saver.save(e.blob_type, e.id, plain)?;
-            }
+            let plain = repo.decode_blob(&name, e.blob_type, &e.id, &env, e.raw_length as usize)?;
+            saver.save(e.blob_type, e.id, plain)?;
         }
         Ok(())
-    })();
+    });
     let stats = saver.finish();
     result?;
     Ok(stats?.stored_bytes_added)

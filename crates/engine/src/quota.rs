@@ -247,12 +247,15 @@ pub struct ThinReport {
 /// backup is running; otherwise the second prune waits for it and the
 /// space comes back at a later prune).
 pub fn thin(repo: &Arc<Repository>, plan: ThinPlan) -> Result<ThinReport> {
-    for r in &plan.remove {
-        let id: ObjectId =
+    let ids = plan
+        .remove
+        .iter()
+        .map(|r| {
             r.id.parse()
-                .map_err(|_| EngineError::Invalid(format!("bad snapshot id {}", r.id)))?;
-        crate::forget::forget(repo, &id)?;
-    }
+                .map_err(|_| EngineError::Invalid(format!("bad snapshot id {}", r.id)))
+        })
+        .collect::<Result<Vec<ObjectId>>>()?;
+    crate::forget::forget_all(repo, &ids)?;
     let opts = crate::prune::PruneOptions {
         max_unused: 0.0,
         ..Default::default()
