@@ -21,4 +21,6 @@ done
 cargo build --release -q -p capsule
 work=$(mktemp -d /tmp/capsule-year.XXXXXX)
 trap 'umount "$work/mnt" 2>/dev/null || true; rm -rf "$work"' EXIT
-python3 bench/year.py --capsule "$PWD/target/release/capsule" --work "$work" --out "$out" "${args[@]}"
+# A copy, so that a rebuild during the (long) run does not change the binary.
+cp target/release/capsule "$work/capsule"
+python3 bench/year.py --capsule "$work/capsule" --work "$work" --out "$out" "${args[@]}"

@@ -95,6 +95,13 @@ impl CachingBackend {
 
     /// Stores a copy. Failures only cost a later re-fetch, so they are ignored.
     fn store(&self, name: &str, data: &[u8]) {
+        self.store_from(name, &mut &data[..]);
+    }
+
+    /// Copies `data` into the cache under `name`, keeping it only if its
+    /// hash is the one the name promises (a streamed copy, so a pack put
+    /// from a file is never held in memory whole for the cache's sake).
+    fn store_from(&self, name: &str, data: &mut dyn Read) {
         let p = self.local(name);
         let Some(parent) = p.parent() else { return };
         if std::fs::create_dir_all(parent).is_err() {
@@ -105,9 +112,15 @@ impl CachingBackend {
             std::process::id(),
             expected_hash(name)
         ));
-        let ok = std::fs::File::create(&tmp)
-            .and_then(|mut f| f.write_all(data))
-            .and_then(|_| std::fs::rename(&tmp, &p));
+        let ok = std::fs::File::create(&tmp).and_then(|f| {
+            let mut w = HashingWriter(blake3::Hasher::new(), std::io::BufWriter::new(f));
+            std::io::copy(data, &mut w)?;
+            w.1.flush()?;
+            if w.0.finalize().to_hex().as_str() != expected_hash(name) {
+                return Err(std::io::Error::other("content does not match its name"));
+            }
+            std::fs::rename(&tmp, &p)
+        });
         if ok.is_err() {
             let _ = std::fs::remove_file(&tmp);
         } else if let Ok(mut v) = self.verified.lock() {
@@ -166,7 +179,7 @@ impl crate::Layer for CachingBackend {
         let stored = r.is_ok()
             || r.as_ref()
                 .is_err_and(|e| e.kind == ErrorKind::AlreadyExists);
-        if stored && cacheable(name) && matches_name(name, data) {
+        if stored && cacheable(name) {
             self.store(name, data);
         }
         r
@@ -182,15 +195,17 @@ impl crate::Layer for CachingBackend {
         self.inner.put_owned(name, data)
     }
 
-    /// Objects the cache keeps are read into memory and put from there,
-    /// so that the copy it stores is the one that was sent.
+    /// Objects the cache keeps are copied from the same file once sent
+    /// (checked against their name on the way).
     fn put_file(&self, name: &str, file: &std::fs::File, size: u64) -> Result<(), BackendError> {
-        if cacheable(name) {
-            let mut data = Vec::new();
-            crate::read_exact_len(&mut crate::ReadAt::new(file), size, &mut data, name)?;
-            return Backend::put(self, name, &data);
+        let r = self.inner.put_file(name, file, size);
+        let stored = r.is_ok()
+            || r.as_ref()
+                .is_err_and(|e| e.kind == ErrorKind::AlreadyExists);
+        if stored && cacheable(name) {
+            self.store_from(name, &mut crate::ReadAt::new(file).take(size));
         }
-        self.inner.put_file(name, file, size)
+        r
     }
 
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
@@ -279,5 +294,20 @@ mod tests {
         assert_eq!(c.get(&name, None).unwrap(), data);
         assert_eq!(c.stats().repaired.load(Ordering::Relaxed), 1);
         assert_eq!(std::fs::read(cache.join(&name)).unwrap(), data);
+    }
+}
+
+/// Hashes what passes through on its way to the file.
+struct HashingWriter<W>(blake3::Hasher, W);
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.1.write(buf)?;
+        self.0.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.1.flush()
     }
 }

@@ -280,8 +280,9 @@ impl BlobSaver {
             stats
                 .packs_recovered
                 .store(recovered.len() as u64, Ordering::Relaxed);
-            pending.packs = recovered.clone();
-            Journal::new(path, recovered)
+            let j = Journal::new(&repo, path, &recovered);
+            pending.packs = recovered;
+            j
         });
         let shared = Arc::new(Shared {
             repo,

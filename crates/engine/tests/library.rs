@@ -297,6 +297,14 @@ fn the_journal_lets_the_next_run_index_packs_a_failed_run_landed() {
     let landed = lab.store.list("data/").unwrap().len();
     assert!(landed >= 2, "packs landed before the failure: {landed}");
     assert!(lab.store.list("index/").unwrap().is_empty());
+    // A record cut short by a crash mid-append ends the journal; the whole
+    // records before it still count.
+    let mut torn = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&journal)
+        .unwrap();
+    std::io::Write::write_all(&mut torn, &[7u8; 40]).unwrap();
+    drop(torn);
 
     let (repo, stats) = lab.open();
     let r = backup(Arc::new(repo), &opts, &Arc::new(Progress::default())).unwrap();

@@ -31,15 +31,21 @@ pub struct IndexFile {
 
 /// Encodes an index file's plaintext.
 pub fn encode_index(idx: &IndexFile) -> Vec<u8> {
-    let n: usize = idx.packs.iter().map(|p| p.entries.len()).sum();
-    let mut w = Writer::with_capacity(16 + idx.packs.len() * 48 + n * 48);
+    encode_index_parts(&idx.supersedes, &idx.packs)
+}
+
+/// Encodes an index file from its parts, for a caller that holds the packs
+/// elsewhere and should not copy them to build an [`IndexFile`].
+pub fn encode_index_parts(supersedes: &[ObjectId], packs: &[IndexPack]) -> Vec<u8> {
+    let n: usize = packs.iter().map(|p| p.entries.len()).sum();
+    let mut w = Writer::with_capacity(16 + packs.len() * 48 + n * 48);
     w.u8(INDEX_VERSION);
-    w.varint(idx.supersedes.len() as u64);
-    for s in &idx.supersedes {
+    w.varint(supersedes.len() as u64);
+    for s in supersedes {
         w.raw(s.as_bytes());
     }
-    w.varint(idx.packs.len() as u64);
-    for p in &idx.packs {
+    w.varint(packs.len() as u64);
+    for p in packs {
         w.raw(p.id.as_bytes());
         w.varint(p.size);
         w.varint(p.entries.len() as u64);
