@@ -258,6 +258,21 @@ impl crate::Layer for CachingBackend {
     }
 }
 
+/// Hashes what passes through on its way to the file.
+struct HashingWriter<W>(blake3::Hasher, W);
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.1.write(buf)?;
+        self.0.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.1.flush()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,20 +309,5 @@ mod tests {
         assert_eq!(c.get(&name, None).unwrap(), data);
         assert_eq!(c.stats().repaired.load(Ordering::Relaxed), 1);
         assert_eq!(std::fs::read(cache.join(&name)).unwrap(), data);
-    }
-}
-
-/// Hashes what passes through on its way to the file.
-struct HashingWriter<W>(blake3::Hasher, W);
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.1.write(buf)?;
-        self.0.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.1.flush()
     }
 }
