@@ -30,10 +30,26 @@ pub(super) trait Layout: Sync {
     fn name(&self, i: usize) -> &[u8];
 }
 
+/// Where entry `i` of `layout` is below `root`: its names up the parent
+/// chain (paths are built when a message needs one, not held per entry).
+pub(super) fn path_in<L: Layout + ?Sized>(layout: &L, root: &Path, i: usize) -> std::path::PathBuf {
+    let mut names = Vec::new();
+    let mut at = Some(i);
+    while let Some(j) = at {
+        names.push(OsStr::from_bytes(layout.name(j)));
+        at = layout.parent(j);
+    }
+    let mut p = root.to_path_buf();
+    p.extend(names.into_iter().rev());
+    p
+}
+
 /// The target directory and a bounded cache of its subdirectories'
 /// descriptors.
 pub(super) struct Target<'a, L: Layout> {
     root: Arc<OwnedFd>,
+    /// The target's path, for messages only.
+    root_path: std::path::PathBuf,
     layout: &'a L,
     dirs: Mutex<HashMap<usize, Arc<OwnedFd>>>,
 }
@@ -56,9 +72,15 @@ impl<'a, L: Layout> Target<'a, L> {
         let root = rustix::fs::open(path, dir_flags(), Mode::empty())?;
         Ok(Target {
             root: Arc::new(root),
+            root_path: path.to_path_buf(),
             layout,
             dirs: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Where entry `i` is, for messages (calls go through descriptors).
+    pub(super) fn path(&self, i: usize) -> std::path::PathBuf {
+        path_in(self.layout, &self.root_path, i)
     }
 
     /// The descriptor of directory entry `dir` (`None`: the target).

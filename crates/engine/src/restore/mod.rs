@@ -140,9 +140,6 @@ impl Patterns {
 }
 
 struct Entry {
-    /// Where it goes, for messages only: every file system call goes
-    /// through [`fsys::Target`].
-    target: PathBuf,
     /// The directory entry holding it; `None` for the target itself.
     parent: Option<usize>,
     node: Node,
@@ -160,6 +157,15 @@ impl fsys::Layout for Entries {
     }
     fn name(&self, i: usize) -> &[u8] {
         &self.0[i].node.name
+    }
+}
+
+impl fsys::Layout for [Entry] {
+    fn parent(&self, i: usize) -> Option<usize> {
+        self[i].parent
+    }
+    fn name(&self, i: usize) -> &[u8] {
+        &self[i].node.name
     }
 }
 
@@ -199,11 +205,13 @@ pub fn restore(
     } else {
         usize::try_from(opts.max_entries).unwrap_or(usize::MAX)
     };
-    let (prefetched, tree_requests) = trees::prefetch(repo, index, root, workers, max_trees);
+    let (mut prefetched, tree_requests) = trees::prefetch(repo, index, root, workers, max_trees);
 
     // Plan: a pre-order list of entries, marking which are selected and
     // which directories are needed to hold them.
-    let mut entries: Vec<Entry> = Vec::new();
+    // Exactly the room needed (doubling as it grows left up to half a
+    // plan of slack: 60 MB on 300,000 files), bounded for a crafted tree.
+    let mut entries: Vec<Entry> = Vec::with_capacity(prefetched.entries().min(1 << 22));
     let mut errors: Vec<Warning> = Vec::new();
     let mut ancestors: Vec<usize> = Vec::new();
     let mut budget = crate::treewalk::Budget::new(if opts.max_entries == 0 {
@@ -214,7 +222,7 @@ pub fn restore(
     plan(
         repo,
         index,
-        &prefetched,
+        &mut prefetched,
         root,
         Path::new("/"),
         &target,
@@ -227,7 +235,7 @@ pub fn restore(
         &mut budget,
         &mut errors,
     )?;
-    unmatched_includes(&opts.includes, &entries, &target, &mut errors)?;
+    unmatched_includes(&opts.includes, &entries, &mut errors)?;
 
     let total_bytes: u64 = entries
         .iter()
@@ -235,13 +243,13 @@ pub fn restore(
         .map(|e| e.node.size)
         .sum();
     progress.bytes_total.store(total_bytes, Ordering::Relaxed);
-    progress.files_total.store(
-        entries
-            .iter()
-            .filter(|e| e.needed && e.node.kind() == NodeKind::File)
-            .count() as u64,
-        Ordering::Relaxed,
-    );
+    let needed_files = entries
+        .iter()
+        .filter(|e| e.needed && e.node.kind() == NodeKind::File)
+        .count();
+    progress
+        .files_total
+        .store(needed_files as u64, Ordering::Relaxed);
     progress.totals_final.store(true, Ordering::Relaxed);
 
     let mut report = RestoreReport::default();
@@ -256,6 +264,9 @@ pub fn restore(
     let fs = fsys::Target::open(&target, &entries)
         .map_err(|e| EngineError::io("open target", &target, e))?;
     let entries = &entries.0;
+    // Where an entry goes, for messages only (every file system call goes
+    // through `fs`): built when needed, not held for every entry.
+    let path = |i: usize| entry_path(entries, &target, i);
 
     // 1. Directories, parents first.
     let mut dir_ok = vec![false; entries.len()];
@@ -266,14 +277,14 @@ pub fn restore(
         }
         match fs.mkdir(i) {
             Ok(()) => dir_ok[i] = true,
-            Err(err) => warn(&e.target, format!("cannot create directory: {err}")),
+            Err(err) => warn(&path(i), format!("cannot create directory: {err}")),
         }
     }
 
     // 2. File contents. The first occurrence of a hard-linked inode is
     // written; later ones become links to it.
     let mut leaders: HashMap<(u64, u64), usize> = HashMap::new();
-    let mut files: Vec<fetch::FileJob> = Vec::new();
+    let mut files: Vec<fetch::FileJob> = Vec::with_capacity(needed_files);
     let mut links: Vec<(usize, usize)> = Vec::new();
     let mut others: Vec<usize> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
@@ -289,14 +300,12 @@ pub fn restore(
                     files.push(fetch::FileJob {
                         entry: i,
                         node: &e.node,
-                        path: &e.target,
                     });
                 }
             },
             NodeKind::File => files.push(fetch::FileJob {
                 entry: i,
                 node: &e.node,
-                path: &e.target,
             }),
             NodeKind::Dir => {}
             _ => others.push(i),
@@ -316,7 +325,10 @@ pub fn restore(
                     .open_read(f.entry)
                     .and_then(|h| fsys::apply_fd_meta(&h, &e.node))
                 {
-                    warn(&e.target, format!("metadata not fully restored: {err}"));
+                    warn(
+                        &path(f.entry),
+                        format!("metadata not fully restored: {err}"),
+                    );
                 }
                 true
             }
@@ -355,13 +367,13 @@ pub fn restore(
                 report.files += 1;
                 report.bytes += e.node.size;
                 if let Some(m) = meta_warning {
-                    warn(&e.target, m);
+                    warn(&path(f.entry), m);
                 }
             }
             Err(why) => {
                 failed.insert(f.entry);
                 warn(
-                    &e.target,
+                    &path(f.entry),
                     format!("not restored (no partial file left behind): {why}"),
                 );
             }
@@ -378,25 +390,24 @@ pub fn restore(
         match fs.special(i, &e.node) {
             Ok(true) => report.others += 1,
             Ok(false) => {}
-            Err(err) => warn(&e.target, format!("not restored: {err}")),
+            Err(err) => warn(&path(i), format!("not restored: {err}")),
         }
     }
     for &(l, i) in &links {
-        let e = &entries[i];
         if opts.overwrite == Overwrite::Never && matches!(fs.stat(i), Ok(Some(_))) {
             report.kept += 1;
             continue;
         }
         if failed.contains(&l) {
             warn(
-                &e.target,
+                &path(i),
                 "not restored: the file it is hard-linked to failed".into(),
             );
             continue;
         }
         match fs.hard_link(l, i) {
             Ok(()) => report.others += 1,
-            Err(err) => warn(&e.target, format!("hard link not restored: {err}")),
+            Err(err) => warn(&path(i), format!("hard link not restored: {err}")),
         }
     }
 
@@ -421,10 +432,7 @@ pub fn restore(
         for d in dirs {
             let (shown, snap_dir) = match d {
                 None => (target.clone(), PathBuf::from("/")),
-                Some(i) => (
-                    entries[i].target.clone(),
-                    Path::new("/").join(entries[i].target.strip_prefix(&target).unwrap_or(&target)),
-                ),
+                Some(i) => (path(i), entry_path(entries, Path::new("/"), i)),
             };
             let names = match fs.list(d) {
                 Ok(n) => n,
@@ -456,7 +464,7 @@ pub fn restore(
         if dir_ok[i] {
             report.dirs += 1;
             if let Err(err) = fs.dir_meta(i, &e.node) {
-                warn(&e.target, format!("metadata not fully restored: {err}"));
+                warn(&path(i), format!("metadata not fully restored: {err}"));
             }
         }
     }
@@ -471,7 +479,7 @@ pub fn restore(
 fn plan(
     repo: &Repository,
     index: &MasterIndex,
-    prefetched: &trees::Trees,
+    prefetched: &mut trees::Trees,
     tree: &BlobId,
     snap_dir: &Path,
     target_dir: &Path,
@@ -485,8 +493,8 @@ fn plan(
     errors: &mut Vec<Warning>,
 ) -> Result<()> {
     budget.enter(tree)?;
-    let loaded = match prefetched.get(tree) {
-        Some(nodes) => Ok(nodes.as_ref().clone()),
+    let loaded = match prefetched.take(tree) {
+        Some(nodes) => Ok(nodes),
         None => repo.load_tree(index, tree),
     };
     let nodes = match loaded {
@@ -513,12 +521,10 @@ fn plan(
             continue;
         }
         let sel = selected || inc.matches(&snap_path, &node.name);
-        let target = target_dir.join(&name);
         let i = out.len();
         let is_dir = node.kind() == NodeKind::Dir;
         let subtree = node.subtree;
         out.push(Entry {
-            target: target.clone(),
             parent,
             node,
             needed: sel,
@@ -536,6 +542,7 @@ fn plan(
         if is_dir {
             if let Some(sub) = subtree {
                 ancestors.push(i);
+                let target = target_dir.join(&name);
                 plan(
                     repo,
                     index,
@@ -560,6 +567,11 @@ fn plan(
     Ok(())
 }
 
+/// Where entry `i` goes below `root`.
+fn entry_path(entries: &[Entry], root: &Path, i: usize) -> PathBuf {
+    fsys::path_in(entries, root, i)
+}
+
 /// An include pattern that selects nothing is a mistake (a typo, a path
 /// from another snapshot): restoring nothing and exiting 0 would hide it.
 /// When directories were lost, the pattern may have matched inside them,
@@ -567,16 +579,15 @@ fn plan(
 fn unmatched_includes(
     includes: &[String],
     entries: &[Entry],
-    target: &Path,
     errors: &mut Vec<Warning>,
 ) -> Result<()> {
     let mut unmatched = Vec::new();
     for p in includes {
         let one = Patterns::new(std::slice::from_ref(p))?;
-        let hit = entries.iter().any(|e| {
-            let rel = e.target.strip_prefix(target).unwrap_or(&e.target);
-            one.matches(&Path::new("/").join(rel), &e.node.name)
-        });
+        let hit = entries
+            .iter()
+            .enumerate()
+            .any(|(i, e)| one.matches(&entry_path(entries, Path::new("/"), i), &e.node.name));
         if !hit {
             unmatched.push(p.clone());
         }
