@@ -152,7 +152,10 @@ borg_prune() {
 }
 rustic_init() { "$rustic" -r "$1" init >/dev/null 2>&1; }
 rustic_backup() { "$rustic" -r "$1" backup "$src" >/dev/null 2>&1; }
-rustic_prune() { measured rustic "$rustic" -r "$1" forget --keep-last "$keep" --prune; }
+# rustic keeps packs it marks for 23 h by default, as capsule's first prune
+# does; capsule's second prune deletes them (both timed), so rustic deletes
+# at once to reach the same end state.
+rustic_prune() { measured rustic "$rustic" -r "$1" forget --keep-last "$keep" --prune --instant-delete; }
 
 # Local disk.
 l=$work/local
