@@ -195,7 +195,7 @@ fn thin_before_backup(
             bytes(q.bytes)
         ));
     }
-    if plan.remove.is_empty() {
+    if !plan.needed(q.bytes.saturating_sub(expected)) {
         return Ok(None);
     }
     crate::forget_cmd::report_plan(out, &plan, false);

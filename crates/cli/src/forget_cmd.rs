@@ -623,7 +623,7 @@ pub fn quota(g: &GlobalArgs, out: &Output, q: QuotaCommand) -> Result<u8> {
             };
             let plan = quota::plan(&repo, q.bytes, q.min_age_secs)?;
             report_plan(out, &plan, dry_run);
-            if dry_run || plan.remove.is_empty() {
+            if dry_run || !plan.needed(q.bytes) {
                 if out.json {
                     out.json(&serde_json::json!({ "dry_run": dry_run, "plan": plan }));
                 }
@@ -653,6 +653,14 @@ pub fn report_plan(out: &Output, plan: &capsule_engine::quota::ThinPlan, dry_run
             r.time,
             bytes(r.frees_with_older)
         ));
+    }
+    if plan.remove.is_empty() {
+        out.say(format!(
+            "no snapshot {would}removed: snapshots use {} of the {} stored (a prune gives back the rest)",
+            bytes(plan.used),
+            bytes(plan.stored),
+        ));
+        return;
     }
     out.say(format!(
         "{} snapshots {would}removed to fit {}: snapshots use {} now, {} after{}",

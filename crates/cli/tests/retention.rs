@@ -1067,3 +1067,41 @@ fn thinning_frees_what_its_dry_run_says_within_one_percent() {
     assert!(after <= 9 << 20, "{after}");
     ok(&repo, &["check", "--read-data"]);
 }
+
+/// Over the quota with no snapshot left to remove: the space is held by a
+/// snapshot forgotten without a prune. The next backup prunes it away
+/// instead of staying over (the simulated year's finding).
+#[test]
+fn a_backup_over_its_quota_with_nothing_to_remove_prunes_what_no_snapshot_uses() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    init(&repo);
+    std::fs::write(src.join("a"), noise(2_000_000, 1)).unwrap();
+    ok_at(&repo, NOW - 3 * D, &["backup", "-q", src.to_str().unwrap()]);
+    std::fs::remove_file(src.join("a")).unwrap();
+    std::fs::write(src.join("b"), noise(2_000_000, 2)).unwrap();
+    ok_at(&repo, NOW - 2 * D, &["backup", "-q", src.to_str().unwrap()]);
+    ok_at(&repo, NOW - D, &["forget", "-q", "--keep-last", "1"]);
+    let before = dir_bytes(&pack_files(&repo));
+    assert!(before > 3_900_000, "both files stored: {before}");
+    ok_at(&repo, NOW - D, &["quota", "set", "3M", "--min-age", "1h"]);
+
+    let out = at(&repo, NOW, &["--json", "backup", src.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let thinned = v["thinned"].as_array().unwrap();
+    assert!(!thinned.is_empty(), "a prune ran: {v}");
+    assert!(thinned[0]["plan"]["remove"].as_array().unwrap().is_empty());
+    let after = dir_bytes(&pack_files(&repo));
+    assert!(
+        after <= 3 << 20,
+        "{after} bytes of packs over a 3 MiB quota"
+    );
+    assert_eq!(snapshot_times(&repo, false).len(), 2);
+    ok(&repo, &["check", "--read-data"]);
+}

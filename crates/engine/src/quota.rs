@@ -123,6 +123,20 @@ pub struct ThinPlan {
     pub fits: bool,
 }
 
+impl ThinPlan {
+    /// Whether carrying the plan out changes anything: snapshots to remove,
+    /// or more than `room` bytes stored of which at least 1% of `room` is
+    /// space no snapshot uses (snapshots forgotten without a prune, packs a
+    /// prune marked, unused parts of packs), which its prunes give back.
+    /// The simulated year found the second case: after a daily
+    /// `forget --prune`, whose packs are only marked, 31 of 8,760 backups
+    /// ended up to 210 KB over a quota with nothing left to remove.
+    pub fn needed(&self, room: u64) -> bool {
+        !self.remove.is_empty()
+            || (self.stored > room && self.stored.saturating_sub(self.used_after) >= room / 100)
+    }
+}
+
 /// Plans the removal of the oldest snapshots until what the rest use
 /// fits in `target` bytes. Never plans to remove the newest snapshot of a
 /// host and paths, nor one younger than `min_age_secs`.
