@@ -131,8 +131,11 @@ case_tool() { # DEST TOOL MAIN-REPO IDEAL-REPO MAIN-DIR IDEAL-DIR
   echo "  $tool $dest: $wall s, $((rss / 1024)) MiB, reclaimed $pct (before $before, after $after, ideal $ideal_size)" >&2
 }
 
+# capsule keeps its cache, as restic does (borg keeps its chunk index):
+# the prune then reads index files and tree packs from local disk.
+export CAPSULE_CACHE_DIR=$work/capsule-cache
 capsule_init() { "$capsule" -r "$1" -q init; }
-capsule_backup() { "$capsule" -r "$1" -q --no-cache backup "$src" >/dev/null; }
+capsule_backup() { "$capsule" -r "$1" -q backup "$src" >/dev/null; }
 capsule_prune() {
   local t
   t=$(measured forget "$capsule" -r "$1" --json forget --keep-last "$keep" --prune) || return 1

@@ -633,6 +633,7 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
         overwrite: a.overwrite.into(),
         delete: a.delete,
         verify: a.verify,
+        files_per_batch: 0,
     };
     let r = capsule_engine::restore::restore(&repo, &index, &root_of(&snap)?, &opts, &progress);
     drop(bar);

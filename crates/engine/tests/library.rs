@@ -194,6 +194,51 @@ fn restore_reads_each_shared_blob_once_and_each_pack_in_one_request() {
     );
 }
 
+/// A restore in batches of a few files: files sharing content across
+/// batches, and packs holding blobs of several batches, restore byte for
+/// byte, and each pack counts once in the report.
+#[test]
+fn a_restore_in_small_batches_writes_every_file_and_counts_each_pack_once() {
+    let lab = Lab::new();
+    let mut expect = Vec::new();
+    for i in 0..23u64 {
+        // Every third file repeats an earlier one, often in another batch.
+        let data = noise(
+            20_000 + 3_000 * i as usize,
+            if i % 3 == 2 { i - 2 } else { i },
+        );
+        std::fs::write(lab.src.join(format!("f{i:02}")), &data).unwrap();
+        expect.push((format!("f{i:02}"), data));
+    }
+    lab.backup();
+    let (whole, _, index, _) = lab.restore(&[]);
+
+    let (repo, _) = lab.open();
+    let (_, snap) = repo.resolve_snapshot("latest").unwrap();
+    let root: BlobId = snap.tree.parse().unwrap();
+    let target = lab.scratch.join("batched");
+    let opts = RestoreOptions {
+        target: target.clone(),
+        max_entries: capsule_engine::treewalk::entry_budget(&snap),
+        files_per_batch: 4,
+        ..Default::default()
+    };
+    let r = restore(&repo, &index, &root, &opts, &Progress::default()).unwrap();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    assert_eq!(r.files, expect.len() as u64);
+    for (name, data) in &expect {
+        assert_eq!(&lab.restored(&target, name), data, "{name}");
+    }
+    let names: Vec<&str> = expect.iter().map(|(n, _)| n.as_str()).collect();
+    let packs = lab.packs_of(&index, &names);
+    assert_eq!(r.fetch.packs, packs.len() as u64, "{:?}", r.fetch);
+    assert_eq!(r.fetch.packs, whole.fetch.packs);
+    // More requests than in one batch (a pack is read once per batch that
+    // needs it), never fewer bytes than needed.
+    assert!(r.fetch.requests >= whole.fetch.requests, "{:?}", r.fetch);
+    assert!(r.fetch.bytes_fetched >= r.fetch.bytes_needed);
+}
+
 /// A restore of one folder reads only the packs holding its files.
 #[test]
 fn partial_restore_reads_only_the_packs_it_needs() {

@@ -78,6 +78,14 @@ pub struct FetchStats {
     pub request_latency_secs: f64,
     /// What limited the restore, with the evidence.
     pub bound: Bound,
+    /// Packs read so far (positions in the index), so that `packs` counts
+    /// each once across batches.
+    #[serde(skip)]
+    packs_read: std::collections::HashSet<u32>,
+    /// Sums for the fit of request time against size, over every batch:
+    /// n, Σx, Σy, Σxx, Σxy.
+    #[serde(skip)]
+    fit: [f64; 5],
 }
 
 /// What a restore waited on most.
@@ -212,7 +220,8 @@ struct Slot {
 pub(super) type Outcome = Result<Option<String>, String>;
 
 /// Writes the contents of `files` below `target`. Returns each file's
-/// outcome, or the destination failure that stopped the restore.
+/// outcome, or the destination failure that stopped the restore. Called
+/// once per batch of files: `stats` adds up over the calls.
 pub(super) fn write_files<L: Layout>(
     repo: &Repository,
     index: &MasterIndex,
@@ -291,18 +300,15 @@ pub(super) fn write_files<L: Layout>(
     blobs.retain(|b| !b.places.is_empty());
     blobs.sort_by_key(|b| (b.loc.pack, b.loc.offset));
     let requests = coalesce(&blobs);
-    stats.blobs = blobs.len() as u64;
+    stats.blobs += blobs.len() as u64;
     stats.packs_in_repository = index
         .packs()
         .iter()
         .filter(|p| p.blob_type == BlobType::Data)
         .count() as u64;
-    stats.bytes_needed = blobs.iter().map(|b| b.loc.length as u64).sum();
-    stats.packs = {
-        let mut p: Vec<u32> = requests.iter().map(|r| r.pack).collect();
-        p.dedup();
-        p.len() as u64
-    };
+    stats.bytes_needed += blobs.iter().map(|b| b.loc.length as u64).sum::<u64>();
+    stats.packs_read.extend(requests.iter().map(|r| r.pack));
+    stats.packs = stats.packs_read.len() as u64;
 
     let meta_warn: Mutex<Vec<(usize, String)>> = Mutex::default();
     let meta_failed = |k: usize, e: std::io::Error| {
@@ -344,7 +350,7 @@ pub(super) fn write_files<L: Layout>(
     let work_ns = AtomicU64::new(0);
     let write_ns = AtomicU64::new(0);
     // Sums for the fit of request time against size: n, Σx, Σy, Σxx, Σxy.
-    let fit: Mutex<[f64; 5]> = Mutex::default();
+    let fit: Mutex<[f64; 5]> = Mutex::new(stats.fit);
 
     let fail_blob = |b: &BlobJob, why: &str| {
         for &(k, _) in b.places.iter() {
@@ -510,13 +516,14 @@ pub(super) fn write_files<L: Layout>(
             });
         }
     });
-    stats.requests = requests_made.into_inner();
-    stats.bytes_fetched = fetched.into_inner();
-    stats.wait_secs = wait_ns.into_inner() as f64 / 1e9;
-    stats.work_secs = work_ns.into_inner() as f64 / 1e9;
-    stats.write_secs = write_ns.into_inner() as f64 / 1e9;
+    stats.requests += requests_made.into_inner();
+    stats.bytes_fetched += fetched.into_inner();
+    stats.wait_secs += wait_ns.into_inner() as f64 / 1e9;
+    stats.work_secs += work_ns.into_inner() as f64 / 1e9;
+    stats.write_secs += write_ns.into_inner() as f64 / 1e9;
+    stats.fit = fit.into_inner().unwrap_or_else(|p| p.into_inner());
     stats.request_latency_secs = {
-        let [n, sx, sy, sxx, sxy] = fit.into_inner().unwrap_or_else(|p| p.into_inner());
+        let [n, sx, sy, sxx, sxy] = stats.fit;
         let den = n * sxx - sx * sx;
         if n < 2.0 || den.abs() < f64::EPSILON {
             // All requests the same size: latency cannot be told from

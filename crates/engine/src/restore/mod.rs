@@ -56,6 +56,9 @@ pub struct RestoreOptions {
     /// Recognise unchanged files by content rather than size and mtime,
     /// and read back every file written to compare it with the snapshot.
     pub verify: bool,
+    /// Files one fetch plan covers; 0 means [`FILES_PER_BATCH`]. Smaller
+    /// batches hold less; tests make them tiny to cross batch boundaries.
+    pub files_per_batch: usize,
 }
 
 /// What restore does with a file already in its place.
@@ -148,6 +151,9 @@ struct Entry {
     /// directory selected is restored whole.
     whole: bool,
 }
+
+/// Files whose contents one fetch plan covers by default (see `restore`).
+pub const FILES_PER_BATCH: usize = 32_768;
 
 struct Entries(Vec<Entry>);
 
@@ -341,15 +347,26 @@ pub fn restore(
         }
     };
     files.retain(|f| !keep(f));
-    let outcomes = fetch::write_files(
-        repo,
-        index,
-        &fs,
-        &files,
-        workers,
-        progress,
-        &mut report.fetch,
-    )?;
+    // In batches of files, so that the fetch plan (each blob, where it
+    // goes, each file's state: about 170 bytes a file) is held for one
+    // batch, not for every file at once. A pack whose blobs straddle two
+    // batches is read in two ranges; bytes fetched stay the same.
+    let mut outcomes = Vec::with_capacity(files.len());
+    let per_batch = match opts.files_per_batch {
+        0 => FILES_PER_BATCH,
+        n => n,
+    };
+    for batch in files.chunks(per_batch) {
+        outcomes.extend(fetch::write_files(
+            repo,
+            index,
+            &fs,
+            batch,
+            workers,
+            progress,
+            &mut report.fetch,
+        )?);
+    }
     let mut failed: std::collections::HashSet<usize> = Default::default();
     for (f, mut o) in files.iter().zip(outcomes) {
         let e = &entries[f.entry];
@@ -493,7 +510,7 @@ fn plan(
     errors: &mut Vec<Warning>,
 ) -> Result<()> {
     budget.enter(tree)?;
-    let loaded = match prefetched.take(tree) {
+    let loaded = match prefetched.take(repo, index, tree) {
         Some(nodes) => Ok(nodes),
         None => repo.load_tree(index, tree),
     };
