@@ -351,13 +351,13 @@ pub fn restore(
     // goes, each file's state: about 170 bytes a file) is held for one
     // batch, not for every file at once. A pack whose blobs straddle two
     // batches is read in two ranges; bytes fetched stay the same.
-    let mut outcomes = Vec::with_capacity(files.len());
     let per_batch = match opts.files_per_batch {
         0 => FILES_PER_BATCH,
         n => n,
     };
+    let mut failed: std::collections::HashSet<usize> = Default::default();
     for batch in files.chunks(per_batch) {
-        outcomes.extend(fetch::write_files(
+        let outcomes = fetch::write_files(
             repo,
             index,
             &fs,
@@ -365,34 +365,33 @@ pub fn restore(
             workers,
             progress,
             &mut report.fetch,
-        )?);
-    }
-    let mut failed: std::collections::HashSet<usize> = Default::default();
-    for (f, mut o) in files.iter().zip(outcomes) {
-        let e = &entries[f.entry];
-        if opts.verify && o.is_ok() {
-            match same_content(repo, index, &fs, f.entry, &e.node) {
-                Ok(true) => report.verified += 1,
-                Ok(false) => {
-                    o = Err("verification failed: what was written differs from the snapshot (disk or memory error?)".into())
-                }
-                Err(err) => o = Err(format!("verification failed: cannot read it back: {err}")),
-            }
-        }
-        match o {
-            Ok(meta_warning) => {
-                report.files += 1;
-                report.bytes += e.node.size;
-                if let Some(m) = meta_warning {
-                    warn(&path(f.entry), m);
+        )?;
+        for (f, mut o) in batch.iter().zip(outcomes) {
+            let e = &entries[f.entry];
+            if opts.verify && o.is_ok() {
+                match same_content(repo, index, &fs, f.entry, &e.node) {
+                    Ok(true) => report.verified += 1,
+                    Ok(false) => {
+                        o = Err("verification failed: what was written differs from the snapshot (disk or memory error?)".into())
+                    }
+                    Err(err) => o = Err(format!("verification failed: cannot read it back: {err}")),
                 }
             }
-            Err(why) => {
-                failed.insert(f.entry);
-                warn(
-                    &path(f.entry),
-                    format!("not restored (no partial file left behind): {why}"),
-                );
+            match o {
+                Ok(meta_warning) => {
+                    report.files += 1;
+                    report.bytes += e.node.size;
+                    if let Some(m) = meta_warning {
+                        warn(&path(f.entry), m);
+                    }
+                }
+                Err(why) => {
+                    failed.insert(f.entry);
+                    warn(
+                        &path(f.entry),
+                        format!("not restored (no partial file left behind): {why}"),
+                    );
+                }
             }
         }
     }
