@@ -9,6 +9,7 @@ pub mod error;
 pub mod forget;
 pub mod index;
 pub mod journal;
+mod mem;
 mod meta;
 pub mod packer;
 pub mod progress;

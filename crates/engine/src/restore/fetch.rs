@@ -27,10 +27,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use capsule_backend::BackendError;
-use capsule_format::tree::Node;
 use capsule_format::{BlobId, BlobType};
 
 use super::fsys::{apply_fd_meta, FileId, Layout, Target};
+use super::item::{Arena, Item};
 use crate::index::{BlobLoc, MasterIndex};
 use crate::progress::Progress;
 use crate::repo::{pack_name, Repository};
@@ -162,7 +162,7 @@ impl FetchStats {
 /// One file to write: its entry in the plan and its metadata.
 pub(super) struct FileJob<'n> {
     pub entry: usize,
-    pub node: &'n Node,
+    pub node: &'n Item,
 }
 
 struct BlobJob {
@@ -222,11 +222,13 @@ pub(super) type Outcome = Result<Option<String>, String>;
 /// Writes the contents of `files` below `target`. Returns each file's
 /// outcome, or the destination failure that stopped the restore. Called
 /// once per batch of files: `stats` adds up over the calls.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn write_files<L: Layout>(
     repo: &Repository,
     index: &MasterIndex,
     target: &Target<'_, L>,
     files: &[FileJob<'_>],
+    arena: &Arena,
     workers: usize,
     progress: &Progress,
     stats: &mut FetchStats,
@@ -239,16 +241,17 @@ pub(super) fn write_files<L: Layout>(
     // growing by doubling would leave up to half of it idle at the peak.
     let named = files
         .iter()
-        .map(|f| f.node.content.len())
+        .map(|f| arena.content(f.node).len())
         .fold(0usize, usize::saturating_add)
         .min(1 << 22);
     let mut blobs: Vec<BlobJob> = Vec::with_capacity(named);
     let mut by_id: HashMap<BlobId, usize> = HashMap::with_capacity(named);
     for (k, f) in files.iter().enumerate() {
         let mut off = 0u64;
-        let mut places = Vec::with_capacity(f.node.content.len());
+        let content = arena.content(f.node);
+        let mut places = Vec::with_capacity(content.len());
         let mut missing = None;
-        for id in &f.node.content {
+        for id in content {
             let Some(loc) = index.locations(id).find(|l| l.blob_type == BlobType::Data) else {
                 missing = Some(format!("blob {} is in no index", id.short()));
                 break;

@@ -16,7 +16,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use capsule_format::tree::{Node, NodeKind, Timestamp};
+use capsule_format::tree::{NodeKind, Timestamp};
+
+use super::item::Item;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps, XattrFlags};
 
 /// Directory descriptors kept open at once. Deeper trees reopen what was
@@ -249,7 +251,7 @@ impl<'a, L: Layout> Target<'a, L> {
 
     /// Restores a symlink, FIFO or device with its metadata. Returns false
     /// for sockets, which cannot be recreated meaningfully.
-    pub(super) fn special(&self, i: usize, node: &Node) -> std::io::Result<bool> {
+    pub(super) fn special(&self, i: usize, node: &Item) -> std::io::Result<bool> {
         let ft = match node.kind() {
             NodeKind::Symlink => None,
             NodeKind::Fifo => Some(FileType::Fifo),
@@ -260,13 +262,13 @@ impl<'a, L: Layout> Target<'a, L> {
         self.remove_existing(i)?;
         let (p, name) = self.at(i)?;
         match ft {
-            None => rustix::fs::symlinkat(OsStr::from_bytes(&node.target), &*p, name)?,
+            None => rustix::fs::symlinkat(OsStr::from_bytes(node.target()), &*p, name)?,
             Some(ft) => rustix::fs::mknodat(
                 &*p,
                 name,
                 ft,
                 Mode::from_raw_mode(0o600),
-                node.rdev as rustix::fs::Dev,
+                node.rdev() as rustix::fs::Dev,
             )?,
         }
         self.meta_at(i, node)?;
@@ -276,7 +278,7 @@ impl<'a, L: Layout> Target<'a, L> {
     /// Applies a symlink's or special file's metadata by name, never
     /// following a link. (Opening a FIFO or device to use its descriptor
     /// could block or have effects.)
-    fn meta_at(&self, i: usize, node: &Node) -> std::io::Result<()> {
+    fn meta_at(&self, i: usize, node: &Item) -> std::io::Result<()> {
         let (p, name) = self.at(i)?;
         let mut first = None;
         // An O_PATH descriptor of the entry itself: the kernel's
@@ -288,7 +290,7 @@ impl<'a, L: Layout> Target<'a, L> {
             Mode::empty(),
         )?;
         let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        for (k, v) in &node.xattrs {
+        for (k, v) in node.xattrs() {
             if let Err(e) = rustix::fs::lsetxattr(&proc, &k[..], v, XattrFlags::empty()) {
                 first.get_or_insert(e.into());
             }
@@ -319,7 +321,7 @@ impl<'a, L: Layout> Target<'a, L> {
     }
 
     /// Applies directory `i`'s metadata through its descriptor.
-    pub(super) fn dir_meta(&self, i: usize, node: &Node) -> std::io::Result<()> {
+    pub(super) fn dir_meta(&self, i: usize, node: &Item) -> std::io::Result<()> {
         let fd = self.dir(Some(i))?;
         apply_fd_meta(&*fd, node)
     }
@@ -382,20 +384,20 @@ fn ts(t: Timestamp) -> Timespec {
     }
 }
 
-fn times(node: &Node) -> Timestamps {
+fn times(node: &Item) -> Timestamps {
     Timestamps {
-        last_access: ts(node.atime),
-        last_modification: ts(node.mtime),
+        last_access: ts(node.atime()),
+        last_modification: ts(node.mtime()),
     }
 }
 
 /// Applies xattrs, owner (as root), mode and times to an open file or
 /// directory. Times go last: the others would change ctime only, but
 /// writing xattrs can touch mtime on some file systems.
-pub(super) fn apply_fd_meta(fd: impl AsFd, node: &Node) -> std::io::Result<()> {
+pub(super) fn apply_fd_meta(fd: impl AsFd, node: &Item) -> std::io::Result<()> {
     let fd = fd.as_fd();
     let mut first: Option<Error> = None;
-    for (k, v) in &node.xattrs {
+    for (k, v) in node.xattrs() {
         if let Err(e) = rustix::fs::fsetxattr(fd, &k[..], v, XattrFlags::empty()) {
             first.get_or_insert(e.into());
         }
@@ -419,7 +421,7 @@ pub(super) fn apply_fd_meta(fd: impl AsFd, node: &Node) -> std::io::Result<()> {
 /// The owner to give a restored entry. An id of -1 asks chown to leave the
 /// id unchanged (and rustix refuses to build it): no real owner has it, so
 /// a tree that says so, which only a crafted one does, changes nothing.
-fn owner(node: &Node) -> (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>) {
+fn owner(node: &Item) -> (Option<rustix::fs::Uid>, Option<rustix::fs::Gid>) {
     (
         (node.uid != u32::MAX).then(|| rustix::fs::Uid::from_raw(node.uid)),
         (node.gid != u32::MAX).then(|| rustix::fs::Gid::from_raw(node.gid)),

@@ -27,12 +27,14 @@ use crate::repo::{pack_name, Repository};
 /// decoded nodes' size, or less), what is needed to open it again, and what
 /// the walk needs to know before it does.
 struct Fetched {
-    env: Vec<u8>,
+    /// Where its envelope lies in `Trees::envs`.
+    env: std::ops::Range<usize>,
     /// Position of its pack in the index.
     pack: u32,
     raw_len: usize,
-    /// Nodes it holds.
-    nodes: usize,
+    /// Nodes it holds, the bytes of their names and the blobs their
+    /// contents name.
+    size: Size,
     /// The subtrees it refers to, once per place.
     subtrees: Vec<BlobId>,
     /// Uses the walk has still to make of it.
@@ -43,9 +45,15 @@ struct Fetched {
 /// come to it. They are kept sealed and decoded at each use, so the trees
 /// are not held decoded beside the plan built from them (on 300,000 tiny
 /// files the decoded trees took 70 MB, their envelopes 14 MB).
+///
+/// The envelopes lie end to end in one buffer: held one allocation each,
+/// they were freed one by one in the middle of the heap as the walk went,
+/// and the allocator kept those 14 MB resident for the rest of the restore.
+/// One buffer goes back to the system whole when the walk is done.
 #[derive(Default)]
 pub(super) struct Trees {
     trees: HashMap<BlobId, Fetched>,
+    envs: Vec<u8>,
 }
 
 impl Trees {
@@ -62,7 +70,13 @@ impl Trees {
         t.left = t.left.saturating_sub(1);
         let name = pack_name(&index.pack_id(t.pack), BlobType::Tree);
         let nodes = repo
-            .decode_blob(&name, BlobType::Tree, id, &t.env, t.raw_len)
+            .decode_blob(
+                &name,
+                BlobType::Tree,
+                id,
+                &self.envs[t.env.clone()],
+                t.raw_len,
+            )
             .ok()
             .and_then(|plain| decode_tree(&plain).ok());
         if t.left == 0 {
@@ -71,13 +85,39 @@ impl Trees {
         nodes
     }
 
-    /// Entries the plan will hold if it takes every tree at every use (an
+    /// What the plan will hold if it takes every tree at every use (an
     /// upper bound: excluded ones are left out).
-    pub(super) fn entries(&self) -> usize {
-        self.trees
-            .values()
-            .map(|t| t.nodes.saturating_mul(t.left.min(1 << 22)))
-            .fold(0usize, usize::saturating_add)
+    pub(super) fn size(&self) -> Size {
+        let mut all = Size::default();
+        for t in self.trees.values() {
+            let uses = t.left.min(1 << 22);
+            all.entries = all
+                .entries
+                .saturating_add(t.size.entries.saturating_mul(uses));
+            all.name_bytes = all
+                .name_bytes
+                .saturating_add(t.size.name_bytes.saturating_mul(uses));
+            all.blobs = all.blobs.saturating_add(t.size.blobs.saturating_mul(uses));
+        }
+        all
+    }
+}
+
+/// What a tree, or the plan built from trees, holds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Size {
+    pub entries: usize,
+    pub name_bytes: usize,
+    pub blobs: usize,
+}
+
+impl Size {
+    fn of(nodes: &[Node]) -> Size {
+        Size {
+            entries: nodes.len(),
+            name_bytes: nodes.iter().map(|n| n.name.len()).sum(),
+            blobs: nodes.iter().map(|n| n.content.len()).sum(),
+        }
     }
 }
 
@@ -98,7 +138,7 @@ pub(super) fn prefetch(
     let mut level = vec![*root];
     let mut requests = 0;
     while !level.is_empty() {
-        let (got, n) = fetch_level(repo, index, &level, workers);
+        let (got, n) = fetch_level(repo, index, &level, workers, &mut trees.envs);
         requests += n;
         let mut next = Vec::new();
         for (id, t) in got {
@@ -161,7 +201,14 @@ fn count_uses(trees: &mut Trees, root: &BlobId) {
 
 /// One level: grouped by pack, merged into ranged reads, fetched in
 /// parallel.
-fn fetch_level(repo: &Repository, index: &MasterIndex, ids: &[BlobId], workers: usize) -> Level {
+/// Envelopes are appended to `envs`.
+fn fetch_level(
+    repo: &Repository,
+    index: &MasterIndex,
+    ids: &[BlobId],
+    workers: usize,
+    envs: &mut Vec<u8>,
+) -> Level {
     let mut wanted: Vec<(BlobId, crate::index::BlobLoc)> = ids
         .iter()
         .filter_map(|id| {
@@ -190,7 +237,7 @@ fn fetch_level(repo: &Repository, index: &MasterIndex, ids: &[BlobId], workers: 
         reads.push((l.pack, start..end, i..i + 1));
     }
     let next = AtomicUsize::new(0);
-    let out = Mutex::new(Vec::new());
+    let out = Mutex::new((Vec::new(), std::mem::take(envs)));
     std::thread::scope(|s| {
         for _ in 0..workers.clamp(1, reads.len().max(1)) {
             s.spawn(|| {
@@ -211,25 +258,29 @@ fn fetch_level(repo: &Repository, index: &MasterIndex, ids: &[BlobId], workers: 
                             .ok()
                             .and_then(|plain| decode_tree(&plain).ok());
                         if let Some(nodes) = decoded {
+                            let subtrees = subtrees(&nodes).collect();
+                            let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
+                            let (list, envs) = &mut *out;
+                            let at = envs.len();
+                            envs.extend_from_slice(env);
                             let t = Fetched {
-                                env: env.to_vec(),
+                                env: at..envs.len(),
                                 pack: l.pack,
                                 raw_len: l.raw_length as usize,
-                                nodes: nodes.len(),
-                                subtrees: subtrees(&nodes).collect(),
+                                size: Size::of(&nodes),
+                                subtrees,
                                 left: 0,
                             };
-                            out.lock().unwrap_or_else(|p| p.into_inner()).push((*id, t));
+                            list.push((*id, t));
                         }
                     }
                 }
             });
         }
     });
-    (
-        out.into_inner().unwrap_or_else(|p| p.into_inner()),
-        reads.len() as u64,
-    )
+    let (list, all) = out.into_inner().unwrap_or_else(|p| p.into_inner());
+    *envs = all;
+    (list, reads.len() as u64)
 }
 
 #[cfg(test)]
@@ -242,10 +293,14 @@ mod tests {
 
     fn fetched(nodes: usize, subtrees: &[u8]) -> Fetched {
         Fetched {
-            env: Vec::new(),
+            env: 0..0,
             pack: 0,
             raw_len: 0,
-            nodes,
+            size: Size {
+                entries: nodes,
+                name_bytes: 2 * nodes,
+                blobs: 3 * nodes,
+            },
             subtrees: subtrees.iter().map(|&b| id(b)).collect(),
             left: 0,
         }
@@ -268,6 +323,12 @@ mod tests {
         count_uses(&mut trees, &id(0));
         let uses = |t: u8| trees.trees[&id(t)].left;
         assert_eq!((uses(0), uses(1), uses(2), uses(3)), (1, 2, 1, 5));
-        assert_eq!(trees.entries(), 3 + 2 * 2 + 1 + 5);
+        let entries = 3 + 2 * 2 + 1 + 5;
+        let want = Size {
+            entries,
+            name_bytes: 2 * entries,
+            blobs: 3 * entries,
+        };
+        assert_eq!(trees.size(), want);
     }
 }
