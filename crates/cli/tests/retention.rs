@@ -351,10 +351,22 @@ fn paused_backup(
     point: &str,
     gate: &Path,
 ) -> std::process::Child {
+    paused(
+        repo,
+        &["--json", "backup", src.to_str().unwrap()],
+        when,
+        point,
+        gate,
+    )
+}
+
+/// Starts `capsule args` at test time `when`, stopping at `point`
+/// (CAPSULE_TEST_PAUSE), and returns it once it is waiting there.
+fn paused(repo: &Path, args: &[&str], when: &str, point: &str, gate: &Path) -> std::process::Child {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
     c.arg("--repo")
         .arg(repo)
-        .args(["--json", "backup", src.to_str().unwrap()])
+        .args(args)
         .env_remove("CAPSULE_PASSWORD_FILE")
         .env_remove("CAPSULE_REPO")
         .env("CAPSULE_PASSWORD", PASSWORD)
@@ -378,7 +390,7 @@ fn paused_backup(
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
     panic!(
-        "the backup never reached {point}: {}",
+        "capsule {args:?} never reached {point}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -590,6 +602,88 @@ fn repacking_gives_back_the_unused_part_of_shared_packs() {
     // Repacking again finds nothing to do.
     let again = json(&repo, &["prune"]);
     assert_eq!(again["prune"]["packs_repacked"], 0, "{again}");
+}
+
+/// A prune that puts marked packs back into use (their snapshot was
+/// brought back after the mark) and repacks the partly used one in the
+/// same run leaves one index: the next prune deletes what it marked, marks
+/// nothing new, and the one after has nothing to do. (The file that put
+/// the packs back used to stay beside the new index, so the next prune saw
+/// a marked pack in use again and repacked its blobs a second time.)
+#[test]
+fn a_prune_that_puts_packs_back_leaves_nothing_for_the_next_to_redo() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    init(&repo);
+    // `a` and `b` share a small pack; the second snapshot keeps `a` only.
+    std::fs::write(src.join("a"), noise(300_000, 1)).unwrap();
+    std::fs::write(src.join("b"), noise(300_000, 2)).unwrap();
+    ok_at(&repo, NOW - 3 * H, &["backup", "-q", src.to_str().unwrap()]);
+    std::fs::remove_file(src.join("b")).unwrap();
+    std::fs::write(src.join("c"), noise(300_000, 3)).unwrap();
+    ok_at(&repo, NOW - 2 * H, &["backup", "-q", src.to_str().unwrap()]);
+    let other = t.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("z"), noise(100_000, 4)).unwrap();
+    ok_at(&repo, NOW - H, &["backup", "-q", other.to_str().unwrap()]);
+    let times = snapshot_times(&repo, false);
+    let (first, second) = (times[0].0.clone(), times[1].0.clone());
+    ok_at(&repo, NOW, &["forget", &first, &second]);
+
+    // The prune has marked both snapshots' packs; the second snapshot
+    // comes back before the prune ends.
+    let gate = t.path().join("gate");
+    let pruner = paused(
+        &repo,
+        &["--json", "prune"],
+        &NOW.to_string(),
+        "prune-armed",
+        &gate,
+    );
+    ok_at(&repo, NOW, &["unforget", &second]);
+    std::fs::write(&gate, b"").unwrap();
+    let out = pruner.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let marked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        marked["prune"]["packs_marked"].as_u64().unwrap() >= 2,
+        "{marked}"
+    );
+
+    let back = json(&repo, &["prune"]);
+    assert!(
+        back["prune"]["packs_restored"].as_u64().unwrap() >= 2,
+        "{back}"
+    );
+    assert!(
+        back["prune"]["packs_repacked"].as_u64().unwrap() >= 1,
+        "{back}"
+    );
+    let next = json(&repo, &["prune"]);
+    assert_eq!(next["prune"]["packs_marked"], 0, "{next}");
+    assert_eq!(next["prune"]["packs_repacked"], 0, "{next}");
+    assert_eq!(
+        next["prune"]["packs_deleted"], back["prune"]["packs_marked"],
+        "{next}"
+    );
+    let idle = json(&repo, &["prune"]);
+    assert_eq!(idle["prune"]["packs_deleted"], 0, "{idle}");
+    assert_eq!(idle["prune"]["packs_marked"], 0, "{idle}");
+    ok(&repo, &["check", "--read-data"]);
+    let target = t.path().join("restored");
+    ok(
+        &repo,
+        &["restore", &second, "--target", target.to_str().unwrap()],
+    );
+    let dir = restored(&target, &src);
+    assert_eq!(std::fs::read(dir.join("a")).unwrap(), noise(300_000, 1));
+    assert_eq!(std::fs::read(dir.join("c")).unwrap(), noise(300_000, 3));
+    assert!(!dir.join("b").exists());
 }
 
 /// A lost pack: `repair snapshots` drops exactly the files whose data it

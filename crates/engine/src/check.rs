@@ -211,57 +211,86 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         let (obj, detail) = describe(&e);
         problems.add(obj, detail);
     }
-    // A snapshot forgotten while this check ran may have had its data
-    // marked (and taken out of the index loaded above) by a prune: only
-    // snapshots still live now are walked. One listing.
-    let live: HashSet<ObjectId> = repo
-        .backend()
-        .list(FileType::Snapshot.prefix())?
-        .iter()
-        .filter_map(|o| FileType::id_of(&o.name))
-        .collect();
+    // A snapshot forgotten while this check runs may have its data swept
+    // by a prune (its trees may sit in a marked pack that waits for no one,
+    // read here because a backup reused them): only snapshots still live
+    // when the walk is done count. Walking nothing forgotten already saves
+    // work; the second listing, made only when the walk found something,
+    // settles the rest.
+    let list_live = || -> Result<HashSet<ObjectId>> {
+        Ok(repo
+            .backend()
+            .list(FileType::Snapshot.prefix())?
+            .iter()
+            .filter_map(|o| FileType::id_of(&o.name))
+            .collect())
+    };
+    let live = list_live()?;
     let snaps: Vec<_> = snaps
         .into_iter()
         .filter(|(id, _)| live.contains(id))
         .collect();
-    report.snapshots = snaps.len() as u64;
     let mut walker = TreeChecker {
         repo,
         index: &index,
         damaged: &damaged,
         memo: HashMap::new(),
         in_progress: HashSet::new(),
-        problems: &mut problems,
+        problems: Problems::default(),
     };
+    // Per snapshot: what it reaches that is damaged, and its own problem.
+    let mut walked = Vec::with_capacity(snaps.len());
     for (sid, snap) in &snaps {
-        let label = sid.short();
         let Ok(root) = snap.tree.parse::<BlobId>() else {
-            walker
-                .problems
-                .add(FileType::Snapshot.name(sid), "bad root tree id".into());
+            walked.push((*sid, None, Some("bad root tree id".to_string())));
             continue;
         };
+        let sub = walker.tree(&root)?;
+        let claimed = crate::treewalk::entry_budget(snap);
+        let bomb = (sub.entries > claimed).then(|| {
+            format!(
+                "its trees hold more than {claimed} entries, far more than the snapshot records ({} files, {} directories): shared subtrees repeated to exhaust memory (a tree bomb)",
+                snap.summary.files, snap.summary.dirs
+            )
+        });
+        walked.push((*sid, Some(sub), bomb));
+    }
+    report.trees = walker.memo.len() as u64;
+    let found = walker.problems;
+    let clean = walked
+        .iter()
+        .all(|(_, sub, own)| own.is_none() && sub.as_ref().is_none_or(|s| s.affected.is_empty()));
+    let still_live = if clean { live } else { list_live()? };
+    let mut reached: HashSet<&str> = HashSet::new();
+    for (sid, sub, own) in &walked {
+        if !still_live.contains(sid) {
+            continue;
+        }
+        report.snapshots += 1;
+        if let Some(msg) = own {
+            problems.add(FileType::Snapshot.name(sid), msg.clone());
+        }
         // Every snapshot gets its own list of affected paths, also below
         // trees it shares with others: each was checked once (memoised).
-        let sub = walker.tree(&root)?;
+        let Some(sub) = sub else { continue };
+        reached.extend(sub.objects.iter().map(String::as_str));
         for (obj, path) in &sub.affected {
-            walker.problems.affect(
+            if let Some(p) = found.0.get(obj) {
+                problems.add(obj.clone(), p.problem.clone());
+            }
+            problems.affect(
                 obj,
-                format!("{label}:{}", Path::new("/").join(path).display()),
-            );
-        }
-        let claimed = crate::treewalk::entry_budget(snap);
-        if sub.entries > claimed {
-            walker.problems.add(
-                FileType::Snapshot.name(sid),
-                format!(
-                    "its trees hold more than {claimed} entries, far more than the snapshot records ({} files, {} directories): shared subtrees repeated to exhaust memory (a tree bomb)",
-                    snap.summary.files, snap.summary.dirs
-                ),
+                format!("{}:{}", sid.short(), Path::new("/").join(path).display()),
             );
         }
     }
-    report.trees = walker.memo.len() as u64;
+    // Damage beyond the affected-paths cap of every live snapshot still
+    // counts; damage only forgotten snapshots reached does not.
+    for (obj, p) in found.0 {
+        if reached.contains(obj.as_str()) {
+            problems.add(obj, p.problem);
+        }
+    }
     report.damaged_packs = problems
         .0
         .keys()
@@ -282,6 +311,8 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
 #[derive(Default)]
 struct Subtree {
     affected: Vec<(String, std::path::PathBuf)>,
+    /// Every damaged object below, also those past the affected-paths cap.
+    objects: HashSet<String>,
     entries: u64,
 }
 
@@ -298,7 +329,9 @@ struct TreeChecker<'a> {
     /// Trees on the current path from the root: meeting one again is a
     /// cycle, which no backup writes.
     in_progress: HashSet<BlobId>,
-    problems: &'a mut Problems,
+    /// What the walk found, kept apart until it is known which snapshots
+    /// are still live.
+    problems: Problems,
 }
 
 impl TreeChecker<'_> {
@@ -311,7 +344,8 @@ impl TreeChecker<'_> {
             self.problems
                 .add(obj.clone(), "the tree contains itself (a cycle)".into());
             return Ok(std::rc::Rc::new(Subtree {
-                affected: vec![(obj, std::path::PathBuf::new())],
+                affected: vec![(obj.clone(), std::path::PathBuf::new())],
+                objects: HashSet::from([obj]),
                 entries: 0,
             }));
         }
@@ -325,6 +359,9 @@ impl TreeChecker<'_> {
     fn load_and_check(&mut self, tree: &BlobId) -> Result<Subtree> {
         let mut out = Subtree::default();
         let affect = |out: &mut Subtree, obj: &str, p: std::path::PathBuf| {
+            if !out.objects.contains(obj) {
+                out.objects.insert(obj.to_string());
+            }
             if out.affected.len() < AFFECTED_PER_TREE {
                 out.affected.push((obj.to_string(), p));
             }
@@ -357,6 +394,7 @@ impl TreeChecker<'_> {
                     if let Some(sub) = &n.subtree {
                         let s = self.tree(sub)?;
                         out.entries = out.entries.saturating_add(s.entries);
+                        out.objects.extend(s.objects.iter().cloned());
                         for (obj, rel) in &s.affected {
                             affect(&mut out, obj, p.join(rel));
                         }

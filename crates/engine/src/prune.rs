@@ -230,6 +230,11 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
         }
     }
     let mut restore: Vec<IndexPack> = Vec::new();
+    // The index file that puts them back, superseded below by this prune's
+    // own index: otherwise the next prune would read it beside that index,
+    // in another order, and count duplicate blobs in other packs (a pack
+    // marked here would even come back into use).
+    let mut restored_file: Option<ObjectId> = None;
     let mut delete: Vec<(String, u64)> = Vec::new();
     let mut seen: HashSet<ObjectId> = HashSet::new();
     for (_, packs) in &ready {
@@ -264,13 +269,13 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
 
     if !opts.dry_run {
         if !restore.is_empty() {
-            save_index_file(
+            restored_file = Some(save_index_file(
                 &**repo,
                 &IndexFile {
                     supersedes: Vec::new(),
                     packs: restore.clone(),
                 },
-            )?;
+            )?);
             for p in &restore {
                 index.add_pack(p);
             }
@@ -429,17 +434,23 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     report.forgotten_removed = forgotten.len() as u64;
 
     if !opts.dry_run {
-        if !condemned.is_empty() {
+        if !condemned.is_empty() || restored_file.is_some() {
             // 1. an unarmed mark, so the packs are on record before they
             //    leave the index;
-            // 2. the index without them (superseding the files read);
+            // 2. the index without them (superseding the files read, and
+            //    the one that put packs back);
             // 3. the armed mark, naming the sessions held now that the new
             //    index is visible: any backup that may have seen the packs
             //    in the old index is among them, or has committed already;
             // 4. the unarmed mark and the superseded index files go.
-            let unarmed = write_mark(repo, now, None, condemned.clone())?;
+            let unarmed = if condemned.is_empty() {
+                None
+            } else {
+                Some(write_mark(repo, now, None, condemned.clone())?)
+            };
             crate::test_pause("prune-unarmed");
-            let superseded: Vec<ObjectId> = index.files().to_vec();
+            let mut superseded: Vec<ObjectId> = index.files().to_vec();
+            superseded.extend(restored_file);
             save_index_file(
                 &**repo,
                 &IndexFile {
@@ -448,14 +459,16 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
                 },
             )?;
             crate::test_pause("prune-rewritten");
-            let sessions_now: Vec<String> = list_sessions(repo)?
-                .into_iter()
-                .filter(|(_, _, i)| i.kind != "prune")
-                .map(|(id, _, _)| id)
-                .collect();
-            write_mark(repo, now, Some(sessions_now), condemned)?;
-            crate::test_pause("prune-armed");
-            backend.delete(&unarmed)?;
+            if let Some(unarmed) = unarmed {
+                let sessions_now: Vec<String> = list_sessions(repo)?
+                    .into_iter()
+                    .filter(|(_, _, i)| i.kind != "prune")
+                    .map(|(id, _, _)| id)
+                    .collect();
+                write_mark(repo, now, Some(sessions_now), condemned)?;
+                crate::test_pause("prune-armed");
+                backend.delete(&unarmed)?;
+            }
             crate::for_each_in_flight(&superseded, crate::REQUESTS_IN_FLIGHT, |id| {
                 Ok(backend.delete(&FileType::Index.name(id))?)
             })?;

@@ -538,3 +538,63 @@ fn packs_reach_streaming_destinations_as_files_and_retries_resend_them_whole() {
         );
     }
 }
+
+/// The moment a prune's sweep lands while `check` walks trees: on the first
+/// tree read, the snapshot is forgotten (when `forget` is set) and the pack
+/// being read is deleted, as a sweep of a mark that waits for no one does.
+#[derive(Debug)]
+struct SweepDuringWalk {
+    inner: Arc<dyn LabBackend>,
+    repo: Arc<MemoryBackend>,
+    forget: Option<capsule_format::ObjectId>,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl capsule_backend::Layer for SweepDuringWalk {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+    fn get(
+        &self,
+        name: &str,
+        range: Option<std::ops::Range<u64>>,
+    ) -> Result<Vec<u8>, capsule_backend::BackendError> {
+        if name.starts_with("tree/") && !self.fired.swap(true, Relaxed) {
+            if let Some(id) = &self.forget {
+                let repo = Repository::open(self.repo.clone(), PW).unwrap();
+                capsule_engine::forget::forget(&repo, id).unwrap();
+            }
+            self.repo.delete(name).unwrap();
+        }
+        self.inner.get(name, range)
+    }
+}
+
+/// A snapshot forgotten and swept while `check` walks its trees is not
+/// damage; the same pack lost under a snapshot still live is, and is named.
+#[test]
+fn check_ignores_what_a_prune_swept_under_a_snapshot_forgotten_meanwhile() {
+    for forgotten in [true, false] {
+        let lab = Lab::new();
+        std::fs::write(lab.src.join("f"), noise(50_000, 3)).unwrap();
+        let id: capsule_format::ObjectId = lab.backup().parse().unwrap();
+        let inner: Arc<dyn LabBackend> = lab.store.clone();
+        let layer = SweepDuringWalk {
+            inner,
+            repo: lab.store.clone(),
+            forget: forgotten.then_some(id),
+            fired: false.into(),
+        };
+        let repo = Repository::open(Arc::new(layer), PW).unwrap();
+        let r = capsule_engine::check::check(&repo, false, &Progress::default()).unwrap();
+        if forgotten {
+            assert!(r.ok(), "{:?}", r.problems);
+            assert_eq!(r.snapshots, 0);
+        } else {
+            assert!(!r.ok());
+            let text = format!("{:?}", r.problems);
+            assert!(text.contains(&id.short()), "names the snapshot: {text}");
+            assert_eq!(r.snapshots, 1);
+        }
+    }
+}

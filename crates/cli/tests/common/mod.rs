@@ -584,9 +584,11 @@ pub fn soak(work: &Path, run: &CapsuleRunner<'_>) {
     let failures = failures.into_inner().unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // The marks the last prunes made are swept now that nothing runs.
+    let mut quiet = Vec::new();
     for _ in 0..2 {
-        let o = run(&["prune"], &[]);
+        let o = run(&["--json", "prune"], &[]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        quiet.push(String::from_utf8_lossy(&o.stdout).into_owned());
     }
     let o = run(&["--json", "snapshots"], &[]);
     let snaps: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -608,7 +610,10 @@ pub fn soak(work: &Path, run: &CapsuleRunner<'_>) {
         String::from_utf8_lossy(&o.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["report"]["packs_marked_for_deletion"], 0, "{v}");
+    assert_eq!(
+        v["report"]["packs_marked_for_deletion"], 0,
+        "{v}\nthe two prunes after the soak: {quiet:?}"
+    );
     assert!(
         v["report"]["unindexed_packs"]
             .as_array()
