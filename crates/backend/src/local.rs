@@ -106,8 +106,17 @@ impl LocalBackend {
                 Err(e) if e.kind() == IoKind::NotFound => continue,
                 Err(e) => return Err(io_err("list", prefix, e)),
             };
+            // An entry may go between the directory read and its stat: a
+            // temporary renamed into place by a backup, a pack deleted by a
+            // prune. Listings run beside both, so a vanished entry is
+            // simply not listed.
+            let gone = |e: &std::io::Error| e.kind() == IoKind::NotFound;
             for e in rd {
-                let e = e.map_err(|e| io_err("list", prefix, e))?;
+                let e = match e {
+                    Ok(e) => e,
+                    Err(e) if gone(&e) => continue,
+                    Err(e) => return Err(io_err("list", prefix, e)),
+                };
                 let fname = e.file_name().to_string_lossy().into_owned();
                 let is_temp = fname.starts_with(crate::TEMP_PREFIX);
                 let child = if rel.is_empty() {
@@ -115,11 +124,19 @@ impl LocalBackend {
                 } else {
                     format!("{rel}/{fname}")
                 };
-                let ft = e.file_type().map_err(|e| io_err("list", prefix, e))?;
+                let ft = match e.file_type() {
+                    Ok(ft) => ft,
+                    Err(e) if gone(&e) => continue,
+                    Err(e) => return Err(io_err("list", prefix, e)),
+                };
                 if ft.is_dir() {
                     stack.push((e.path(), child));
                 } else if ft.is_file() && is_temp == temps {
-                    let m = e.metadata().map_err(|e| io_err("list", prefix, e))?;
+                    let m = match e.metadata() {
+                        Ok(m) => m,
+                        Err(e) if gone(&e) => continue,
+                        Err(e) => return Err(io_err("list", prefix, e)),
+                    };
                     out.push(ObjectInfo {
                         name: child,
                         size: m.len(),

@@ -230,36 +230,23 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         .into_iter()
         .filter(|(id, _)| live.contains(id))
         .collect();
-    let mut walker = TreeChecker {
-        repo,
-        index: &index,
-        damaged: &damaged,
-        memo: HashMap::new(),
-        in_progress: HashSet::new(),
-        problems: Problems::default(),
+    let (mut walked, mut trees, mut found) = walk_snapshots(repo, &index, &damaged, &snaps)?;
+    let is_clean = |walked: &Walked| {
+        walked.iter().all(|(_, sub, own)| {
+            own.is_none() && sub.as_ref().is_none_or(|s| s.affected.is_empty())
+        })
     };
-    // Per snapshot: what it reaches that is damaged, and its own problem.
-    let mut walked = Vec::with_capacity(snaps.len());
-    for (sid, snap) in &snaps {
-        let Ok(root) = snap.tree.parse::<BlobId>() else {
-            walked.push((*sid, None, Some("bad root tree id".to_string())));
-            continue;
-        };
-        let sub = walker.tree(&root)?;
-        let claimed = crate::treewalk::entry_budget(snap);
-        let bomb = (sub.entries > claimed).then(|| {
-            format!(
-                "its trees hold more than {claimed} entries, far more than the snapshot records ({} files, {} directories): shared subtrees repeated to exhaust memory (a tree bomb)",
-                snap.summary.files, snap.summary.dirs
-            )
-        });
-        walked.push((*sid, Some(sub), bomb));
+    let mut clean = is_clean(&walked);
+    if !clean && index_grew(repo, &mut index)? {
+        // A sweep that puts back a marked pack a backup reused writes an
+        // index file for it, then deletes the mark; between this check's
+        // index load and its reading of the marks, it misses both, and
+        // what a live snapshot reuses looks unindexed. What appeared
+        // since is in the index now: walk again.
+        (walked, trees, found) = walk_snapshots(repo, &index, &damaged, &snaps)?;
+        clean = is_clean(&walked);
     }
-    report.trees = walker.memo.len() as u64;
-    let found = walker.problems;
-    let clean = walked
-        .iter()
-        .all(|(_, sub, own)| own.is_none() && sub.as_ref().is_none_or(|s| s.affected.is_empty()));
+    report.trees = trees;
     let still_live = if clean { live } else { list_live()? };
     let mut reached: HashSet<&str> = HashSet::new();
     for (sid, sub, own) in &walked {
@@ -304,6 +291,73 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         .collect();
     report.problems = problems.0.into_values().collect();
     Ok(report)
+}
+
+/// Per snapshot walked: its ID, what it reaches that is damaged, and a
+/// problem of its own.
+type Walked = Vec<(ObjectId, Option<std::rc::Rc<Subtree>>, Option<String>)>;
+
+/// Walks the trees of `snaps`: what each reaches that is damaged, how many
+/// trees were checked, and the problems found.
+fn walk_snapshots(
+    repo: &Repository,
+    index: &MasterIndex,
+    damaged: &HashMap<BlobId, String>,
+    snaps: &[(ObjectId, capsule_format::snapshot::Snapshot)],
+) -> Result<(Walked, u64, Problems)> {
+    let mut walker = TreeChecker {
+        repo,
+        index,
+        damaged,
+        memo: HashMap::new(),
+        in_progress: HashSet::new(),
+        problems: Problems::default(),
+    };
+    let mut walked = Vec::with_capacity(snaps.len());
+    for (sid, snap) in snaps {
+        let Ok(root) = snap.tree.parse::<BlobId>() else {
+            walked.push((*sid, None, Some("bad root tree id".to_string())));
+            continue;
+        };
+        let sub = walker.tree(&root)?;
+        let claimed = crate::treewalk::entry_budget(snap);
+        let bomb = (sub.entries > claimed).then(|| {
+            format!(
+                "its trees hold more than {claimed} entries, far more than the snapshot records ({} files, {} directories): shared subtrees repeated to exhaust memory (a tree bomb)",
+                snap.summary.files, snap.summary.dirs
+            )
+        });
+        walked.push((*sid, Some(sub), bomb));
+    }
+    Ok((walked, walker.memo.len() as u64, walker.problems))
+}
+
+/// Adds to `index` the packs of index files stored since it was loaded,
+/// and of the marks there are now. Returns whether it gained any.
+fn index_grew(repo: &Repository, index: &mut MasterIndex) -> Result<bool> {
+    let known: HashSet<ObjectId> = index.files().iter().copied().collect();
+    let mut packs = crate::prune::marked_index_packs(repo)?;
+    for o in repo.backend().list(FileType::Index.prefix())? {
+        let Some(id) = FileType::id_of(&o.name) else {
+            continue;
+        };
+        if known.contains(&id) {
+            continue;
+        }
+        // One that vanished or fails to read was superseded meanwhile, or is
+        // reported by the next check; either way it adds nothing here.
+        if let Ok(f) = crate::index::load_index_file(repo, &id) {
+            packs.extend(f.packs);
+        }
+    }
+    let mut grew = false;
+    for p in &packs {
+        if !index.has_pack(&p.id) {
+            index.add_pack(p);
+            grew = true;
+        }
+    }
+    Ok(grew)
 }
 
 /// The damage below one tree, as paths relative to it, and how many

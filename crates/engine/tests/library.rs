@@ -598,3 +598,52 @@ fn check_ignores_what_a_prune_swept_under_a_snapshot_forgotten_meanwhile() {
         }
     }
 }
+
+/// Hides one index file until `check` lists the prune marks, as a sweep
+/// does that puts a marked pack back: it stores an index file for the
+/// pack, then deletes its mark, both between a check's index load and its
+/// reading of the marks.
+#[derive(Debug)]
+struct IndexAppearsAtMarks {
+    inner: Arc<dyn LabBackend>,
+    hidden: std::sync::Mutex<Option<(String, Vec<u8>)>>,
+}
+
+impl capsule_backend::Layer for IndexAppearsAtMarks {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+    fn list(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<capsule_backend::ObjectInfo>, capsule_backend::BackendError> {
+        if prefix.starts_with(capsule_engine::prune::MARKS_PREFIX) {
+            if let Some((name, bytes)) = self.hidden.lock().unwrap().take() {
+                self.inner.put(&name, &bytes)?;
+            }
+        }
+        self.inner.list(prefix)
+    }
+}
+
+/// An index file stored after `check` loaded the index (a sweep putting a
+/// marked pack back) does not make what a live snapshot reuses look lost.
+#[test]
+fn check_sees_an_index_file_stored_while_it_ran() {
+    let lab = Lab::new();
+    std::fs::write(lab.src.join("f"), noise(50_000, 4)).unwrap();
+    lab.backup();
+    let names = lab.store.list("index/").unwrap();
+    assert_eq!(names.len(), 1, "one index file");
+    let name = names[0].name.clone();
+    let bytes = lab.store.get(&name, None).unwrap();
+    lab.store.delete(&name).unwrap();
+    let layer = IndexAppearsAtMarks {
+        inner: lab.store.clone(),
+        hidden: Some((name, bytes)).into(),
+    };
+    let repo = Repository::open(Arc::new(layer), PW).unwrap();
+    let r = capsule_engine::check::check(&repo, false, &Progress::default()).unwrap();
+    assert!(r.ok(), "{:?}", r.problems);
+    assert_eq!(r.snapshots, 1);
+}
