@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use capsule_crypto::Aad;
+use capsule_format::index::IndexPack;
 use capsule_format::pack::{decode_header, parse_trailer, PACK_TRAILER_LEN};
 use capsule_format::tree::NodeKind;
 use capsule_format::{BlobId, BlobType, FileType, ObjectId};
@@ -237,12 +238,36 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         })
     };
     let mut clean = is_clean(&walked);
-    if !clean && index_grew(repo, &mut index)? {
+    let added = if clean {
+        Vec::new()
+    } else {
+        index_grew(repo, &mut index)?
+    };
+    if !added.is_empty() {
         // A sweep that puts back a marked pack a backup reused writes an
         // index file for it, then deletes the mark; between this check's
         // index load and its reading of the marks, it misses both, and
         // what a live snapshot reuses looks unindexed. What appeared
-        // since is in the index now: walk again.
+        // since is in the index now. A pack named only now must still be
+        // there, or its blobs are as lost as any missing pack's.
+        for p in &added {
+            let name = FileType::pack(p.entries.first().map_or(BlobType::Data, |e| e.blob_type))
+                .name(&p.id);
+            report.unindexed_packs.retain(|n| *n != name);
+            if stored.contains_key(&name) {
+                continue;
+            }
+            match repo.backend().stat(&name) {
+                Ok(_) => {}
+                Err(e) if e.kind == capsule_backend::ErrorKind::NotFound => {
+                    problems.add(name.clone(), "pack missing".to_string());
+                    for b in &p.entries {
+                        damaged.insert(b.id, name.clone());
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         (walked, trees, found) = walk_snapshots(repo, &index, &damaged, &snaps)?;
         clean = is_clean(&walked);
     }
@@ -333,8 +358,8 @@ fn walk_snapshots(
 }
 
 /// Adds to `index` the packs of index files stored since it was loaded,
-/// and of the marks there are now. Returns whether it gained any.
-fn index_grew(repo: &Repository, index: &mut MasterIndex) -> Result<bool> {
+/// and of the marks there are now. Returns the packs it gained.
+fn index_grew(repo: &Repository, index: &mut MasterIndex) -> Result<Vec<IndexPack>> {
     let known: HashSet<ObjectId> = index.files().iter().copied().collect();
     let mut packs = crate::prune::marked_index_packs(repo)?;
     for o in repo.backend().list(FileType::Index.prefix())? {
@@ -350,14 +375,12 @@ fn index_grew(repo: &Repository, index: &mut MasterIndex) -> Result<bool> {
             packs.extend(f.packs);
         }
     }
-    let mut grew = false;
+    let mut seen = HashSet::new();
+    packs.retain(|p| !index.has_pack(&p.id) && seen.insert(p.id));
     for p in &packs {
-        if !index.has_pack(&p.id) {
-            index.add_pack(p);
-            grew = true;
-        }
+        index.add_pack(p);
     }
-    Ok(grew)
+    Ok(packs)
 }
 
 /// The damage below one tree, as paths relative to it, and how many
