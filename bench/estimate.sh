@@ -121,7 +121,9 @@ for set in $sets; do
       out=$work/restored-$r
       t0=$EPOCHREALTIME; "$capsule" -r "$url" -q --no-cache restore latest --target "$out"; t1=$EPOCHREALTIME
       a_rest=$(secs "$t0" "$t1")
-      rm -rf "$out"
+      # Kept until the set is done: creating files just after deleting
+      # many is slow for a while on some machines (discard, a VM's host
+      # taking freed pages back), which would land on the next row.
       row=$(python3 -c "
 pi,ai,ph,ah,ch,ah2,pr,ar=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest
 e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
@@ -134,7 +136,7 @@ print('| $set ($files files) | $dest | $rtt ms | %.2f | %.2f | %s | %.2f | %.2f 
       esac
     done
   done
-  rm -rf "$data"
+  rm -rf "$data" "$work"/restored-*
 done
 
 {

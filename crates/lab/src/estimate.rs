@@ -134,6 +134,17 @@ pub struct Calibration {
     /// Seconds per byte restored from a local repository.
     #[serde(default)]
     pub restore_per_byte: f64,
+    /// CPU seconds (this process, all threads) per file of those restores,
+    /// beyond its bytes: decrypting, decompressing, creating and writing.
+    #[serde(default)]
+    pub restore_cpu_per_file: f64,
+    /// CPU seconds per byte of those restores.
+    #[serde(default)]
+    pub restore_cpu_per_byte: f64,
+    /// Cores this machine gives capsule (0 in records from before it was
+    /// measured: then no CPU bound is applied).
+    #[serde(default)]
+    pub cores: usize,
 }
 
 /// The destination, probed briefly.
@@ -153,6 +164,11 @@ pub struct DestProbe {
     /// bytes/s.
     #[serde(default)]
     pub download_bw: f64,
+    /// CPU seconds, on the whole machine, per byte of those reads: the
+    /// client's receive path, and the server and any proxy when they share
+    /// this machine (0 where it cannot be measured).
+    #[serde(default)]
+    pub download_cpu_per_byte: f64,
     /// Seconds to write one 50 KiB file with a flush, one at a time.
     pub per_file_copy: f64,
     /// Seconds of a whole run that backs up one new small file: connect,
@@ -286,7 +302,8 @@ const RESTORE_OVERLAP_LOSS: f64 = 0.3;
 /// The model of a full restore: a run's fixed costs, then the larger of
 /// this machine's restore work (measured on the samples) and the download,
 /// whose reads of up to 4 MiB each pay a round trip, `concurrency` at once,
-/// plus the part of the smaller that does not overlap.
+/// plus the part of the smaller that does not overlap; unless the CPU
+/// seconds both halves need, spread over the cores, take longer still.
 pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> f64 {
     let local = c.restore_per_file * files as f64 + c.restore_per_byte * bytes as f64;
     let stored = bytes as f64 * c.stored_ratio;
@@ -301,7 +318,15 @@ pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -
     } else {
         0.0
     };
-    d.run_unchanged + local.max(net) + RESTORE_OVERLAP_LOSS * local.min(net)
+    let cpu = if c.cores > 0 {
+        (c.restore_cpu_per_file * files as f64
+            + c.restore_cpu_per_byte * bytes as f64
+            + d.download_cpu_per_byte * stored)
+            / c.cores as f64
+    } else {
+        0.0
+    };
+    d.run_unchanged + (local.max(net) + RESTORE_OVERLAP_LOSS * local.min(net)).max(cpu)
 }
 
 /// Predictions for a source.
@@ -417,11 +442,14 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         Ok(Some((first, second)))
     };
     // Restores of the same samples from their local repositories: the
-    // faster of two, each into a directory of its own (on a filesystem
-    // mounted with `discard`, creating files just after deleting many costs
-    // up to a millisecond each, so nothing is deleted until the end).
+    // median of three, each into a directory of its own, with the CPU
+    // seconds that round used. Not the fastest: on some machines writing
+    // into the page cache costs ten times more for a while (a VM whose
+    // host takes freed pages back; a filesystem mounted with `discard`
+    // just after many deletions), and the restore being predicted meets
+    // that as often as the samples do. Nothing is deleted until the end.
     let restored = work.join("restored");
-    let restore_secs = |name: &str| -> Result<f64> {
+    let restore_secs = |name: &str| -> Result<(f64, f64)> {
         let opened = conn.open(&Destination::Local(work.join(name)), false)?;
         let repo = Repository::open(opened.backend.clone(), &password)?;
         let (index, _) = repo.load_index()?;
@@ -430,9 +458,10 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
             .tree
             .parse()
             .map_err(|_| capsule_engine::EngineError::corrupt("snapshot", "bad tree id"))?;
-        let mut best = f64::INFINITY;
-        for round in 0..2 {
+        let mut rounds = Vec::new();
+        for round in 0..3 {
             let target = restored.join(format!("{name}-{round}"));
+            let cpu0 = crate::cpu::process();
             let t = Instant::now();
             let r = restore(
                 &repo,
@@ -444,7 +473,12 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
                 },
                 &Progress::default(),
             )?;
-            best = best.min(t.elapsed().as_secs_f64());
+            let secs = t.elapsed().as_secs_f64();
+            let cpu = match (cpu0, crate::cpu::process()) {
+                (Some(a), Some(b)) => (b - a).max(0.0),
+                _ => 0.0,
+            };
+            rounds.push((secs, cpu));
             if !r.errors.is_empty() {
                 return Err(LabError::io(
                     "restore the sample",
@@ -453,7 +487,8 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
                 ));
             }
         }
-        Ok(best)
+        rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(rounds[rounds.len() / 2])
     };
     // What any run costs here with nothing to do.
     let (e1, e2) = sample("empty", &[empty])?.expect("one path");
@@ -513,31 +548,26 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         .as_ref()
         .map(|(f, _)| (f.files_read as f64, f.bytes_read as f64));
     // What a restore costs with nothing to write (starting, planning,
-    // finishing), taken off the samples as the empty backup is above.
-    let restore_fixed = restore_secs("empty")?;
+    // finishing), taken off the samples as the empty backup is above; the
+    // same for its CPU seconds.
+    let (fixed_secs, fixed_cpu) = restore_secs("empty")?;
+    let less_fixed =
+        |(secs, cpu): (f64, f64)| ((secs - fixed_secs).max(0.0), (cpu - fixed_cpu).max(0.0));
     let rs = match rs {
-        Some((f, b)) => Some((f, b, (restore_secs("small")? - restore_fixed).max(0.0))),
+        Some((f, b)) => Some((f, b, less_fixed(restore_secs("small")?))),
         None => None,
     };
     let rl = match rl {
-        Some((f, b)) => Some((f, b, (restore_secs("large")? - restore_fixed).max(0.0))),
+        Some((f, b)) => Some((f, b, less_fixed(restore_secs("large")?))),
         None => None,
     };
     let _ = std::fs::remove_dir_all(&restored);
-    let (restore_per_file, restore_per_byte) = match (rs, rl) {
-        (Some((f1, b1, t1)), Some((f2, b2, t2))) => {
-            let det = f1 * b2 - f2 * b1;
-            match (det.abs() > 1e-9).then(|| ((t1 * b2 - t2 * b1) / det, (f1 * t2 - f2 * t1) / det))
-            {
-                Some((a, b)) if a >= 0.0 && b >= 0.0 => (a, b),
-                _ => (0.0, (t1 + t2) / (b1 + b2).max(1.0)),
-            }
-        }
-        (Some((f, b, t)), None) | (None, Some((f, b, t))) => {
-            (0.5 * t / f.max(1.0), 0.5 * t / b.max(1.0))
-        }
-        (None, None) => (0.0, 0.0),
-    };
+    let time = |p: &(f64, f64, (f64, f64))| (p.0, p.1, p.2 .0);
+    let cpu = |p: &(f64, f64, (f64, f64))| (p.0, p.1, p.2 .1);
+    let (restore_per_file, restore_per_byte) =
+        fit_restore(rs.as_ref().map(time), rl.as_ref().map(time));
+    let (restore_cpu_per_file, restore_cpu_per_byte) =
+        fit_restore(rs.as_ref().map(cpu), rl.as_ref().map(cpu));
     let dims = |x: &Option<(RunRecord, RunRecord)>| {
         x.as_ref()
             .map(|(f, _)| (f.files_read, f.bytes_read))
@@ -551,7 +581,31 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         samples: [dims(&s), dims(&l)],
         restore_per_file,
         restore_per_byte,
+        restore_cpu_per_file,
+        restore_cpu_per_byte,
+        cores: crate::cpu::cores(),
     })
+}
+
+/// Cost per file and per byte from the small and the large restore sample,
+/// each (files, bytes, cost): solved exactly when both exist and the
+/// solution is not negative, else charged to bytes; one sample alone is
+/// split evenly between its files and its bytes.
+fn fit_restore(small: Option<(f64, f64, f64)>, large: Option<(f64, f64, f64)>) -> (f64, f64) {
+    match (small, large) {
+        (Some((f1, b1, t1)), Some((f2, b2, t2))) => {
+            let det = f1 * b2 - f2 * b1;
+            match (det.abs() > 1e-9).then(|| ((t1 * b2 - t2 * b1) / det, (f1 * t2 - f2 * t1) / det))
+            {
+                Some((a, b)) if a >= 0.0 && b >= 0.0 => (a, b),
+                _ => (0.0, (t1 + t2) / (b1 + b2).max(1.0)),
+            }
+        }
+        (Some((f, b, t)), None) | (None, Some((f, b, t))) => {
+            (0.5 * t / f.max(1.0), 0.5 * t / b.max(1.0))
+        }
+        (None, None) => (0.0, 0.0),
+    }
 }
 
 /// Probes the destination briefly (a few seconds at most on a LAN; `work`
@@ -585,11 +639,22 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
         // server's first reads of what was just written and for streams
         // that are still opening their windows (it read about half the
         // restores' rates on SFTP and S3 here).
+        // The machine's busy CPU seconds over the better round price each
+        // byte received (see crate::cpu).
         let mut download_bw = 0f64;
+        let mut download_cpu_per_byte = 0f64;
         for _ in 0..2 {
+            let cpu0 = crate::cpu::machine_busy();
             let t = Instant::now();
             let got = parallel_gets(&b, "p", concurrency, piece)?;
-            download_bw = download_bw.max(got as f64 / t.elapsed().as_secs_f64().max(1e-9));
+            let bw = got as f64 / t.elapsed().as_secs_f64().max(1e-9);
+            if bw > download_bw {
+                download_bw = bw;
+                download_cpu_per_byte = match (cpu0, crate::cpu::machine_busy()) {
+                    (Some(a), Some(b)) => (b - a).max(0.0) / got.max(1) as f64,
+                    _ => 0.0,
+                };
+            }
         }
         // Per-file copying: small files one at a time, flushed.
         let data = Noise::bytes(5, 51_200);
@@ -608,6 +673,7 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
             parallel_bw,
             concurrency,
             download_bw,
+            download_cpu_per_byte,
             per_file_copy,
             run_changed,
             run_unchanged,
@@ -841,6 +907,9 @@ mod tests {
             samples: [(0, 0); 2],
             restore_per_file: 5e-5,
             restore_per_byte: 2e-9,
+            restore_cpu_per_file: 0.0,
+            restore_cpu_per_byte: 0.0,
+            cores: 0,
         }
     }
 
@@ -852,6 +921,7 @@ mod tests {
             parallel_bw: bw,
             concurrency: 8,
             download_bw: bw,
+            download_cpu_per_byte: 0.0,
             per_file_copy: 3.0 * rtt,
             run_changed: 0.6,
             run_unchanged: 0.4,
@@ -895,6 +965,48 @@ mod tests {
         let t = predict_restore(&c, &dest(0.001, 1e10), 1000, 1_000_000_000);
         let net = 0.1 + 239.0 * 0.001 / 8.0;
         assert!((t - (0.4 + 2.05 + 0.3 * net)).abs() < 1e-6, "{t}");
+    }
+
+    #[test]
+    fn restores_need_the_cpu_of_both_halves_over_the_cores() {
+        // 1 GB, 1,000 files, on 2 cores: local work 2.05 s, the download
+        // at 1 GB/s 1.03 s, which would overlap into 2.05 + 0.3 x 1.03 s.
+        // But writing takes 3 CPU seconds per GB and receiving 2: 5 CPU
+        // seconds over 2 cores is 2.5 s (+ 5 ms per-file CPU).
+        let c = Calibration {
+            restore_cpu_per_file: 1e-5,
+            restore_cpu_per_byte: 3e-9,
+            cores: 2,
+            ..cal()
+        };
+        let d = DestProbe {
+            download_cpu_per_byte: 2e-9,
+            ..dest(0.001, 1e9)
+        };
+        let t = predict_restore(&c, &d, 1000, 1_000_000_000);
+        assert!((t - (0.4 + 2.505)).abs() < 1e-6, "{t}");
+        // With CPU to spare, the overlap of the two halves decides.
+        let spare = Calibration { cores: 8, ..c };
+        let net = 1.0 + 239.0 * 0.001 / 8.0;
+        let t = predict_restore(&spare, &d, 1000, 1_000_000_000);
+        assert!((t - (0.4 + 2.05 + 0.3 * net)).abs() < 1e-6, "{t}");
+    }
+
+    #[test]
+    fn restore_costs_fit_two_samples_or_split_one() {
+        // 1,000 files of 50 KB in 0.15 s; 10 files of 10 MB in 0.2 s:
+        // 0.1 ms per file and 1 ns per byte.
+        let (f, b) = fit_restore(Some((1000.0, 5e7, 0.15)), Some((10.0, 1e8, 0.101)));
+        assert!(
+            (f - 1e-4).abs() < 1e-9 && (b - 1e-9).abs() < 1e-12,
+            "{f} {b}"
+        );
+        let (f, b) = fit_restore(Some((1000.0, 5e7, 0.2)), None);
+        assert!(
+            (f - 1e-4).abs() < 1e-12 && (b - 2e-9).abs() < 1e-15,
+            "{f} {b}"
+        );
+        assert_eq!(fit_restore(None, None), (0.0, 0.0));
     }
 
     #[test]

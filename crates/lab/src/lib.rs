@@ -13,6 +13,7 @@
 //! * [`html`]: self-contained HTML reports with SVG charts.
 
 pub mod bound;
+mod cpu;
 pub mod dest;
 pub mod estimate;
 pub mod history;
