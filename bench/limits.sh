@@ -14,6 +14,7 @@
 # all): about the most the link, the proxy and the server carry for bulk
 # uploads here. Nothing else a backup does (reading, chunking, encrypting)
 # is in it, though it shares the 2 cores with the servers and the proxy.
+# Peak RSS of each capsule process comes from /usr/bin/time.
 # The bound and its evidence are what `capsule backup --json` and
 # `capsule restore --json` report. Needs root for apt-get (rclone).
 set -euo pipefail
@@ -31,8 +32,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-if ! command -v rclone >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq rclone >/dev/null
+missing=()
+for p in rclone:rclone /usr/bin/time:time; do
+  command -v "${p%%:*}" >/dev/null || missing+=("${p#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 cargo build --release -q -p capsule
 capsule=$PWD/target/release/capsule
@@ -118,19 +123,21 @@ run() {
     "$capsule" -r "$u" -q init
     local t0 t1
     t0=$(date +%s.%N)
-    "$capsule" -r "$u" backup --json "$work/$set" >"$work/b.json"
+    /usr/bin/time -f %M -o "$work/b.rss" "$capsule" -r "$u" backup --json "$work/$set" >"$work/b.json"
     t1=$(date +%s.%N)
     local bs; bs=$(seconds "$t0" "$t1")
     t0=$(date +%s.%N)
-    "$capsule" -r "$u" --no-cache restore --json latest --target "$work/out" >"$work/r.json"
+    /usr/bin/time -f %M -o "$work/r.rss" \
+      "$capsule" -r "$u" --no-cache restore --json latest --target "$work/out" >"$work/r.json"
     t1=$(date +%s.%N)
     local rs; rs=$(seconds "$t0" "$t1")
     diff -rq "$work/$set" "$work/out$work/$set" >/dev/null || { echo "restore of $set from $dest differs" >&2; exit 1; }
     rm -rf "$work/out"
-    rows+=("$(python3 - "$work/b.json" "$work/r.json" "$dest" "$rtt" "$set" "$bytes" "$bs" "$rs" "$ceil" <<'EOF'
+    rows+=("$(python3 - "$work/b.json" "$work/r.json" "$dest" "$rtt" "$set" "$bytes" "$bs" "$rs" "$ceil" \
+      "$(($(cat "$work/b.rss") / 1024))" "$(($(cat "$work/r.rss") / 1024))" <<'EOF'
 import json, sys
 b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-dest, rtt, dset, nbytes, bs, rs, ceil = sys.argv[3:]
+dest, rtt, dset, nbytes, bs, rs, ceil, brss, rrss = sys.argv[3:]
 nbytes, bs, rs = int(nbytes), float(bs), float(rs)
 bb = b.get("bound") or {}
 f = r.get("fetch") or {}
@@ -138,8 +145,8 @@ rb = f.get("bound") or {}
 def first(e): return e[0] if isinstance(e, list) and e else e
 def mbs(s): return nbytes / 1e6 / max(s, 1e-9)
 pct = "—" if ceil == "nan" else f"{100 * mbs(bs) / float(ceil):.0f}%"
-print(f"| {dest} | {rtt} | {dset} | {ceil} | {bs:.2f} | {mbs(bs):.0f} | {pct} | "
-      f"{bb.get('kind', '?')}: {first(bb.get('evidence', ''))} | {rs:.2f} | {mbs(rs):.0f} | "
+print(f"| {dest} | {rtt} | {dset} | {ceil} | {bs:.2f} | {mbs(bs):.0f} | {pct} | {brss} | "
+      f"{bb.get('kind', '?')}: {first(bb.get('evidence', ''))} | {rs:.2f} | {mbs(rs):.0f} | {rrss} | "
       f"{rb.get('kind', '?')}: {rb.get('evidence', '')} |")
 EOF
 )")
@@ -180,7 +187,7 @@ done
   echo "Versions: $("$capsule" --version); $(rclone version | head -1)"
   echo "Data: small = $small_n × 50 KiB, large = $large_n × 128 MiB. Ceiling: 8 × 64 MiB sent 8 at once, the better of rclone and (SMB) smbclient put or (SFTP) ssh cat."
   echo
-  echo "| destination | RTT ms | data | ceiling MB/s | backup s | MB/s | of ceiling | backup bound | restore s | MB/s | restore bound |"
-  echo "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---|"
+  echo "| destination | RTT ms | data | ceiling MB/s | backup s | MB/s | of ceiling | backup peak RSS MiB | backup bound | restore s | MB/s | restore peak RSS MiB | restore bound |"
+  echo "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "${output:-/dev/null}"

@@ -213,6 +213,7 @@ mod tests {
         fn capabilities(&self) -> Capabilities {
             Capabilities {
                 concurrency: 1,
+                uploads: 1,
                 durable_put: true,
                 local: false,
                 buffers_puts: false,
