@@ -124,14 +124,8 @@ pub struct ObjectInfo {
 /// What a backend can do and how it prefers to be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Concurrent requests that pay off (the engine's download width, and
-    /// the upload width unless [`Capabilities::uploads`] says less).
+    /// Concurrent requests that pay off (the engine's upload/download width).
     pub concurrency: usize,
-    /// Whole-object uploads worth running at once (a backup's uploaders).
-    /// Equal to `concurrency`, except where every upload already keeps
-    /// several writes of its own in flight: more uploads then add only
-    /// buffered bytes, not speed.
-    pub uploads: usize,
     /// Whether `put` makes data durable before returning.
     pub durable_put: bool,
     /// Whether the backend is on this machine (no round trips).

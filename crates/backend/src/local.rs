@@ -339,7 +339,6 @@ impl Backend for LocalBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             concurrency: 2,
-            uploads: 2,
             durable_put: self.sync == SyncPolicy::Sync,
             local: true,
             buffers_puts: false,

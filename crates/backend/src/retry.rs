@@ -213,7 +213,6 @@ mod tests {
         fn capabilities(&self) -> Capabilities {
             Capabilities {
                 concurrency: 1,
-                uploads: 1,
                 durable_put: true,
                 local: false,
                 buffers_puts: false,

@@ -126,7 +126,6 @@ impl Backend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             concurrency: 4,
-            uploads: 4,
             durable_put: true,
             local: true,
             buffers_puts: true,

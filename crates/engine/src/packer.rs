@@ -266,7 +266,7 @@ impl BlobSaver {
         journal: Option<(std::path::PathBuf, Vec<IndexPack>)>,
     ) -> Self {
         let caps = repo.backend().capabilities();
-        let uploads = caps.uploads.max(1);
+        let uploads = caps.concurrency.max(1);
         let buffers = caps.buffers_puts.then(|| {
             let pack = u64::from(repo.config().pack_size).max(1);
             BufferPool::new((PACK_BUFFER_BYTES / pack).max(1) as usize)

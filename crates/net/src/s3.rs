@@ -558,7 +558,6 @@ impl Backend for S3Backend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             concurrency: self.concurrency,
-            uploads: self.concurrency,
             durable_put: true,
             local: false,
             buffers_puts: true,

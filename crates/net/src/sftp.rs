@@ -922,7 +922,6 @@ impl Backend for SftpBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             concurrency: self.concurrency,
-            uploads: self.concurrency,
             durable_put: true,
             local: false,
             buffers_puts: false,

@@ -739,11 +739,6 @@ impl Backend for SmbBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             concurrency: self.concurrency,
-            // Each upload pipelines up to 4 MiB of WRITEs on the one session:
-            // four of them fill 30 ms at 500 MB/s, and eight held 6-8 MiB
-            // more at the same speed (4 x 128 MiB at 10 ms: 106-108 MiB peak
-            // RSS against 99.5-99.9, backups 2.5-3.1 s against 2.6-2.7 s).
-            uploads: self.concurrency.div_ceil(2),
             durable_put: true,
             local: false,
             buffers_puts: false,
