@@ -44,8 +44,8 @@ pub const INDEX_EVERY: usize = 4;
 /// whole request body ([`capsule_backend::Capabilities::buffers_puts`]):
 /// two 16 MiB packs. Three were as fast at 10 ms and 5% faster at 30 ms
 /// (4 × 128 MiB to MinIO through the proxy: 2.70–2.81 s against
-/// 2.88–2.91 s), but held 15 MiB more (peak RSS 137–147 MiB against
-/// 120–134). The buffers are reused: a fresh 16 MiB buffer is a fresh
+/// 2.88–2.91 s), but held 15 MiB more (peak RSS 134–144 MiB against
+/// 117–131). The buffers are reused: a fresh 16 MiB buffer is a fresh
 /// mapping, and faulting its pages in and unmapping it again cost about a
 /// tenth of the pipeline's CPU in a 10,000-file backup.
 pub const PACK_BUFFER_BYTES: u64 = 32 << 20;
