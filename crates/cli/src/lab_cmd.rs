@@ -393,11 +393,14 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
         human_secs(p.rule_of_thumb),
         "—"
     ));
+    let parts =
+        capsule_lab::estimate::restore_parts(&e.calibration, d, e.source.files, e.source.bytes);
     out.say(format!(
-        "capsule full restore from there: {} (reads at {:.0} MB/s with {} in flight)",
+        "capsule full restore from there: {} (reads at {:.0} MB/s with {} in flight; bound by {})",
         human_secs(p.restore),
         d.download_bw / 1e6,
-        d.concurrency
+        d.concurrency,
+        parts.bound()
     ));
     if e.history.is_empty() {
         out.say("no recorded backups to this destination yet: after real backups, estimates are checked against them and corrected");

@@ -7,9 +7,10 @@
 //! limit, neither the local work nor the download alone predicts the time;
 //! their CPU seconds together, over the cores, do.
 //!
-//! Read from `/proc` (Linux), in the kernel's `USER_HZ` ticks, which are
-//! 1/100 s on every architecture Linux exports them from. Elsewhere nothing
-//! is measured and the model goes without this bound.
+//! Read from `/proc` (Linux), in the kernel's `USER_HZ` ticks: 1/100 s on
+//! x86, ARM, RISC-V and the other architectures capsule is built for (a few
+//! old ones, such as Alpha, use 1/1024 s, and would misprice this bound).
+//! Elsewhere nothing is measured and the model goes without this bound.
 
 /// Seconds per `USER_HZ` tick in `/proc/stat` and `/proc/<pid>/stat`.
 const TICK: f64 = 0.01;

@@ -299,12 +299,51 @@ pub fn predict_run(
 /// Estimator accuracy).
 const RESTORE_OVERLAP_LOSS: f64 = 0.3;
 
+/// The parts of a full restore's prediction, seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RestoreParts {
+    /// A run's fixed costs (the measured run with nothing new).
+    pub fixed: f64,
+    /// This machine's restore work, from the local samples.
+    pub local: f64,
+    /// The download: stored bytes at the read rate, plus a round trip per
+    /// 4 MiB read divided by the reads in flight.
+    pub net: f64,
+    /// The CPU seconds of both, spread over the cores (0 where not
+    /// measured).
+    pub cpu: f64,
+}
+
+impl RestoreParts {
+    /// The longer of local work and download, plus the part of the
+    /// shorter that does not overlap.
+    fn overlapped(&self) -> f64 {
+        self.local.max(self.net) + RESTORE_OVERLAP_LOSS * self.local.min(self.net)
+    }
+
+    /// The predicted time.
+    pub fn total(&self) -> f64 {
+        self.fixed + self.overlapped().max(self.cpu)
+    }
+
+    /// What bounds the prediction, in a few words.
+    pub fn bound(&self) -> &'static str {
+        if self.cpu > self.overlapped() {
+            "this machine's cores"
+        } else if self.net >= self.local {
+            "the download"
+        } else {
+            "writing here"
+        }
+    }
+}
+
 /// The model of a full restore: a run's fixed costs, then the larger of
 /// this machine's restore work (measured on the samples) and the download,
 /// whose reads of up to 4 MiB each pay a round trip, `concurrency` at once,
 /// plus the part of the smaller that does not overlap; unless the CPU
 /// seconds both halves need, spread over the cores, take longer still.
-pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> f64 {
+pub fn restore_parts(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> RestoreParts {
     let local = c.restore_per_file * files as f64 + c.restore_per_byte * bytes as f64;
     let stored = bytes as f64 * c.stored_ratio;
     let bw = if d.download_bw > 0.0 {
@@ -326,7 +365,17 @@ pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -
     } else {
         0.0
     };
-    d.run_unchanged + (local.max(net) + RESTORE_OVERLAP_LOSS * local.min(net)).max(cpu)
+    RestoreParts {
+        fixed: d.run_unchanged,
+        local,
+        net,
+        cpu,
+    }
+}
+
+/// The predicted seconds of a full restore ([`restore_parts`]).
+pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> f64 {
+    restore_parts(c, d, files, bytes).total()
 }
 
 /// Predictions for a source.
@@ -985,11 +1034,19 @@ mod tests {
         };
         let t = predict_restore(&c, &d, 1000, 1_000_000_000);
         assert!((t - (0.4 + 2.505)).abs() < 1e-6, "{t}");
+        assert_eq!(
+            restore_parts(&c, &d, 1000, 1_000_000_000).bound(),
+            "this machine's cores"
+        );
         // With CPU to spare, the overlap of the two halves decides.
         let spare = Calibration { cores: 8, ..c };
         let net = 1.0 + 239.0 * 0.001 / 8.0;
         let t = predict_restore(&spare, &d, 1000, 1_000_000_000);
         assert!((t - (0.4 + 2.05 + 0.3 * net)).abs() < 1e-6, "{t}");
+        assert_eq!(
+            restore_parts(&spare, &d, 1000, 1_000_000_000).bound(),
+            "writing here"
+        );
     }
 
     #[test]
