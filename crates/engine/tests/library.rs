@@ -157,6 +157,29 @@ impl Lab {
     }
 }
 
+/// A file read in look-ahead windows is cut exactly where the chunker cuts
+/// it whole: the window's size (1.5 × the largest chunk) must never move a
+/// boundary, or deduplication against earlier backups would break. The
+/// file spans dozens of refills of the window, and its length is no
+/// multiple of anything.
+#[test]
+fn a_streamed_file_is_cut_where_the_whole_file_is() {
+    let lab = Lab::new();
+    let data = noise(3_000_017, 77);
+    std::fs::write(lab.src.join("big"), &data).unwrap();
+    lab.backup();
+    let (repo, _) = lab.open();
+    let (index, _) = repo.load_index().unwrap();
+    let mut whole = Vec::new();
+    let mut rest = &data[..];
+    for n in repo.chunker().cut_all(&data) {
+        whole.push(repo.key().blob_id(&rest[..n]));
+        rest = &rest[n..];
+    }
+    assert!(whole.len() > 40, "{} chunks", whole.len());
+    assert_eq!(lab.blobs_of(&index, &["big"]), whole);
+}
+
 /// Three files sharing content (a copy, and a file made of the first's
 /// first half twice) restore with each distinct blob read once, in one
 /// ranged read per pack, and nothing fetched that was not needed.
