@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use capsule_crypto::Aad;
+use capsule_crypto::{Aad, NONCE_LEN, TAG_LEN};
 use capsule_format::index::{IndexFile, IndexPack};
 use capsule_format::pack::{encode_header, trailer, PackEntry};
 use capsule_format::{compress, BlobId, BlobType, ObjectHasher, ObjectId};
@@ -53,7 +53,35 @@ pub const PACK_BUFFER_BYTES: u64 = 32 << 20;
 struct SealJob {
     t: BlobType,
     id: BlobId,
-    data: Vec<u8>,
+    /// The blob's length.
+    raw_len: usize,
+    /// The blob laid out to become its envelope where it lies
+    /// ([`SealJob::new`]).
+    buf: Vec<u8>,
+}
+
+/// Where a blob starts in [`SealJob::buf`]: after its envelope's nonce
+/// and its framing byte.
+const SEAL_AT: usize = NONCE_LEN + 1;
+
+impl SealJob {
+    /// Copies `data` into a buffer laid out as its envelope: room for the
+    /// nonce and the framing byte before it, and for the tag after it. A
+    /// blob stored raw (most bytes of a typical backup: media, archives) is
+    /// then framed and encrypted where it lies: one copy from the reader's
+    /// window to the pack instead of four, and one chunk-sized buffer per
+    /// blob in flight instead of three.
+    fn new(t: BlobType, id: BlobId, data: &[u8]) -> Self {
+        let mut buf = Vec::with_capacity(SEAL_AT + data.len() + TAG_LEN);
+        buf.resize(SEAL_AT, 0);
+        buf.extend_from_slice(data);
+        SealJob {
+            t,
+            id,
+            raw_len: data.len(),
+            buf,
+        }
+    }
 }
 
 /// A pack's bytes in an anonymous temporary file (gone when closed, or
@@ -333,7 +361,7 @@ impl BlobSaver {
     /// Returns whether it was new. Fails once the pipeline has failed, so
     /// that a repository write error stops the backup instead of being
     /// mistaken for a per-file problem.
-    pub fn save(&self, t: BlobType, id: BlobId, data: Vec<u8>) -> Result<bool> {
+    pub fn save(&self, t: BlobType, id: BlobId, data: &[u8]) -> Result<bool> {
         if self.shared.failed.load(Ordering::Relaxed) {
             return Err(self.failure());
         }
@@ -350,7 +378,8 @@ impl BlobSaver {
             return Ok(false);
         }
         let tx = self.seal_tx.as_ref().ok_or(EngineError::Interrupted)?;
-        if tx.send(SealJob { t, id, data }).is_err() {
+        // Copied only now: a blob already stored costs no copy at all.
+        if tx.send(SealJob::new(t, id, data)).is_err() {
             return Err(self.failure());
         }
         Ok(true)
@@ -502,28 +531,26 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
             continue; // drain so readers never block on a dead pipeline
         }
         let t0 = std::time::Instant::now();
-        let framed = match zstd.as_mut() {
-            Some(c) => compress::frame_with(c, &job.data),
-            None => compress::frame(&job.data, 0),
-        };
+        let mut env = compress::frame_in_place(zstd.as_mut(), job.buf, SEAL_AT - 1, TAG_LEN);
         let t1 = std::time::Instant::now();
         s.stats
             .compress_ns
             .fetch_add((t1 - t0).as_nanos() as u64, Ordering::Relaxed);
-        let env = match s.repo.key().seal(Aad::Blob(job.t, &job.id), &framed) {
-            Ok(e) => e,
-            Err(e) => {
-                s.fail(e.into());
-                continue;
-            }
-        };
+        if let Err(e) = s
+            .repo
+            .key()
+            .seal_in_place(Aad::Blob(job.t, &job.id), &mut env)
+        {
+            s.fail(e.into());
+            continue;
+        }
         s.stats
             .encrypt_ns
             .fetch_add(nanos_since(t1), Ordering::Relaxed);
         s.stats.blobs_added.fetch_add(1, Ordering::Relaxed);
         s.stats
             .raw_bytes_added
-            .fetch_add(job.data.len() as u64, Ordering::Relaxed);
+            .fetch_add(job.raw_len as u64, Ordering::Relaxed);
         s.stats
             .stored_bytes_added
             .fetch_add(env.len() as u64, Ordering::Relaxed);
@@ -533,7 +560,7 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
         };
         let finished = {
             let mut p = s.packers[slot].lock().unwrap_or_else(|p| p.into_inner());
-            append_blob(s, &mut p, job.t, job.id, &env, job.data.len(), target)
+            append_blob(s, &mut p, job.t, job.id, &env, job.raw_len, target)
         };
         match finished {
             Ok(Some(fp)) => {

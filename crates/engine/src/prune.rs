@@ -543,7 +543,7 @@ fn repack_packs(
                     .get(&name, Some(range.start as u64..range.end as u64))?,
             };
             let plain = repo.decode_blob(&name, e.blob_type, &e.id, &env, e.raw_length as usize)?;
-            saver.save(e.blob_type, e.id, plain)?;
+            saver.save(e.blob_type, e.id, &plain)?;
         }
         Ok(())
     });

@@ -365,7 +365,7 @@ fn rewrite_tree(
         let enc = encode_tree(&out);
         let id = repo.key().blob_id(&enc);
         if let Some(s) = saver {
-            s.save(BlobType::Tree, id, enc)?;
+            s.save(BlobType::Tree, id, &enc)?;
         }
         Rewritten::New(id)
     };

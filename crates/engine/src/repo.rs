@@ -776,6 +776,22 @@ impl Repository {
         envelope: &[u8],
         raw_len: usize,
     ) -> Result<Vec<u8>> {
+        let mut envelope = envelope.to_vec();
+        self.decode_blob_in_place(pack_name, t, id, &mut envelope, raw_len)
+            .map(std::borrow::Cow::into_owned)
+    }
+
+    /// Like [`Repository::decode_blob`], decrypting where the envelope lies
+    /// (its bytes are unspecified afterwards, also on failure): a blob
+    /// stored raw comes back as a part of `envelope`, with no copy made.
+    pub fn decode_blob_in_place<'a>(
+        &self,
+        pack_name: &str,
+        t: BlobType,
+        id: &BlobId,
+        envelope: &'a mut [u8],
+        raw_len: usize,
+    ) -> Result<std::borrow::Cow<'a, [u8]>> {
         let obj = || format!("{pack_name} blob {}", id.short());
         // The length is checked before anything is allocated for it: a
         // crafted index or pack header (a decompression bomb) could
@@ -795,10 +811,10 @@ impl Repository {
         }
         let framed = self
             .key
-            .open(Aad::Blob(t, id), envelope)
+            .open_in_place(Aad::Blob(t, id), envelope)
             .map_err(|e| EngineError::corrupt(obj(), e))?;
         let plain =
-            compress::unframe(&framed, raw_len).map_err(|e| EngineError::corrupt(obj(), e))?;
+            compress::unframe_ref(framed, raw_len).map_err(|e| EngineError::corrupt(obj(), e))?;
         if self.key.blob_id(&plain) != *id {
             return Err(EngineError::corrupt(obj(), "content does not match its ID"));
         }

@@ -78,11 +78,7 @@ impl Crafter {
     }
     fn blob(&self, t: BlobType, data: &[u8]) -> BlobId {
         let id = self.repo.key().blob_id(data);
-        self.saver
-            .as_ref()
-            .unwrap()
-            .save(t, id, data.to_vec())
-            .unwrap();
+        self.saver.as_ref().unwrap().save(t, id, data).unwrap();
         id
     }
     /// Trees are encoded as given: no sorting, no validation.

@@ -17,29 +17,57 @@ pub fn frame(data: &[u8], level: i32) -> Vec<u8> {
 
 /// Like [`frame`], reusing a compressor (and its memory) across calls.
 pub fn frame_with(c: &mut zstd::bulk::Compressor<'_>, data: &[u8]) -> Vec<u8> {
-    if data.len() >= PROBE_ABOVE && looks_incompressible(c, data) {
-        return raw(data);
+    compressed(c, data, 0, 0).unwrap_or_else(|| raw(data))
+}
+
+/// Frames a blob where it lies: `buf[at]` is reserved for the framing byte,
+/// the blob is `buf[at + 1..]`, and the first `at` bytes are the caller's
+/// (an envelope's nonce). A blob stored raw is returned in `buf` itself, not
+/// copied; a compressed one in a new buffer with the same `at` bytes first
+/// and `spare` bytes of room after it (for the tag the envelope appends).
+/// `None` compresses nothing (level 0). Panics if `buf` is shorter than
+/// `at + 1`.
+pub fn frame_in_place(
+    c: Option<&mut zstd::bulk::Compressor<'_>>,
+    mut buf: Vec<u8>,
+    at: usize,
+    spare: usize,
+) -> Vec<u8> {
+    let kept = c.and_then(|c| {
+        let mut out = compressed(c, &buf[at + 1..], at, spare)?;
+        out[..at].copy_from_slice(&buf[..at]);
+        Some(out)
+    });
+    kept.unwrap_or_else(|| {
+        buf[at] = RAW;
+        buf
+    })
+}
+
+/// `data` compressed after `at` bytes of room and a framing byte, with
+/// `spare` bytes of capacity after it, if compressing pays.
+fn compressed(
+    c: &mut zstd::bulk::Compressor<'_>,
+    data: &[u8],
+    at: usize,
+    spare: usize,
+) -> Option<Vec<u8>> {
+    if data.len() < 128 || (data.len() >= PROBE_ABOVE && looks_incompressible(c, data)) {
+        return None;
     }
-    if data.len() >= 128 {
-        // Compress straight into the output buffer after the tag byte.
-        let bound = zstd::zstd_safe::compress_bound(data.len());
-        let mut out = vec![0u8; bound + 1];
-        out[0] = ZSTD;
-        if let Ok(n) = c.compress_to_buffer(data, &mut out[1..]) {
-            if n + n / 32 < data.len() {
-                out.truncate(n + 1);
-                out.shrink_to_fit();
-                return out;
-            }
-        }
-        // Incompressible: store raw in the buffer already allocated (the
-        // bound is never smaller than the input).
-        out[0] = RAW;
-        out[1..=data.len()].copy_from_slice(data);
-        out.truncate(data.len() + 1);
-        return out;
+    // Compress straight into the output buffer after the framing byte.
+    let bound = zstd::zstd_safe::compress_bound(data.len());
+    let mut out = vec![0u8; at + 1 + bound];
+    out[at] = ZSTD;
+    let n = c.compress_to_buffer(data, &mut out[at + 1..]).ok()?;
+    if n + n / 32 >= data.len() {
+        return None;
     }
-    raw(data)
+    out.truncate(at + 1 + n);
+    // Give back the bound's slack but keep the room asked for.
+    out.shrink_to(at + 1 + n + spare);
+    out.reserve_exact(spare);
+    Some(out)
 }
 
 /// Blobs at least this large are probed before they are compressed whole.
@@ -75,13 +103,23 @@ fn raw(data: &[u8]) -> Vec<u8> {
 /// Inverse of [`frame`]. `expected_len` (from the index) bounds the output so
 /// that a hostile frame cannot decompress into unbounded memory.
 pub fn unframe(framed: &[u8], expected_len: usize) -> Result<Vec<u8>, DecodeError> {
+    unframe_ref(framed, expected_len).map(std::borrow::Cow::into_owned)
+}
+
+/// Like [`unframe`], but a raw blob is returned as the part of `framed` it
+/// is, not copied.
+pub fn unframe_ref(
+    framed: &[u8],
+    expected_len: usize,
+) -> Result<std::borrow::Cow<'_, [u8]>, DecodeError> {
+    use std::borrow::Cow;
     let (&tag, body) = framed.split_first().ok_or(DecodeError::Truncated {
         what: "blob framing byte",
         needed: 1,
     })?;
     let out = match tag {
-        RAW => body.to_vec(),
-        ZSTD => decompress(body, expected_len)?,
+        RAW => Cow::Borrowed(body),
+        ZSTD => Cow::Owned(decompress(body, expected_len)?),
         other => {
             return Err(DecodeError::BadValue {
                 what: "blob framing byte",
@@ -183,6 +221,37 @@ mod tests {
         // Small blobs are never probed: compressed whole as before.
         let small = b"abcd".repeat(1000);
         assert_eq!(frame_with(&mut c, &small)[0], ZSTD);
+    }
+
+    /// Framing in place gives the frames `frame_with` gives, keeps the
+    /// caller's prefix, copies nothing when the blob stays raw, and leaves
+    /// the room asked for after a compressed frame.
+    #[test]
+    fn framing_in_place_matches_framing_a_copy() {
+        let mut c = zstd::bulk::Compressor::new(3).unwrap();
+        let text = b"hello world ".repeat(1000);
+        let random = noise(1 << 20, 11);
+        for data in [&text[..], &random[..], b"tiny"] {
+            let mut buf = vec![7u8; 24];
+            buf.push(0);
+            buf.extend_from_slice(data);
+            buf.reserve_exact(16);
+            let ptr = buf.as_ptr();
+            let f = frame_in_place(Some(&mut c), buf, 24, 16);
+            assert_eq!(&f[..24], &[7u8; 24]);
+            assert_eq!(&f[24..], &frame_with(&mut c, data)[..]);
+            assert!(f.capacity() >= f.len() + 16);
+            assert_eq!(unframe_ref(&f[24..], data.len()).unwrap(), data);
+            if f[24] == RAW {
+                assert_eq!(f.as_ptr(), ptr, "a raw blob stays where it was");
+                assert!(matches!(
+                    unframe_ref(&f[24..], data.len()).unwrap(),
+                    std::borrow::Cow::Borrowed(_)
+                ));
+            }
+        }
+        let f = frame_in_place(None, [vec![1, 0], text.clone()].concat(), 1, 0);
+        assert_eq!((f[0], f[1], f.len()), (1, RAW, text.len() + 2));
     }
 
     #[test]

@@ -84,7 +84,7 @@ fn save_tree(ctx: &Ctx<'_>, nodes: &[Node]) -> Result<BlobId> {
         )));
     }
     let id = ctx.repo.key().blob_id(&enc);
-    ctx.saver.save(BlobType::Tree, id, enc)?;
+    ctx.saver.save(BlobType::Tree, id, &enc)?;
     Ok(id)
 }
 
@@ -598,7 +598,7 @@ fn read_file(
         let chunk = &buf[start..start + n];
         let id = ctx.repo.key().blob_id(chunk);
         Progress::add(&ctx.counters.hash_ns, elapsed_ns(t));
-        if ctx.saver.save(BlobType::Data, id, chunk.to_vec())? {
+        if ctx.saver.save(BlobType::Data, id, chunk)? {
             Progress::add(&ctx.progress.bytes_new, n as u64);
         }
         Progress::add(&ctx.progress.bytes_done, n as u64);

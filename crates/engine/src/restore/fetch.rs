@@ -488,13 +488,17 @@ pub(super) fn write_files<L: Layout>(
                     }
                     let t = Instant::now();
                     match got {
-                        Ok(buf) => {
+                        Ok(mut buf) => {
                             fetched.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                            // Each blob is decrypted where it lies in the
+                            // fetched range: the plan names a blob once, and
+                            // blobs of one pack never overlap (one that does
+                            // only fails its own authentication).
                             for b in &blobs[req.blobs.clone()] {
                                 let start = (b.loc.offset as u64 - req.range.start) as usize;
                                 let end = start + b.loc.length as usize;
-                                let env = buf.get(start..end).unwrap_or(&[]);
-                                match repo.decode_blob(
+                                let env = buf.get_mut(start..end).unwrap_or(&mut []);
+                                match repo.decode_blob_in_place(
                                     &name,
                                     BlobType::Data,
                                     &b.id,
