@@ -164,6 +164,9 @@ pub(crate) struct Ctx<'a> {
     parent_time: i64,
     /// Start of this backup.
     start_unix: i64,
+    /// What the readers' look-ahead windows may hold together (see
+    /// `walk::read_file`).
+    windows: crate::mem::Budget,
 }
 
 impl Ctx<'_> {
@@ -375,6 +378,7 @@ pub fn backup(
             .map(|(_, s)| s.time_unix)
             .unwrap_or(i64::MIN),
         start_unix,
+        windows: crate::mem::Budget::new(walk::windows_budget(repo.chunker().sizes().max, cores)),
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(readers)
