@@ -20,7 +20,7 @@
 
 use std::collections::HashSet;
 use std::fs::File;
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -94,8 +94,14 @@ struct Spill {
 }
 
 impl Spill {
-    fn create(dir: &std::path::Path) -> Result<Self> {
-        let file = tempfile::tempfile_in(dir).map_err(|e| {
+    /// A spill file: one an upload gave back when there is one, else a new
+    /// one.
+    fn create(dir: &std::path::Path, reuse: Option<File>) -> Result<Self> {
+        let file = match reuse {
+            Some(mut f) => f.seek(std::io::SeekFrom::Start(0)).map(|_| f),
+            None => tempfile::tempfile_in(dir),
+        }
+        .map_err(|e| {
             EngineError::io(
                 "creating a temporary pack file (set TMPDIR to a directory with room) in",
                 dir,
@@ -146,6 +152,15 @@ impl PackBuilder {
         let header = repo.key().seal(Aad::PackHeader, &encode_header(&entries))?;
         spill.append(&header)?;
         spill.append(&trailer(header.len() as u32))?;
+        // A reused file may be longer than this pack: cut what an earlier
+        // one left beyond it, so the file is the pack and nothing more.
+        spill.file.set_len(spill.len).map_err(|e| {
+            EngineError::io(
+                "writing a temporary pack file (set TMPDIR to a directory with room) in",
+                &spill.dir,
+                e,
+            )
+        })?;
         Ok(Some(FinishedPack {
             id: spill.hash.finish(),
             size: spill.len,
@@ -225,6 +240,15 @@ struct Shared {
     pending: Mutex<IndexFile>,
     journal: Option<Journal>,
     spill_dir: PathBuf,
+    /// Spill files uploads gave back, to be written over. Writing into the
+    /// page cache a fresh file takes costs a page allocation per 4 KiB, and
+    /// writing over pages already cached does not: a fifth of a backup's
+    /// CPU (4 × 128 MiB to SMB at 10 ms) went to filling fresh spill files.
+    /// The price is that the files stay until the backup ends (one per
+    /// pack in flight, 11 × 16 MiB at most with eight uploads) and that
+    /// their pages, never older than a pack's upload when files were new,
+    /// may now be written back to the disk under TMPDIR.
+    spills: Mutex<Vec<File>>,
     /// `Some` when the destination buffers its puts.
     buffers: Option<BufferPool>,
     error: Mutex<Option<EngineError>>,
@@ -321,6 +345,7 @@ impl BlobSaver {
             pending: Mutex::new(pending),
             journal,
             spill_dir: std::env::temp_dir(),
+            spills: Mutex::new(Vec::new()),
             buffers,
             error: Mutex::new(None),
             failed: AtomicBool::new(false),
@@ -587,7 +612,10 @@ fn append_blob(
 ) -> Result<Option<FinishedPack>> {
     let spill = match &mut p.spill {
         Some(sp) => sp,
-        None => p.spill.insert(Spill::create(&s.spill_dir)?),
+        None => {
+            let reuse = s.spills.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            p.spill.insert(Spill::create(&s.spill_dir, reuse)?)
+        }
     };
     let offset = spill.len as u32;
     spill.append(env)?;
@@ -642,7 +670,12 @@ fn upload_worker(s: &Shared, rx: Receiver<FinishedPack>) {
             .unwrap_or(BlobType::Data);
         let size = fp.size;
         let r = upload_pack(s, &pack_name(&id, t), &fp);
-        drop(fp.file);
+        if r.is_ok() {
+            s.spills
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(fp.file);
+        }
         s.stats
             .upload_ns
             .fetch_add(nanos_since(t0), Ordering::Relaxed);

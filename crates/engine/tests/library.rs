@@ -469,6 +469,13 @@ struct Streaming {
     from_files: std::sync::atomic::AtomicU64,
     owned: std::sync::atomic::AtomicU64,
     cut: std::sync::Mutex<BTreeSet<String>>,
+    /// The (device, inode) of every file handed over, and how many of
+    /// them were longer or shorter than the pack they were handed as.
+    files: std::sync::Mutex<BTreeSet<(u64, u64)>>,
+    inexact: std::sync::atomic::AtomicU64,
+    /// Handles on every file handed over, so that no inode is freed and
+    /// given to a new file: a new file must count as one.
+    pinned: std::sync::Mutex<Vec<std::fs::File>>,
 }
 
 impl capsule_backend::Layer for Streaming {
@@ -496,6 +503,14 @@ impl capsule_backend::Layer for Streaming {
         size: u64,
     ) -> Result<(), capsule_backend::BackendError> {
         self.from_files.fetch_add(1, Relaxed);
+        let meta = file.metadata().unwrap();
+        use std::os::unix::fs::MetadataExt;
+        if self.files.lock().unwrap().insert((meta.dev(), meta.ino())) {
+            self.pinned.lock().unwrap().push(file.try_clone().unwrap());
+        }
+        if meta.len() != size {
+            self.inexact.fetch_add(1, Relaxed);
+        }
         if self.cut.lock().unwrap().insert(name.to_string()) {
             let mut half = vec![0; (size / 2) as usize];
             std::io::Read::read_exact(&mut capsule_backend::ReadAt::new(file), &mut half).unwrap();
@@ -513,11 +528,15 @@ impl capsule_backend::Layer for Streaming {
 /// Packs are spilled to temporary files as they fill and a streaming
 /// destination is handed the file, never an owned copy of the pack; an
 /// upload cut halfway is retried from the file's start, and what lands
-/// restores byte for byte.
+/// restores byte for byte. Spill files are written over once their pack
+/// has landed: no more of them exist than packs can be in flight, and each
+/// is exactly its pack when handed over, whatever a longer pack before it
+/// left in it.
 #[test]
 fn packs_reach_streaming_destinations_as_files_and_retries_resend_them_whole() {
     let lab = Lab::new();
-    for i in 0..8u64 {
+    let files = 24u64;
+    for i in 0..files {
         std::fs::write(lab.src.join(format!("f{i}")), noise(400_000, 700 + i)).unwrap();
     }
     let inner: Arc<dyn LabBackend> = lab.store.clone();
@@ -526,6 +545,9 @@ fn packs_reach_streaming_destinations_as_files_and_retries_resend_them_whole() {
         from_files: Default::default(),
         owned: Default::default(),
         cut: Default::default(),
+        files: Default::default(),
+        inexact: Default::default(),
+        pinned: Default::default(),
     });
     let quick = capsule_backend::RetryPolicy {
         attempts: 3,
@@ -541,7 +563,7 @@ fn packs_reach_streaming_destinations_as_files_and_retries_resend_them_whole() {
     };
     let r = backup(Arc::new(repo), &opts, &Arc::new(Progress::default())).unwrap();
     let packs = lab.store.list("data/").unwrap().len() + lab.store.list("tree/").unwrap().len();
-    assert!(packs >= 8, "3.2 MB in 256 KiB packs made {packs} packs");
+    assert!(packs >= 24, "9.6 MB in 256 KiB packs made {packs} packs");
     assert_eq!(r.storage.packs as usize, packs);
     assert_eq!(
         streaming.owned.load(Relaxed),
@@ -553,8 +575,23 @@ fn packs_reach_streaming_destinations_as_files_and_retries_resend_them_whole() {
         2 * packs,
         "every pack: one cut upload, one whole retry"
     );
+    assert_eq!(
+        streaming.inexact.load(Relaxed),
+        0,
+        "a spill file was not its pack"
+    );
+    // In flight at once: a pack filling per blob type, one finished pack
+    // per seal worker (one per core) waiting to be queued, one queued, one
+    // per upload.
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let in_flight = 2 + cores + 1 + lab.store.capabilities().concurrency;
+    let spills = streaming.files.lock().unwrap().len();
+    assert!(
+        spills <= in_flight,
+        "{spills} spill files for {packs} packs, at most {in_flight} in flight"
+    );
     let (_, _, _, target) = lab.restore(&[]);
-    for i in 0..8u64 {
+    for i in 0..files {
         assert_eq!(
             lab.restored(&target, &format!("f{i}")),
             noise(400_000, 700 + i)
