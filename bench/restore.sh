@@ -14,7 +14,9 @@
 # rsync.
 # Every restore goes into a fresh directory on the same disk with a cold
 # capsule cache (`--no-cache`), so tree packs are fetched too, as on a new
-# laptop. Wall time, MB/s and peak RSS come from GNU time; capsule's
+# laptop. Nothing is deleted between the timed restores of one destination:
+# outputs and repositories go at the end of each destination's block, and
+# the next block starts a minute later (see settle()). Wall time, MB/s and peak RSS come from GNU time; capsule's
 # requests and bytes fetched from its --json report.
 # Needs root (apt-get for restic, borgbackup, rclone, rsync).
 set -euo pipefail
@@ -112,6 +114,21 @@ sync
 
 rows=()
 n=0
+# Outputs and server-side repositories to delete at the end of the block.
+doomed=()
+
+# settle: deletes what the block left, then waits until the next block's
+# files can be created at full speed. On ext4 without a journal (this
+# machine's root) the inode allocator skips inodes deleted within the last
+# 60 s (5 minutes more while their inode table block is dirty), reading the
+# table for each one it passes: a restore of 52,000 files right after
+# another one was deleted took 2.5× as long, with 5× the system time. So
+# the deletions are synced and a minute passes before anything is timed.
+settle() {
+  [ ${#doomed[@]} -gt 0 ] || return 0
+  rm -rf "${doomed[@]}"; doomed=()
+  sync; sleep 65
+}
 fresh() { n=$((n + 1)); r="${work##*.}-r$n"; out=$work/out-$n; }
 
 # measure DEST RTT TOOL CMD...: restores with CMD into $out, checks the
@@ -122,7 +139,7 @@ measure() {
   mkdir -p "$out"
   if ! /usr/bin/time -f "%e %M" -o "$work/time" "$@" >"$work/last.log" 2>&1; then
     echo "  FAILED: $tool $dest $rtt" >&2; tail -5 "$work/last.log" >&2
-    rows+=("$dest|$rtt|$tool|failed|—|—|—"); return 0
+    rows+=("$dest|$rtt|$tool|failed|—|—|—"); doomed+=("$out"); return 0
   fi
   local wall rss
   read -r wall rss <"$work/time"
@@ -130,12 +147,12 @@ measure() {
   local got; got=$(find "$out" -type d -path "*${data}" | head -1)
   if [ -z "$got" ] || ! diff -rq "$data" "$got" >/dev/null; then
     echo "  WRONG OUTPUT: $tool $dest $rtt" >&2
-    rows+=("$dest|$rtt|$tool|wrong output|—|—|—"); rm -rf "$out"; return 0
+    rows+=("$dest|$rtt|$tool|wrong output|—|—|—"); doomed+=("$out"); return 0
   fi
   local mbs; mbs=$(python3 -c "print(f'{$bytes / 1e6 / max($wall, 1e-9):.0f}')")
   rows+=("$dest|$rtt|$tool|$wall|$mbs|$((rss / 1024))|$extra")
   echo "  $dest $rtt ms $tool: $wall s, $mbs MB/s, $((rss / 1024)) MiB" >&2
-  rm -rf "$out"; sync
+  doomed+=("$out")
   extra=""
 }
 
@@ -204,41 +221,45 @@ restic_restore local 0 "$work/restic-local"
 fresh; rustic_restore local 0
 fresh; borg init -e repokey-blake2 "$work/borg-local" 2>/dev/null; borg create "$work/borg-local::a" "$data"
 fresh; measure local 0 borg sh -c "cd '$out' && borg extract '$work/borg-local::a'"
-rm -rf "$work"/capsule-local "$work"/restic-local* "$work"/borg-local "$work"/rustic-*
+doomed+=("$work"/capsule-local "$work"/restic-local* "$work"/borg-local "$work"/rustic-*)
+settle
 
 for rtt in $rtts; do
   proxies "restore-$rtt" "$rtt"
   # SMB
   fresh; mkdir -p "$smb_dir/$r"; capsule_restore SMB "$rtt" "smb://backup@$smb/backup/$r"
-  rm -rf "${smb_dir:?}/$r"
+  doomed+=("${smb_dir:?}/$r")
   export RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${smb%:*} RCLONE_CONFIG_NAS_PORT=${smb#*:} \
     RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD")
   fresh; mkdir -p "$smb_dir/$r"; before=${#rows[@]}
   restic_restore SMB "$rtt" "rclone:nas:backup/$r"
   for ((i = before; i < ${#rows[@]}; i++)); do rows[i]=${rows[i]/|restic /|restic (rclone) }; done
-  rm -rf "${smb_dir:?}/$r"
+  doomed+=("${smb_dir:?}/$r" "${smb_dir:?}/$r-new")
+  settle
   # SFTP
   fresh; capsule_restore SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r"
-  rm -rf "${sftp_dir:?}/$r"
+  doomed+=("${sftp_dir:?}/$r")
   fresh; restic_restore SFTP "$rtt" "sftp:root@${sftp%:*}:$sftp_dir/$r" \
     -o sftp.command="ssh $ssh_opts -p ${sftp#*:} root@${sftp%:*} -s sftp"
-  rm -rf "${sftp_dir:?}/$r"
+  doomed+=("${sftp_dir:?}/$r" "${sftp_dir:?}/$r-new")
   fresh; borg init -e repokey-blake2 "ssh://root@$sftp$sftp_dir/$r" 2>/dev/null
+  doomed+=("${sftp_dir:?}/$r")
   borg create "ssh://root@$sftp$sftp_dir/$r::a" "$data"
   repo="ssh://root@$sftp$sftp_dir/$r::a"; fresh
   measure SFTP "$rtt" "borg (ssh)" sh -c "cd '$out' && borg extract '$repo'"
-  rm -rf "${sftp_dir:?}/${repo##*/}"
   # rsync pulls the plain tree: no decryption, no packs; a ceiling.
   fresh; mkdir -p "$sftp_dir/$r$(dirname "$data")"; cp -a "$data" "$sftp_dir/$r$(dirname "$data")/"
   src=$r; fresh
   measure SFTP "$rtt" "rsync over ssh (plain files)" \
     rsync -a -e "ssh $ssh_opts -p ${sftp#*:}" "root@${sftp%:*}:$sftp_dir/$src/" "$out/"
-  rm -rf "${sftp_dir:?}/$src"
+  doomed+=("${sftp_dir:?}/$src")
+  settle
   # S3
   fresh; capsule_restore S3 "$rtt" "s3+http://$s3/capsule-test/$r"
   fresh; restic_restore S3 "$rtt" "s3:http://$s3/capsule-test/$r"
   fresh; rustic_restore S3 "$rtt" s3 bucket=capsule-test root="/$r" endpoint="http://$s3" \
     region=us-east-1 access_key_id="$AWS_ACCESS_KEY_ID" secret_access_key="$AWS_SECRET_ACCESS_KEY"
+  settle
 done
 
 {
