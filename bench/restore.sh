@@ -125,8 +125,8 @@ doomed=()
 # another one was deleted took 2.5× as long, with 5× the system time. So
 # the deletions are synced and a minute passes before anything is timed.
 settle() {
-  [ ${#doomed[@]} -gt 0 ] || return 0
-  rm -rf "${doomed[@]}"; doomed=()
+  [ ${#doomed[@]} -gt 0 ] && rm -rf "${doomed[@]}"
+  doomed=()
   sync; sleep 65
 }
 fresh() { n=$((n + 1)); r="${work##*.}-r$n"; out=$work/out-$n; }
@@ -215,7 +215,9 @@ rustic_restore() {
   measure "$dest" "$rtt" rustic "$rustic" "${prof[@]}" restore latest "$out"
 }
 
-# Local disk: the reference.
+# Local disk: the reference. Whatever ran before (another benchmark) may
+# have deleted many files too.
+settle
 fresh; capsule_restore local 0 "$work/capsule-local"
 restic_restore local 0 "$work/restic-local"
 fresh; rustic_restore local 0
