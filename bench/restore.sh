@@ -14,9 +14,8 @@
 # rsync.
 # Every restore goes into a fresh directory on the same disk with a cold
 # capsule cache (`--no-cache`), so tree packs are fetched too, as on a new
-# laptop. Nothing is deleted between the timed restores of one destination:
-# outputs and repositories go at the end of each destination's block, and
-# the next block starts a minute later (see settle()). Wall time, MB/s and peak RSS come from GNU time; capsule's
+# laptop. No restored tree is deleted before the run ends (see settle()),
+# so the disk needs room for all of them: about 30 times the data. Wall time, MB/s and peak RSS come from GNU time; capsule's
 # requests and bytes fetched from its --json report.
 # Needs root (apt-get for restic, borgbackup, rclone, rsync).
 set -euo pipefail
@@ -114,21 +113,22 @@ sync
 
 rows=()
 n=0
-# Outputs and server-side repositories to delete at the end of the block.
+# Many-file trees outside $work, deleted when the run ends ($work goes at
+# exit).
 doomed=()
 
-# settle: deletes what the block left, then waits until the next block's
-# files can be created at full speed. On ext4 without a journal (this
-# machine's root) the inode allocator skips inodes deleted within the last
-# 60 s (5 minutes more while their inode table block is dirty), reading the
-# table for each one it passes: a restore of 52,000 files right after
-# another one was deleted took 2.5× as long, with 5× the system time. So
-# the deletions are synced and a minute passes before anything is timed.
+# settle: waits until files deleted before the run no longer slow the
+# creation of new ones. On ext4 without a journal (this machine's root) the
+# inode allocator skips inodes deleted within the last 60 s, or 6 minutes
+# while their inode table block is dirty (and creating files dirties it),
+# and reads the table for each one it passes: a restore of 52,000 files
+# right after another was deleted took 2.5× as long, with 5× the system
+# time. So nothing with many files is deleted during the run (repositories
+# are a few hundred files), and the run starts after six quiet minutes.
 settle() {
-  [ ${#doomed[@]} -gt 0 ] && rm -rf "${doomed[@]}"
-  doomed=()
-  sync; sleep 65
+  sync; sleep 370
 }
+settle
 fresh() { n=$((n + 1)); r="${work##*.}-r$n"; out=$work/out-$n; }
 
 # measure DEST RTT TOOL CMD...: restores with CMD into $out, checks the
@@ -137,6 +137,8 @@ extra=""
 measure() {
   local dest=$1 rtt=$2 tool=$3; shift 3
   mkdir -p "$out"
+  # What the backup just wrote goes to the disk now, for every tool alike.
+  sync
   if ! /usr/bin/time -f "%e %M" -o "$work/time" "$@" >"$work/last.log" 2>&1; then
     echo "  FAILED: $tool $dest $rtt" >&2; tail -5 "$work/last.log" >&2
     rows+=("$dest|$rtt|$tool|failed|—|—|—"); doomed+=("$out"); return 0
@@ -215,53 +217,50 @@ rustic_restore() {
   measure "$dest" "$rtt" rustic "$rustic" "${prof[@]}" restore latest "$out"
 }
 
-# Local disk: the reference. Whatever ran before (another benchmark) may
-# have deleted many files too.
-settle
+# Local disk: the reference.
 fresh; capsule_restore local 0 "$work/capsule-local"
 restic_restore local 0 "$work/restic-local"
 fresh; rustic_restore local 0
 fresh; borg init -e repokey-blake2 "$work/borg-local" 2>/dev/null; borg create "$work/borg-local::a" "$data"
 fresh; measure local 0 borg sh -c "cd '$out' && borg extract '$work/borg-local::a'"
-doomed+=("$work"/capsule-local "$work"/restic-local* "$work"/borg-local "$work"/rustic-*)
-settle
+rm -rf "$work"/capsule-local "$work"/restic-local* "$work"/borg-local "$work"/rustic-*
 
 for rtt in $rtts; do
   proxies "restore-$rtt" "$rtt"
   # SMB
   fresh; mkdir -p "$smb_dir/$r"; capsule_restore SMB "$rtt" "smb://backup@$smb/backup/$r"
-  doomed+=("${smb_dir:?}/$r")
+  rm -rf "${smb_dir:?}/$r"
   export RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${smb%:*} RCLONE_CONFIG_NAS_PORT=${smb#*:} \
     RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD")
   fresh; mkdir -p "$smb_dir/$r"; before=${#rows[@]}
   restic_restore SMB "$rtt" "rclone:nas:backup/$r"
   for ((i = before; i < ${#rows[@]}; i++)); do rows[i]=${rows[i]/|restic /|restic (rclone) }; done
-  doomed+=("${smb_dir:?}/$r" "${smb_dir:?}/$r-new")
-  settle
+  rm -rf "${smb_dir:?}/$r" "${smb_dir:?}/$r-new"
   # SFTP
   fresh; capsule_restore SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r"
-  doomed+=("${sftp_dir:?}/$r")
+  rm -rf "${sftp_dir:?}/$r"
   fresh; restic_restore SFTP "$rtt" "sftp:root@${sftp%:*}:$sftp_dir/$r" \
     -o sftp.command="ssh $ssh_opts -p ${sftp#*:} root@${sftp%:*} -s sftp"
-  doomed+=("${sftp_dir:?}/$r" "${sftp_dir:?}/$r-new")
+  rm -rf "${sftp_dir:?}/$r" "${sftp_dir:?}/$r-new"
   fresh; borg init -e repokey-blake2 "ssh://root@$sftp$sftp_dir/$r" 2>/dev/null
-  doomed+=("${sftp_dir:?}/$r")
   borg create "ssh://root@$sftp$sftp_dir/$r::a" "$data"
-  repo="ssh://root@$sftp$sftp_dir/$r::a"; fresh
+  repo="ssh://root@$sftp$sftp_dir/$r::a"; borg_dir=$sftp_dir/$r; fresh
   measure SFTP "$rtt" "borg (ssh)" sh -c "cd '$out' && borg extract '$repo'"
+  rm -rf "${borg_dir:?}"
   # rsync pulls the plain tree: no decryption, no packs; a ceiling.
   fresh; mkdir -p "$sftp_dir/$r$(dirname "$data")"; cp -a "$data" "$sftp_dir/$r$(dirname "$data")/"
   src=$r; fresh
   measure SFTP "$rtt" "rsync over ssh (plain files)" \
     rsync -a -e "ssh $ssh_opts -p ${sftp#*:}" "root@${sftp%:*}:$sftp_dir/$src/" "$out/"
   doomed+=("${sftp_dir:?}/$src")
-  settle
   # S3
   fresh; capsule_restore S3 "$rtt" "s3+http://$s3/capsule-test/$r"
   fresh; restic_restore S3 "$rtt" "s3:http://$s3/capsule-test/$r"
   fresh; rustic_restore S3 "$rtt" s3 bucket=capsule-test root="/$r" endpoint="http://$s3" \
     region=us-east-1 access_key_id="$AWS_ACCESS_KEY_ID" secret_access_key="$AWS_SECRET_ACCESS_KEY"
-  settle
+  # This run's S3 repositories, straight from MinIO's drive (a few hundred
+  # objects): they would otherwise fill the disk the restored trees need.
+  rm -rf "${servers:?}/minio/data/capsule-test/${work##*.}-"*
 done
 
 {
@@ -275,3 +274,4 @@ done
     echo "| $d | $rtt | $tool | $wall | $mbs | $rss | ${ex:-} |"
   done
 } | tee "${output:-/dev/null}"
+rm -rf "${doomed[@]}"
