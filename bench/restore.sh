@@ -228,20 +228,22 @@ rm -rf "$work"/capsule-local "$work"/restic-local* "$work"/borg-local "$work"/ru
 for rtt in $rtts; do
   proxies "restore-$rtt" "$rtt"
   # SMB
-  fresh; mkdir -p "$smb_dir/$r"; capsule_restore SMB "$rtt" "smb://backup@$smb/backup/$r"
-  rm -rf "${smb_dir:?}/$r"
+  # Each *_restore calls fresh() again before it restores, so the
+  # repository's name is kept for its deletion.
+  fresh; repo_dir=$smb_dir/$r; mkdir -p "$repo_dir"; capsule_restore SMB "$rtt" "smb://backup@$smb/backup/$r"
+  rm -rf "${repo_dir:?}"
   export RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${smb%:*} RCLONE_CONFIG_NAS_PORT=${smb#*:} \
     RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD")
-  fresh; mkdir -p "$smb_dir/$r"; before=${#rows[@]}
+  fresh; repo_dir=$smb_dir/$r; mkdir -p "$repo_dir"; before=${#rows[@]}
   restic_restore SMB "$rtt" "rclone:nas:backup/$r"
   for ((i = before; i < ${#rows[@]}; i++)); do rows[i]=${rows[i]/|restic /|restic (rclone) }; done
-  rm -rf "${smb_dir:?}/$r" "${smb_dir:?}/$r-new"
+  rm -rf "${repo_dir:?}" "$repo_dir-new"
   # SFTP
-  fresh; capsule_restore SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r"
-  rm -rf "${sftp_dir:?}/$r"
-  fresh; restic_restore SFTP "$rtt" "sftp:root@${sftp%:*}:$sftp_dir/$r" \
+  fresh; repo_dir=$sftp_dir/$r; capsule_restore SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r"
+  rm -rf "${repo_dir:?}"
+  fresh; repo_dir=$sftp_dir/$r; restic_restore SFTP "$rtt" "sftp:root@${sftp%:*}:$sftp_dir/$r" \
     -o sftp.command="ssh $ssh_opts -p ${sftp#*:} root@${sftp%:*} -s sftp"
-  rm -rf "${sftp_dir:?}/$r" "${sftp_dir:?}/$r-new"
+  rm -rf "${repo_dir:?}" "$repo_dir-new"
   fresh; borg init -e repokey-blake2 "ssh://root@$sftp$sftp_dir/$r" 2>/dev/null
   borg create "ssh://root@$sftp$sftp_dir/$r::a" "$data"
   repo="ssh://root@$sftp$sftp_dir/$r::a"; borg_dir=$sftp_dir/$r; fresh
