@@ -13,7 +13,9 @@
 //!
 //! Packs are written to anonymous temporary files as they fill, not kept in
 //! memory: eight uploads of 16 MiB packs would otherwise hold 128 MiB, and
-//! a slow destination keeps them all busy. Streaming destinations (local,
+//! a slow destination keeps them all busy. A file whose pack has landed is
+//! written over by a later pack, since filling fresh page cache costs far
+//! more than writing over cached pages. Streaming destinations (local,
 //! SMB, SFTP) read the file with their own bounded window; those that must
 //! hold a whole request body (S3) get one of [`PACK_BUFFER_BYTES`]' worth
 //! of reusable buffers, so at most that much pack data is in memory at once.
