@@ -15,8 +15,9 @@
 # Every restore goes into a fresh directory on the same disk with a cold
 # capsule cache (`--no-cache`), so tree packs are fetched too, as on a new
 # laptop. No restored tree is deleted before the run ends (see settle()),
-# so the disk needs room for all of them: about 30 times the data. Wall time, MB/s and peak RSS come from GNU time; capsule's
-# requests and bytes fetched from its --json report.
+# so the disk needs room for all of them: about 30 times the data. Wall
+# time, MB/s and peak RSS come from GNU time; capsule's requests and bytes
+# fetched from its --json report.
 # Needs root (apt-get for restic, borgbackup, rclone, rsync).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -113,8 +114,9 @@ sync
 
 rows=()
 n=0
-# Many-file trees outside $work, deleted when the run ends ($work goes at
-# exit).
+# Many-file trees (restored outputs, rsync's plain copy on the SFTP
+# server), deleted when the run ends. On a failure, $work goes at exit and
+# a plain copy on servers given by CAPSULE_TEST_SERVERS stays behind.
 doomed=()
 
 # settle: waits until files deleted before the run no longer slow the
@@ -123,8 +125,8 @@ doomed=()
 # while their inode table block is dirty (and creating files dirties it),
 # and reads the table for each one it passes: a restore of 52,000 files
 # right after another was deleted took 2.5× as long, with 5× the system
-# time. So nothing with many files is deleted during the run (repositories
-# are a few hundred files), and the run starts after six quiet minutes.
+# time. So nothing with many files is deleted during the run (a repository
+# is a few hundred files), and the run starts after six quiet minutes.
 settle() {
   sync; sleep 370
 }

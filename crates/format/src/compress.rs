@@ -66,7 +66,6 @@ fn compressed(
     out.truncate(at + 1 + n);
     // Give back the bound's slack but keep the room asked for.
     out.shrink_to(at + 1 + n + spare);
-    out.reserve_exact(spare);
     Some(out)
 }
 
