@@ -38,6 +38,8 @@ use crate::Options;
 
 /// Requests in flight per object being written or read.
 const PIPELINE: usize = 32;
+/// READDIR requests in flight per directory listed.
+const READDIR_DEPTH: usize = 4;
 /// Bytes of write requests in flight per object, at most: each request
 /// holds its own copy until the server answers. 4 MiB fills 10 ms at
 /// 400 MB/s for one upload.
@@ -50,15 +52,25 @@ const REQUEST_TIMEOUT: u64 = 60;
 /// An SFTP directory as a capsule backend.
 #[derive(Debug)]
 pub struct SftpBackend {
-    target: SftpTarget,
-    location: String,
-    auth: Auth,
+    dialer: Arc<Dialer>,
     base: String,
-    pool: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    pool: Vec<Slot>,
     /// Requests active right now (picks the pool slot).
     active: AtomicUsize,
     dirs: Mutex<HashSet<String>>,
     concurrency: usize,
+}
+
+/// One place in the connection pool.
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
+
+/// What opening a connection needs; shared with the tasks that open pool
+/// connections in the background.
+#[derive(Debug)]
+struct Dialer {
+    target: SftpTarget,
+    location: String,
+    auth: Auth,
 }
 
 #[derive(Clone)]
@@ -187,122 +199,9 @@ fn default_key() -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-impl SftpBackend {
-    /// Connects (one SSH connection now, more on demand) and checks that the
-    /// base directory exists.
-    pub fn connect(t: &SftpTarget, opts: &Options) -> Result<Self, BackendError> {
-        let location = crate::Destination::Sftp(t.clone()).to_string();
-        let key_path = opts.ssh_key.clone().or_else(default_key);
-        let key = match &key_path {
-            Some(p) => Some(Arc::new(russh::keys::load_secret_key(p, None).map_err(|e| {
-                BackendError::new(
-                    ErrorKind::AuthFailed,
-                    "connect",
-                    &location,
-                    format!(
-                        "cannot load the SSH key {}: {e} (keys with a passphrase are not supported; use an agent-free key or a password)",
-                        p.display()
-                    ),
-                )
-            })?)),
-            None => None,
-        };
-        if key.is_none() && opts.password.is_none() {
-            return Err(BackendError::new(
-                ErrorKind::AuthFailed,
-                "connect",
-                &location,
-                "no SSH key found and no password given: set CAPSULE_SFTP_KEY or CAPSULE_SFTP_PASSWORD",
-            ));
-        }
-        let known_hosts = opts
-            .known_hosts
-            .clone()
-            .or_else(|| dirs::home_dir().map(|h| h.join(".ssh/known_hosts")))
-            .unwrap_or_else(|| PathBuf::from("/etc/ssh/ssh_known_hosts"));
-        let conns = opts.concurrency.unwrap_or(8).clamp(1, 64);
-        let mut b = SftpBackend {
-            target: t.clone(),
-            location,
-            auth: Auth {
-                key,
-                key_path,
-                password: opts.password.clone(),
-                known_hosts,
-            },
-            base: String::new(),
-            // A few SSH connections carry all requests: each has its own
-            // sshd process (a core on the server) and its own TCP window.
-            pool: (0..conns.div_ceil(2).min(4))
-                .map(|_| tokio::sync::Mutex::new(None))
-                .collect(),
-            active: AtomicUsize::new(0),
-            dirs: Mutex::new(HashSet::new()),
-            concurrency: conns,
-        };
-        let first = block_on(b.open_conn())?;
-        if opts.create {
-            block_on(async {
-                // mkdir -p, from the root down; failures for levels that
-                // exist are expected and ignored, the final stat decides.
-                let mut cur = if t.path.starts_with('/') {
-                    String::new()
-                } else {
-                    ".".to_string()
-                };
-                for seg in t.path.split('/').filter(|s| !s.is_empty()) {
-                    cur = format!("{cur}/{seg}");
-                    let _ = first
-                        .sftp
-                        .mkdir(cur.clone(), FileAttributes::default())
-                        .await;
-                }
-            });
-        }
-        let base = block_on(first.sftp.realpath(t.path.clone()))
-            .map_err(|e| b.base_error(e))?
-            .files
-            .into_iter()
-            .next()
-            .map(|f| f.filename)
-            .unwrap_or_else(|| t.path.clone());
-        match block_on(first.sftp.stat(base.clone())) {
-            Ok(a) if a.attrs.is_dir() => {}
-            Ok(_) => {
-                return Err(BackendError::new(
-                    ErrorKind::NoContainer,
-                    "connect",
-                    &b.location,
-                    format!("{base} on the server is not a directory"),
-                ))
-            }
-            Err(e) => return Err(b.base_error(e)),
-        }
-        b.base = base.trim_end_matches('/').to_string();
-        if b.base.is_empty() {
-            b.base = "/".into();
-        }
-        *b.pool[0].get_mut() = Some(first);
-        Ok(b)
-    }
-
-    fn base_error(&self, e: SftpError) -> BackendError {
-        if is_missing(&e) {
-            BackendError::new(
-                ErrorKind::NoContainer,
-                "connect",
-                &self.location,
-                format!(
-                    "the directory {} does not exist on the server; create it first",
-                    self.target.path
-                ),
-            )
-        } else {
-            sftp_err("connect", &self.location, e)
-        }
-    }
-
-    async fn open_conn(&self) -> Result<Arc<Conn>, BackendError> {
+impl Dialer {
+    /// Opens, authenticates and starts SFTP on a new SSH connection.
+    async fn open(&self) -> Result<Arc<Conn>, BackendError> {
         let t = &self.target;
         let config = Arc::new(client::Config {
             nodelay: true,
@@ -455,22 +354,183 @@ impl SftpBackend {
             fsync: version.extensions.contains_key("fsync@openssh.com"),
         }))
     }
+}
 
-    /// A live connection from the pool; dead ones are replaced. The slot
-    /// follows the number of requests already active, so a run that makes
-    /// one request at a time (a no-change backup) uses one connection and
-    /// pays for one SSH handshake, while parallel uploads spread out.
+impl SftpBackend {
+    /// Connects (one SSH connection now, more on demand) and checks that the
+    /// base directory exists.
+    pub fn connect(t: &SftpTarget, opts: &Options) -> Result<Self, BackendError> {
+        let location = crate::Destination::Sftp(t.clone()).to_string();
+        let key_path = opts.ssh_key.clone().or_else(default_key);
+        let key = match &key_path {
+            Some(p) => Some(Arc::new(russh::keys::load_secret_key(p, None).map_err(|e| {
+                BackendError::new(
+                    ErrorKind::AuthFailed,
+                    "connect",
+                    &location,
+                    format!(
+                        "cannot load the SSH key {}: {e} (keys with a passphrase are not supported; use an agent-free key or a password)",
+                        p.display()
+                    ),
+                )
+            })?)),
+            None => None,
+        };
+        if key.is_none() && opts.password.is_none() {
+            return Err(BackendError::new(
+                ErrorKind::AuthFailed,
+                "connect",
+                &location,
+                "no SSH key found and no password given: set CAPSULE_SFTP_KEY or CAPSULE_SFTP_PASSWORD",
+            ));
+        }
+        let known_hosts = opts
+            .known_hosts
+            .clone()
+            .or_else(|| dirs::home_dir().map(|h| h.join(".ssh/known_hosts")))
+            .unwrap_or_else(|| PathBuf::from("/etc/ssh/ssh_known_hosts"));
+        let conns = opts.concurrency.unwrap_or(8).clamp(1, 64);
+        let mut b = SftpBackend {
+            dialer: Arc::new(Dialer {
+                target: t.clone(),
+                location,
+                auth: Auth {
+                    key,
+                    key_path,
+                    password: opts.password.clone(),
+                    known_hosts,
+                },
+            }),
+            base: String::new(),
+            // A few SSH connections carry all requests: each has its own
+            // sshd process (a core on the server) and its own TCP window.
+            pool: (0..conns.div_ceil(2).min(4))
+                .map(|_| Arc::new(tokio::sync::Mutex::new(None)))
+                .collect(),
+            active: AtomicUsize::new(0),
+            dirs: Mutex::new(HashSet::new()),
+            concurrency: conns,
+        };
+        let first = block_on(b.dialer.open())?;
+        if opts.create {
+            block_on(async {
+                // mkdir -p, from the root down; failures for levels that
+                // exist are expected and ignored, the final stat decides.
+                let mut cur = if t.path.starts_with('/') {
+                    String::new()
+                } else {
+                    ".".to_string()
+                };
+                for seg in t.path.split('/').filter(|s| !s.is_empty()) {
+                    cur = format!("{cur}/{seg}");
+                    let _ = first
+                        .sftp
+                        .mkdir(cur.clone(), FileAttributes::default())
+                        .await;
+                }
+            });
+        }
+        let base = block_on(first.sftp.realpath(t.path.clone()))
+            .map_err(|e| b.base_error(e))?
+            .files
+            .into_iter()
+            .next()
+            .map(|f| f.filename)
+            .unwrap_or_else(|| t.path.clone());
+        match block_on(first.sftp.stat(base.clone())) {
+            Ok(a) if a.attrs.is_dir() => {}
+            Ok(_) => {
+                return Err(BackendError::new(
+                    ErrorKind::NoContainer,
+                    "connect",
+                    &b.dialer.location,
+                    format!("{base} on the server is not a directory"),
+                ))
+            }
+            Err(e) => return Err(b.base_error(e)),
+        }
+        b.base = base.trim_end_matches('/').to_string();
+        if b.base.is_empty() {
+            b.base = "/".into();
+        }
+        *b.pool[0].try_lock().map_err(|_| {
+            BackendError::new(
+                ErrorKind::Io,
+                "connect",
+                &b.dialer.location,
+                "the connection pool is busy",
+            )
+        })? = Some(first);
+        Ok(b)
+    }
+
+    fn base_error(&self, e: SftpError) -> BackendError {
+        if is_missing(&e) {
+            BackendError::new(
+                ErrorKind::NoContainer,
+                "connect",
+                &self.dialer.location,
+                format!(
+                    "the directory {} does not exist on the server; create it first",
+                    self.dialer.target.path
+                ),
+            )
+        } else {
+            sftp_err("connect", &self.dialer.location, e)
+        }
+    }
+
+    /// A live connection from the pool. The slot follows the number of
+    /// requests already active, so a run that makes one request at a time
+    /// (a no-change backup) uses one connection and pays for one SSH
+    /// handshake, while parallel uploads spread out.
+    ///
+    /// A handshake costs a dozen round trips (over 150 ms at 10 ms RTT), so
+    /// a request whose slot has no connection yet does not wait for one:
+    /// the slot's connection is opened in the background, and meanwhile the
+    /// request shares a live connection (SFTP multiplexes requests). Only
+    /// when no connection is live does the request open one itself.
     async fn conn(&self, active: usize) -> Result<Arc<Conn>, BackendError> {
-        let i = active % self.pool.len();
-        let mut slot = self.pool[i].lock().await;
-        if let Some(c) = slot.as_ref() {
-            if !c._ssh.is_closed() {
+        let slot = &self.pool[active % self.pool.len()];
+        if let Ok(mut guard) = slot.clone().try_lock_owned() {
+            if let Some(c) = guard.as_ref().filter(|c| !c._ssh.is_closed()) {
                 return Ok(c.clone());
             }
+            if let Some(live) = self.any_live() {
+                let dialer = self.dialer.clone();
+                tokio::spawn(async move {
+                    // A failure leaves the slot empty: a later request
+                    // tries again, or opens its own if none is live.
+                    *guard = dialer.open().await.ok();
+                });
+                return Ok(live);
+            }
+            let c = self.dialer.open().await?;
+            *guard = Some(c.clone());
+            return Ok(c);
         }
-        let c = self.open_conn().await?;
-        *slot = Some(c.clone());
+        // The slot is being opened (or replaced) right now.
+        if let Some(live) = self.any_live() {
+            return Ok(live);
+        }
+        let mut guard = slot.lock().await;
+        if let Some(c) = guard.as_ref().filter(|c| !c._ssh.is_closed()) {
+            return Ok(c.clone());
+        }
+        let c = self.dialer.open().await?;
+        *guard = Some(c.clone());
         Ok(c)
+    }
+
+    /// Any live connection in the pool, without waiting for a slot.
+    fn any_live(&self) -> Option<Arc<Conn>> {
+        self.pool.iter().find_map(|s| {
+            s.try_lock()
+                .ok()?
+                .as_ref()
+                .filter(|c| !c._ssh.is_closed())
+                .cloned()
+        })
     }
 
     /// Forgets a connection after an error that may have killed it.
@@ -512,7 +572,7 @@ impl SftpBackend {
             _ = closed(&c) => Err(BackendError::transient(
                 ErrorKind::Unreachable,
                 "request",
-                &self.location,
+                &self.dialer.location,
                 "the SSH connection was closed",
             )),
         };
@@ -598,38 +658,52 @@ impl SftpBackend {
             }
             Err(e) => return Err(sftp_err("put", name, e)),
         };
-        let written = async {
-            let mut in_flight = FuturesUnordered::new();
-            let write_depth = PIPELINE.min((WRITE_IN_FLIGHT / c.write_len.max(1)).max(1) as usize);
-            let mut off = 0u64;
-            let mut buf = Vec::new();
-            while off < size {
-                let n = (size - off).min(c.write_len);
-                capsule_backend::read_exact_len(source, n, &mut buf, name)?;
-                in_flight.push(c.sftp.write(handle.clone(), off, std::mem::take(&mut buf)));
-                off += n;
-                while in_flight.len() >= write_depth {
-                    if let Some(r) = in_flight.next().await {
-                        r.map_err(|e| sftp_err("put", name, e))?;
-                    }
+        // Every request goes out as soon as it is made; only the rename
+        // waits. The server handles the requests on one handle in the order
+        // they arrive (draft-ietf-secsh-filexfer-02, 6.1), so the fsync
+        // sent behind the last write covers every write, and the close
+        // behind it: an upload costs three round trips (open; writes,
+        // fsync and close; rename) whatever its size, not five.
+        let mut failed: Option<BackendError> = None;
+        let mut in_flight = FuturesUnordered::new();
+        let write_depth = PIPELINE.min((WRITE_IN_FLIGHT / c.write_len.max(1)).max(1) as usize);
+        let mut off = 0u64;
+        let mut buf = Vec::new();
+        while off < size && failed.is_none() {
+            let n = (size - off).min(c.write_len);
+            if let Err(e) = capsule_backend::read_exact_len(source, n, &mut buf, name) {
+                failed = Some(e);
+                break;
+            }
+            let write = c.sftp.write(handle.clone(), off, std::mem::take(&mut buf));
+            in_flight.push(Sent::now(write).await.answer());
+            off += n;
+            while in_flight.len() >= write_depth {
+                if let Some(Err(e)) = in_flight.next().await {
+                    failed.get_or_insert(sftp_err("put", name, e));
                 }
             }
-            while let Some(r) = in_flight.next().await {
-                r.map_err(|e| sftp_err("put", name, e))?;
-            }
-            if c.fsync {
-                c.sftp
-                    .fsync(handle.clone())
-                    .await
-                    .map_err(|e| sftp_err("put", name, e))?;
-            }
-            Ok::<(), BackendError>(())
         }
-        .await;
-        let closed = c.sftp.close(handle).await;
-        if let Err(mut e) =
-            written.and_then(|_| closed.map(|_| ()).map_err(|e| sftp_err("put", name, e)))
-        {
+        let fsync = if failed.is_none() && c.fsync {
+            Some(Sent::now(c.sftp.fsync(handle.clone())).await)
+        } else {
+            None
+        };
+        let close = Sent::now(c.sftp.close(handle)).await;
+        while let Some(r) = in_flight.next().await {
+            if let Err(e) = r {
+                failed.get_or_insert(sftp_err("put", name, e));
+            }
+        }
+        if let Some(f) = fsync {
+            if let Err(e) = f.answer().await {
+                failed.get_or_insert(sftp_err("put", name, e));
+            }
+        }
+        if let Err(e) = close.answer().await {
+            failed.get_or_insert(sftp_err("put", name, e));
+        }
+        if let Some(mut e) = failed {
             let _ = c.sftp.remove(tmp).await;
             if e.kind == ErrorKind::Io && c._ssh.is_closed() {
                 // A generic failure on a connection that is gone is the
@@ -686,17 +760,19 @@ impl SftpBackend {
         range: Option<Range<u64>>,
         sink: &mut dyn FnMut(&[u8]) -> Result<(), BackendError>,
     ) -> Result<u64, BackendError> {
-        let handle = c
-            .sftp
-            .open(self.path(name), OpenFlags::READ, FileAttributes::default())
-            .await
-            .map_err(|e| sftp_err("get", name, e))?
-            .handle;
+        // The open and the stat go out together (a stat by path needs no
+        // handle), and the close goes out behind the last read and is not
+        // waited for: a read costs two round trips, not four.
+        let path = self.path(name);
+        let (opened, attrs) = futures::join!(
+            c.sftp
+                .open(path.clone(), OpenFlags::READ, FileAttributes::default()),
+            c.sftp.stat(path)
+        );
+        let handle = opened.map_err(|e| sftp_err("get", name, e))?.handle;
+        let mut close = None;
         let res = async {
-            let size = c
-                .sftp
-                .fstat(handle.clone())
-                .await
+            let size = attrs
                 .map_err(|e| sftp_err("get", name, e))?
                 .attrs
                 .size
@@ -710,8 +786,12 @@ impl SftpBackend {
             loop {
                 while next < r.end && in_flight.len() < PIPELINE {
                     let n = (r.end - next).min(c.read_len);
-                    in_flight.push_back(c.sftp.read(handle.clone(), next, n as u32));
+                    let read = c.sftp.read(handle.clone(), next, n as u32);
+                    in_flight.push_back(Sent::now(read).await.answer());
                     next += n;
+                }
+                if next >= r.end && close.is_none() {
+                    close = Some(Sent::now(c.sftp.close(handle.clone())).await);
                 }
                 let Some(d) = in_flight.next().await else {
                     break;
@@ -742,7 +822,12 @@ impl SftpBackend {
             Ok(done)
         }
         .await;
-        let _ = c.sftp.close(handle).await;
+        if close.is_none() {
+            close = Some(Sent::now(c.sftp.close(handle)).await);
+        }
+        // Nothing depends on the close's answer; russh-sftp drops answers
+        // nobody waits for.
+        drop(close);
         res
     }
 
@@ -762,24 +847,68 @@ impl SftpBackend {
     async fn list_dir(&self, c: &Conn, rel: &str) -> Result<Vec<crate::DirEntry>, SftpError> {
         let handle = c.sftp.opendir(self.path(rel)).await?.handle;
         let mut entries = Vec::new();
-        let res = loop {
-            match c.sftp.readdir(handle.clone()).await {
-                Ok(name) => entries.extend(name.files.into_iter().filter_map(|f| {
-                    let is_dir = f.attrs.is_dir();
-                    // Symlinks, sockets and the like are not objects.
-                    (is_dir || f.attrs.is_regular()).then(|| crate::DirEntry {
-                        name: f.filename,
-                        is_dir,
-                        size: f.attrs.size.unwrap_or(0),
-                        modified: f.attrs.mtime.map(i64::from),
-                    })
-                })),
-                Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => break Ok(()),
-                Err(e) => break Err(e),
+        // Several READDIRs in flight at once: the server answers them in
+        // order, each with the next batch of names (OpenSSH sends at most
+        // 100) and then EOF, so a directory of a few hundred entries takes
+        // one round trip after the open instead of one per batch.
+        let mut in_flight = FuturesOrdered::new();
+        let res = 'listing: loop {
+            for _ in 0..READDIR_DEPTH {
+                in_flight.push_back(Sent::now(c.sftp.readdir(handle.clone())).await.answer());
+            }
+            while let Some(r) = in_flight.next().await {
+                match r {
+                    Ok(name) => entries.extend(name.files.into_iter().filter_map(|f| {
+                        let is_dir = f.attrs.is_dir();
+                        // Symlinks, sockets and the like are not objects.
+                        (is_dir || f.attrs.is_regular()).then(|| crate::DirEntry {
+                            name: f.filename,
+                            is_dir,
+                            size: f.attrs.size.unwrap_or(0),
+                            modified: f.attrs.mtime.map(i64::from),
+                        })
+                    })),
+                    Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => {
+                        break 'listing Ok(())
+                    }
+                    Err(e) => break 'listing Err(e),
+                }
             }
         };
-        let _ = c.sftp.close(handle).await;
+        // The READDIRs still in flight answer EOF; their answers and the
+        // close's are dropped unread.
+        drop(in_flight);
+        drop(Sent::now(c.sftp.close(handle)).await);
         res.map(|_| entries)
+    }
+}
+
+/// A request already sent, whose answer is awaited later.
+///
+/// russh-sftp sends a request when its future is first polled. Polling it
+/// once on creation puts requests on the wire in program order, which lets
+/// requests the server must handle in order (writes, then the fsync, then
+/// the close of one handle) go out together instead of one round trip
+/// apart.
+enum Sent<F: std::future::Future> {
+    Answered(F::Output),
+    Waiting(std::pin::Pin<Box<F>>),
+}
+
+impl<F: std::future::Future> Sent<F> {
+    async fn now(f: F) -> Self {
+        let mut f = Box::pin(f);
+        match futures::poll!(f.as_mut()) {
+            std::task::Poll::Ready(out) => Sent::Answered(out),
+            std::task::Poll::Pending => Sent::Waiting(f),
+        }
+    }
+
+    async fn answer(self) -> F::Output {
+        match self {
+            Sent::Answered(out) => out,
+            Sent::Waiting(f) => f.await,
+        }
     }
 }
 
@@ -929,7 +1058,7 @@ impl Backend for SftpBackend {
     }
 
     fn location(&self) -> String {
-        self.location.clone()
+        self.dialer.location.clone()
     }
 }
 
