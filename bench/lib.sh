@@ -24,10 +24,10 @@ proxy() {
 use_servers() {
   if [ -n "${CAPSULE_TEST_SERVERS:-}" ] && [ -f "$CAPSULE_TEST_SERVERS/env" ]; then
     servers=$CAPSULE_TEST_SERVERS
-    trap 'rm -rf "$work"' EXIT
+    trap 'scratch_release; rm -rf "$work"' EXIT
   else
     servers=$work/servers
-    trap 'scripts/servers.sh stop "$servers"; rm -rf "$work"' EXIT
+    trap 'scratch_release; scripts/servers.sh stop "$servers"; rm -rf "$work"' EXIT
     scripts/servers.sh start "$servers"
   fi
   # shellcheck disable=SC1091
@@ -44,4 +44,42 @@ proxies() {
   local kh="$work/kh-$1"
   printf '[%s]:%s %s\n' "${sftp%:*}" "${sftp#*:}" "$(cut -d' ' -f1,2 "$servers/ssh/host_key.pub")" >"$kh"
   export CAPSULE_SFTP_KNOWN_HOSTS=$kh
+}
+
+# scratch_disk DIR GIB: mounts a journaled ext4 file system of GIB GiB
+# (sparse) at DIR for restore targets, and sets scratch_journaled=1; where
+# that cannot be done (not root, no loop devices) DIR is a plain directory
+# and scratch_journaled=0.
+#
+# Why: this machine's root is ext4 without a journal. There the inode
+# allocator skips inodes deleted within the last 60 s (6 minutes while
+# their inode table block is dirty) and reads the table for each one, so
+# a restore of 52,000 files made just after another was deleted took 2.5×
+# as long. A journaled ext4, which is what a laptop or desktop has, does
+# not do this, so restores on it can run back to back and be deleted as
+# they go. The loop device uses direct I/O, so the image's pages are not
+# cached twice.
+scratch_mount="" scratch_loop="" scratch_journaled=0
+scratch_disk() {
+  local dir=$1 gib=$2 img=$work/scratch.img
+  mkdir -p "$dir"
+  if [ "$(id -u)" = 0 ] && command -v losetup >/dev/null && command -v mkfs.ext4 >/dev/null &&
+    truncate -s "${gib}G" "$img" && mkfs.ext4 -q -F "$img" &&
+    scratch_loop=$(losetup -f --show --direct-io=on "$img"); then
+    if mount "$scratch_loop" "$dir"; then
+      scratch_mount=$dir scratch_journaled=1
+      return 0
+    fi
+    losetup -d "$scratch_loop"
+    scratch_loop=""
+  fi
+  rm -f "$img"
+  echo "no journaled scratch file system (needs root and loop devices): restores go to $dir" >&2
+}
+
+# scratch_release: unmounts what scratch_disk mounted (called at exit).
+scratch_release() {
+  if [ -n "$scratch_mount" ]; then umount "$scratch_mount" || umount -l "$scratch_mount" || true; fi
+  if [ -n "$scratch_loop" ]; then losetup -d "$scratch_loop" || true; fi
+  scratch_mount="" scratch_loop=""
 }

@@ -12,10 +12,12 @@
 # serves (built once into ~/.cache/capsule-bench), rustic when it is
 # installed (on PATH or where `capsule-bench --install` puts it), borg and
 # rsync.
-# Every restore goes into a fresh directory on the same disk with a cold
-# capsule cache (`--no-cache`), so tree packs are fetched too, as on a new
-# laptop. No restored tree is deleted before the run ends (see settle()),
-# so the disk needs room for all of them: about 30 times the data. Wall
+# Every restore goes into a fresh directory with a cold capsule cache
+# (`--no-cache`), so tree packs are fetched too, as on a new laptop. The
+# directories lie on a journaled ext4 file system mounted for the run and
+# are deleted once checked; without root they lie on this disk and are
+# kept until the run ends (see settle()), which needs room for about 30
+# times the data. Wall
 # time, MB/s and peak RSS come from GNU time; capsule's requests and bytes
 # fetched from its --json report.
 # Needs root (apt-get for restic, borgbackup, rclone, rsync).
@@ -119,19 +121,26 @@ n=0
 # a plain copy on servers given by CAPSULE_TEST_SERVERS stays behind.
 doomed=()
 
-# settle: waits until files deleted before the run no longer slow the
-# creation of new ones. On ext4 without a journal (this machine's root) the
-# inode allocator skips inodes deleted within the last 60 s, or 6 minutes
-# while their inode table block is dirty (and creating files dirties it),
-# and reads the table for each one it passes: a restore of 52,000 files
-# right after another was deleted took 2.5× as long, with 5× the system
-# time. So nothing with many files is deleted during the run (a repository
-# is a few hundred files), and the run starts after six quiet minutes.
+# Restores go to a journaled ext4 file system when one can be mounted
+# (bench/lib.sh scratch_disk explains why), and each restored tree is
+# deleted once checked. Otherwise they go to this disk, and settle() keeps
+# them all.
+scratch_disk "$work/disk" $(( bytes * 8 / (1 << 30) + 16 ))
+
+# settle: without the scratch file system, waits until files deleted before
+# the run no longer slow the creation of new ones. On ext4 without a
+# journal (this machine's root) the inode allocator skips inodes deleted
+# within the last 60 s, or 6 minutes while their inode table block is dirty
+# (and creating files dirties it), and reads the table for each one it
+# passes: a restore of 52,000 files right after another was deleted took
+# 2.5× as long, with 5× the system time. So then nothing with many files is
+# deleted during the run (a repository is a few hundred files), and the run
+# starts after six quiet minutes.
 settle() {
-  sync; sleep 370
+  [ "$scratch_journaled" = 1 ] || { sync; sleep 370; }
 }
 settle
-fresh() { n=$((n + 1)); r="${work##*.}-r$n"; out=$work/out-$n; }
+fresh() { n=$((n + 1)); r="${work##*.}-r$n"; out=$work/disk/out-$n; }
 
 # measure DEST RTT TOOL CMD...: restores with CMD into $out, checks the
 # result against the source, records wall, MB/s, peak RSS and $extra.
@@ -156,7 +165,7 @@ measure() {
   local mbs; mbs=$(python3 -c "print(f'{$bytes / 1e6 / max($wall, 1e-9):.0f}')")
   rows+=("$dest|$rtt|$tool|$wall|$mbs|$((rss / 1024))|$extra")
   echo "  $dest $rtt ms $tool: $wall s, $mbs MB/s, $((rss / 1024)) MiB" >&2
-  doomed+=("$out")
+  if [ "$scratch_journaled" = 1 ]; then rm -rf "$out"; else doomed+=("$out"); fi
   extra=""
 }
 
@@ -269,6 +278,11 @@ done
 
 {
   echo "Data: $files files, $((bytes / 1048576)) MiB. Machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; servers on loopback; RTT added by Toxiproxy."
+  if [ "$scratch_journaled" = 1 ]; then
+    echo "Restore targets: a journaled ext4 file system on a loop device (direct I/O) over this machine's disk, each tree deleted once checked."
+  else
+    echo "Restore targets: this machine's disk, every tree kept until the run ended, after six quiet minutes."
+  fi
   echo "Versions: $("$capsule" --version); $(restic version | head -1); ${restic_new:+$("$restic_new" version | head -1); }${rustic:+$("$rustic" --version | head -1); }$(borg --version); $(rclone version | head -1); $(rsync --version | head -1)"
   echo
   echo "| destination | RTT ms | tool | restore s | MB/s | peak RSS MiB | capsule fetches |"
