@@ -402,7 +402,17 @@ impl Repository {
 
     /// Opens an existing repository with a password.
     pub fn open(backend: Arc<dyn Backend>, password: &[u8]) -> Result<Self> {
-        let sealed_config = match backend.get("config", None) {
+        // The config and the key files do not depend on each other, so the
+        // config is fetched while the keys are listed: every command on a
+        // remote repository starts one round trip sooner. The config's
+        // outcome is still judged first.
+        let (config_got, search) = std::thread::scope(|s| {
+            let config = s.spawn(|| backend.get("config", None));
+            let search = find_key(&*backend, password);
+            (config.join(), search)
+        });
+        let config_got = config_got.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let sealed_config = match config_got {
             Ok(b) => b,
             Err(e) if e.kind == ErrorKind::NotFound => {
                 if holds_repository_objects(&*backend)? {
@@ -416,7 +426,7 @@ impl Repository {
             }
             Err(e) => return Err(e.into()),
         };
-        let search = find_key(&*backend, password)?;
+        let search = search?;
         let Some((key, key_id)) = search.key else {
             if search.intact > 0 {
                 return Err(EngineError::WrongPassword {

@@ -217,6 +217,35 @@ fn restore_reads_each_shared_blob_once_and_each_pack_in_one_request() {
     );
 }
 
+/// The trees of a deep directory, written by one backup into one small
+/// pack, are read in one request, not one per directory level: each level
+/// used to ask the same pack again.
+#[test]
+fn a_small_tree_pack_is_read_once_however_deep_the_tree() {
+    let lab = Lab::new();
+    let mut dir = lab.src.clone();
+    let mut files = Vec::new();
+    for level in 0..10u8 {
+        dir = dir.join(format!("level{level}"));
+        std::fs::create_dir(&dir).unwrap();
+        let data = noise(5_000, u64::from(level));
+        std::fs::write(dir.join("f"), &data).unwrap();
+        files.push((dir.strip_prefix(&lab.src).unwrap().join("f"), data));
+    }
+    lab.backup();
+    let (r, _, index, target) = lab.restore(&[]);
+    for (rel, data) in &files {
+        assert_eq!(lab.restored(&target, rel.to_str().unwrap()), *data);
+    }
+    let tree_packs = index
+        .packs()
+        .iter()
+        .filter(|p| p.blob_type == BlobType::Tree)
+        .count() as u64;
+    assert!(tree_packs >= 1);
+    assert_eq!(r.fetch.tree_requests, tree_packs, "{:?}", r.fetch);
+}
+
 /// A restore in batches of a few files: files sharing content across
 /// batches, and packs holding blobs of several batches, restore byte for
 /// byte, and each pack counts once in the report.

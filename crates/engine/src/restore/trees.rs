@@ -137,8 +137,9 @@ pub(super) fn prefetch(
     let mut seen: HashSet<BlobId> = HashSet::from([*root]);
     let mut level = vec![*root];
     let mut requests = 0;
+    let mut small = SmallPacks::default();
     while !level.is_empty() {
-        let (got, n) = fetch_level(repo, index, &level, workers, &mut trees.envs);
+        let (got, n) = fetch_level(repo, index, &level, workers, &mut trees.envs, &mut small);
         requests += n;
         let mut next = Vec::new();
         for (id, t) in got {
@@ -199,6 +200,37 @@ fn count_uses(trees: &mut Trees, root: &BlobId) {
     }
 }
 
+/// A tree pack no larger than this is read whole the first time a level
+/// needs it, and kept for the levels below.
+const SMALL_TREE_PACK: u64 = 1 << 20;
+/// Bytes of small tree packs kept at once, at most.
+const SMALL_PACKS_HELD: u64 = 16 << 20;
+
+/// Small tree packs read whole, by position in the index.
+///
+/// The levels of one snapshot's trees mostly lie in the same few packs
+/// (a backup writes its new trees together), so reading by level asked the
+/// same pack once per directory level: ten levels, ten round trips, for a
+/// pack often smaller than one round trip's worth of transfer. A small pack
+/// is read whole once instead; a large one (the trees of a big first
+/// backup) is still read in ranges, since reading all of it for a partial
+/// restore would cost more than the round trips it saves.
+#[derive(Default)]
+struct SmallPacks {
+    held: HashMap<u32, std::sync::Arc<Vec<u8>>>,
+    bytes: u64,
+}
+
+/// How one read of a level gets its bytes.
+enum Source {
+    /// Already held whole.
+    Held(std::sync::Arc<Vec<u8>>),
+    /// A small pack, read whole and then held.
+    Whole,
+    /// A range of a large pack.
+    Range(std::ops::Range<u64>),
+}
+
 /// One level: grouped by pack, merged into ranged reads, fetched in
 /// parallel.
 /// Envelopes are appended to `envs`.
@@ -208,6 +240,7 @@ fn fetch_level(
     ids: &[BlobId],
     workers: usize,
     envs: &mut Vec<u8>,
+    small: &mut SmallPacks,
 ) -> Level {
     let mut wanted: Vec<(BlobId, crate::index::BlobLoc)> = ids
         .iter()
@@ -219,37 +252,81 @@ fn fetch_level(
         })
         .collect();
     wanted.sort_by_key(|(_, l)| (l.pack, l.offset));
-    // (pack, range, wanted[a..b])
-    let mut reads: Vec<(u32, std::ops::Range<u64>, std::ops::Range<usize>)> = Vec::new();
+    // (pack, source, wanted[a..b])
+    let mut reads: Vec<(u32, Source, std::ops::Range<usize>)> = Vec::new();
+    let mut planned = small.bytes;
     for (i, (_, l)) in wanted.iter().enumerate() {
         let (start, end) = (l.offset as u64, l.offset as u64 + l.length as u64);
         if let Some(r) = reads.last_mut() {
-            if r.0 == l.pack
-                && start >= r.1.end
-                && start - r.1.end <= MAX_GAP
-                && end - r.1.start <= MAX_REQUEST
-            {
-                r.1.end = end;
-                r.2.end = i + 1;
-                continue;
+            if r.0 == l.pack {
+                match &mut r.1 {
+                    Source::Held(_) | Source::Whole => {
+                        r.2.end = i + 1;
+                        continue;
+                    }
+                    Source::Range(range)
+                        if start >= range.end
+                            && start - range.end <= MAX_GAP
+                            && end - range.start <= MAX_REQUEST =>
+                    {
+                        range.end = end;
+                        r.2.end = i + 1;
+                        continue;
+                    }
+                    Source::Range(_) => {}
+                }
             }
         }
-        reads.push((l.pack, start..end, i..i + 1));
+        let size = index
+            .packs()
+            .get(l.pack as usize)
+            .map_or(u64::MAX, |p| p.size);
+        let source = if let Some(buf) = small.held.get(&l.pack) {
+            Source::Held(buf.clone())
+        } else if size <= SMALL_TREE_PACK && planned + size <= SMALL_PACKS_HELD {
+            planned += size;
+            Source::Whole
+        } else {
+            Source::Range(start..end)
+        };
+        reads.push((l.pack, source, i..i + 1));
     }
+    let requests = reads
+        .iter()
+        .filter(|r| !matches!(r.1, Source::Held(_)))
+        .count() as u64;
     let next = AtomicUsize::new(0);
     let out = Mutex::new((Vec::new(), std::mem::take(envs)));
+    let read_whole = Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..workers.clamp(1, reads.len().max(1)) {
             s.spawn(|| {
-                while let Some((pack, range, blobs)) =
+                while let Some((pack, source, blobs)) =
                     reads.get(next.fetch_add(1, Ordering::Relaxed))
                 {
                     let name = pack_name(&index.pack_id(*pack), BlobType::Tree);
-                    let Ok(buf) = repo.backend().get(&name, Some(range.clone())) else {
-                        continue;
+                    let (buf, base) = match source {
+                        Source::Held(buf) => (buf.clone(), 0),
+                        Source::Whole => {
+                            let Ok(buf) = repo.backend().get(&name, None) else {
+                                continue;
+                            };
+                            let buf = std::sync::Arc::new(buf);
+                            read_whole
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .push((*pack, buf.clone()));
+                            (buf, 0)
+                        }
+                        Source::Range(range) => {
+                            let Ok(buf) = repo.backend().get(&name, Some(range.clone())) else {
+                                continue;
+                            };
+                            (std::sync::Arc::new(buf), range.start)
+                        }
                     };
                     for (id, l) in &wanted[blobs.clone()] {
-                        let start = (l.offset as u64 - range.start) as usize;
+                        let start = (l.offset as u64 - base) as usize;
                         let Some(env) = buf.get(start..start + l.length as usize) else {
                             continue;
                         };
@@ -278,9 +355,13 @@ fn fetch_level(
             });
         }
     });
+    for (pack, buf) in read_whole.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        small.bytes += buf.len() as u64;
+        small.held.insert(pack, buf);
+    }
     let (list, all) = out.into_inner().unwrap_or_else(|p| p.into_inner());
     *envs = all;
-    (list, reads.len() as u64)
+    (list, requests)
 }
 
 #[cfg(test)]
