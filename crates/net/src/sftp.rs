@@ -38,6 +38,9 @@ use crate::Options;
 
 /// Requests in flight per object being written or read.
 const PIPELINE: usize = 32;
+/// How long a pool slot whose background dial failed is left to the
+/// connections that are live.
+const REDIAL_AFTER: Duration = Duration::from_secs(30);
 /// READDIR requests in flight per directory listed.
 const READDIR_DEPTH: usize = 4;
 /// Bytes of write requests in flight per object, at most: each request
@@ -55,6 +58,10 @@ pub struct SftpBackend {
     dialer: Arc<Dialer>,
     base: String,
     pool: Vec<Slot>,
+    /// When each slot's last background dial failed: a slot is not dialled
+    /// again in the background for [`REDIAL_AFTER`], so a server that
+    /// refuses more sessions is not asked on every request.
+    dial_failed: Arc<Vec<Mutex<Option<std::time::Instant>>>>,
     /// Requests active right now (picks the pool slot).
     active: AtomicUsize,
     dirs: Mutex<HashSet<String>>,
@@ -407,6 +414,11 @@ impl SftpBackend {
             pool: (0..conns.div_ceil(2).min(4))
                 .map(|_| Arc::new(tokio::sync::Mutex::new(None)))
                 .collect(),
+            dial_failed: Arc::new(
+                (0..conns.div_ceil(2).min(4))
+                    .map(|_| Mutex::new(None))
+                    .collect(),
+            ),
             active: AtomicUsize::new(0),
             dirs: Mutex::new(HashSet::new()),
             concurrency: conns,
@@ -453,14 +465,7 @@ impl SftpBackend {
         if b.base.is_empty() {
             b.base = "/".into();
         }
-        *b.pool[0].try_lock().map_err(|_| {
-            BackendError::new(
-                ErrorKind::Io,
-                "connect",
-                &b.dialer.location,
-                "the connection pool is busy",
-            )
-        })? = Some(first);
+        b.pool[0] = Arc::new(tokio::sync::Mutex::new(Some(first)));
         Ok(b)
     }
 
@@ -491,18 +496,25 @@ impl SftpBackend {
     /// request shares a live connection (SFTP multiplexes requests). Only
     /// when no connection is live does the request open one itself.
     async fn conn(&self, active: usize) -> Result<Arc<Conn>, BackendError> {
-        let slot = &self.pool[active % self.pool.len()];
+        let i = active % self.pool.len();
+        let slot = &self.pool[i];
         if let Ok(mut guard) = slot.clone().try_lock_owned() {
             if let Some(c) = guard.as_ref().filter(|c| !c._ssh.is_closed()) {
                 return Ok(c.clone());
             }
             if let Some(live) = self.any_live() {
-                let dialer = self.dialer.clone();
-                tokio::spawn(async move {
-                    // A failure leaves the slot empty: a later request
-                    // tries again, or opens its own if none is live.
-                    *guard = dialer.open().await.ok();
-                });
+                let recently_failed =
+                    lock(&self.dial_failed[i]).is_some_and(|t| t.elapsed() < REDIAL_AFTER);
+                if !recently_failed {
+                    let dialer = self.dialer.clone();
+                    let failed = self.dial_failed.clone();
+                    tokio::spawn(async move {
+                        // A failure leaves the slot empty; the live
+                        // connections carry the requests meanwhile.
+                        *guard = dialer.open().await.ok();
+                        *lock(&failed[i]) = guard.is_none().then(std::time::Instant::now);
+                    });
+                }
                 return Ok(live);
             }
             let c = self.dialer.open().await?;
