@@ -225,8 +225,9 @@ struct SmallPacks {
 enum Source {
     /// Already held whole.
     Held(std::sync::Arc<Vec<u8>>),
-    /// A small pack, read whole and then held.
-    Whole,
+    /// A small pack, read whole (as long as the index says it is, so
+    /// that a wrong object cannot make the read larger) and then held.
+    Whole(u64),
     /// A range of a large pack.
     Range(std::ops::Range<u64>),
 }
@@ -260,7 +261,7 @@ fn fetch_level(
         if let Some(r) = reads.last_mut() {
             if r.0 == l.pack {
                 match &mut r.1 {
-                    Source::Held(_) | Source::Whole => {
+                    Source::Held(_) | Source::Whole(_) => {
                         r.2.end = i + 1;
                         continue;
                     }
@@ -285,7 +286,7 @@ fn fetch_level(
             Source::Held(buf.clone())
         } else if size <= SMALL_TREE_PACK && planned + size <= SMALL_PACKS_HELD {
             planned += size;
-            Source::Whole
+            Source::Whole(size)
         } else {
             Source::Range(start..end)
         };
@@ -307,8 +308,8 @@ fn fetch_level(
                     let name = pack_name(&index.pack_id(*pack), BlobType::Tree);
                     let (buf, base) = match source {
                         Source::Held(buf) => (buf.clone(), 0),
-                        Source::Whole => {
-                            let Ok(buf) = repo.backend().get(&name, None) else {
+                        Source::Whole(size) => {
+                            let Ok(buf) = repo.backend().get(&name, Some(0..*size)) else {
                                 continue;
                             };
                             let buf = std::sync::Arc::new(buf);
