@@ -6006,7 +6006,7 @@ async fn receiver_loop(
         };
 
         // Split by NextCommand.
-        let sub_frames = match split_compound(&decoded) {
+        let sub_frames = match split_compound_owned(decoded) {
             Ok(subs) => subs,
             Err(e) => {
                 inner
@@ -6036,7 +6036,7 @@ async fn receiver_loop(
         // rather than hanging forever.
         let mut routable: Vec<(MessageId, Result<Frame>)> = Vec::new();
         for sub in sub_frames {
-            match prepare_sub_frame(&sub, was_encrypted, &inner) {
+            match prepare_sub_frame(sub, was_encrypted, &inner) {
                 Ok(SubFrameAction::Route(msg_id, result)) => routable.push((msg_id, result)),
                 Ok(SubFrameAction::Skip) => { /* notification / STATUS_PENDING */ }
                 Ok(SubFrameAction::AckOplockBreak(brk, tree_id)) => {
@@ -6194,12 +6194,16 @@ pub(crate) enum SubFrameAction {
 /// unrecoverable errors where the connection is now out of sync
 /// (header parse failure on a sub-frame the compound-splitter claimed was
 /// valid — the receiver loop fans the error to all waiters and exits).
-fn prepare_sub_frame(sub: &[u8], was_encrypted: bool, inner: &Inner) -> Result<SubFrameAction> {
+fn prepare_sub_frame(
+    mut sub: Vec<u8>,
+    was_encrypted: bool,
+    inner: &Inner,
+) -> Result<SubFrameAction> {
     // Parse the header. A failure here means split_compound produced a
     // chunk that doesn't start with a valid SMB2 header — the framing is
     // corrupt and we can't know where the next sub-frame begins. Fatal
     // to the connection.
-    let mut cursor = ReadCursor::new(sub);
+    let mut cursor = ReadCursor::new(&sub);
     let header = match Header::unpack(&mut cursor) {
         Ok(h) => h,
         Err(e) => {
@@ -6305,9 +6309,13 @@ fn prepare_sub_frame(sub: &[u8], was_encrypted: bool, inner: &Inner) -> Result<S
         // one frame that says the cancel did not take.
         let is_cancel = header.command == Command::Cancel;
         if let (Some(key), Some(algo)) = (signing_key, signing_algorithm) {
-            if let Err(e) =
-                signing::verify_signature(sub, &key, algo, header.message_id.0, is_cancel)
-            {
+            if let Err(e) = signing::verify_signature_in_place(
+                &mut sub,
+                &key,
+                algo,
+                header.message_id.0,
+                is_cancel,
+            ) {
                 inner
                     .metrics
                     .signature_failures
@@ -6346,7 +6354,7 @@ fn prepare_sub_frame(sub: &[u8], was_encrypted: bool, inner: &Inner) -> Result<S
     } else {
         Vec::new()
     };
-    let raw = sub.to_vec();
+    let raw = sub;
     let msg_id = header.message_id;
     Ok(SubFrameAction::Route(
         msg_id,
@@ -6427,6 +6435,16 @@ fn decrypt_frame(data: &[u8], inner: &Inner) -> Result<Vec<u8>> {
 
 /// Split a preprocessed frame into sub-frames by `NextCommand` offsets.
 /// Returns the raw byte slices (as owned Vec<u8>) for each sub-frame.
+/// [`split_compound`] for a frame the caller owns: a frame that holds one
+/// response, as nearly every frame does, is passed on as it is rather than
+/// copied. (capsule: each 4 MiB READ response was copied here.)
+pub(crate) fn split_compound_owned(data: Vec<u8>) -> Result<Vec<Vec<u8>>> {
+    if data.len() >= Header::SIZE && data[20..24] == [0, 0, 0, 0] {
+        return Ok(vec![data]);
+    }
+    split_compound(&data)
+}
+
 pub(crate) fn split_compound(data: &[u8]) -> Result<Vec<Vec<u8>>> {
     let mut results = Vec::new();
     let mut offset = 0usize;
@@ -8443,7 +8461,7 @@ mod tests {
         h.status = NtStatus::PENDING;
         h.async_id = Some(0xFEED_FACE_DEAD_BEEF);
         let interim = pack_message(&h, &crate::msg::echo::EchoResponse);
-        let action = prepare_sub_frame(&interim, false, &conn.inner)
+        let action = prepare_sub_frame(interim.clone(), false, &conn.inner)
             .expect("the interim response should be handled");
         assert!(
             matches!(action, SubFrameAction::Skip),
@@ -8830,7 +8848,7 @@ mod tests {
         let mut good = pack_message(&h, &body);
         signing::sign_message_as_server(&mut good, &key, SigningAlgorithm::AesGmac, 9, true)
             .unwrap();
-        let action = prepare_sub_frame(&good, false, &conn.inner).unwrap();
+        let action = prepare_sub_frame(good.clone(), false, &conn.inner).unwrap();
         assert!(
             matches!(action, SubFrameAction::Route(_, Ok(_))),
             "a correctly signed CANCEL response must verify, got {action:?}"
@@ -8842,7 +8860,7 @@ mod tests {
         let mut wrong = pack_message(&h, &body);
         signing::sign_message_as_server(&mut wrong, &key, SigningAlgorithm::AesGmac, 9, false)
             .unwrap();
-        let action = prepare_sub_frame(&wrong, false, &conn.inner).unwrap();
+        let action = prepare_sub_frame(wrong.clone(), false, &conn.inner).unwrap();
         assert!(
             matches!(
                 action,
@@ -8882,7 +8900,7 @@ mod tests {
         h.status = NtStatus::SUCCESS;
         let stripped = pack_message(&h, &crate::msg::echo::EchoResponse);
 
-        let action = prepare_sub_frame(&stripped, false, &conn.inner).unwrap();
+        let action = prepare_sub_frame(stripped.clone(), false, &conn.inner).unwrap();
         assert!(
             matches!(
                 action,
@@ -8935,7 +8953,7 @@ mod tests {
             "the forgery carries a real signature"
         );
 
-        let action = prepare_sub_frame(&forged, false, &conn.inner).unwrap();
+        let action = prepare_sub_frame(forged.clone(), false, &conn.inner).unwrap();
         match action {
             SubFrameAction::Route(MessageId(7), Err(e)) => {
                 assert!(
@@ -8978,14 +8996,14 @@ mod tests {
             error_context_count: 0,
             error_data: vec![],
         };
-        let action = prepare_sub_frame(&pack_message(&pending, &body), false, &conn.inner).unwrap();
+        let action = prepare_sub_frame(pack_message(&pending, &body), false, &conn.inner).unwrap();
         assert!(matches!(action, SubFrameAction::Skip), "got {action:?}");
 
         let mut brk = Header::new_request(Command::OplockBreak);
         brk.flags.set_response();
         brk.message_id = MessageId::UNSOLICITED;
         brk.status = NtStatus::SUCCESS;
-        let action = prepare_sub_frame(&pack_message(&brk, &body), false, &conn.inner).unwrap();
+        let action = prepare_sub_frame(pack_message(&brk, &body), false, &conn.inner).unwrap();
         assert!(matches!(action, SubFrameAction::Skip), "got {action:?}");
 
         assert_eq!(conn.metrics().signature_failures, 0);

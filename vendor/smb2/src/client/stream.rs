@@ -873,13 +873,12 @@ impl FileReader {
                 });
             }
 
-            let mut cursor = ReadCursor::new(&frame.body);
-            let resp = ReadResponse::unpack(&mut cursor)?;
-            if resp.data.is_empty() {
+            let data = ReadResponse::data_in(&frame.body)?;
+            if data.is_empty() {
                 break;
             }
-            pos += resp.data.len() as u64;
-            out.extend_from_slice(&resp.data);
+            pos += data.len() as u64;
+            out.extend_from_slice(data);
         }
 
         Ok(out)

@@ -187,8 +187,16 @@ impl Pack for ReadResponse {
     }
 }
 
-impl Unpack for ReadResponse {
-    fn unpack(cursor: &mut ReadCursor<'_>) -> Result<Self> {
+impl ReadResponse {
+    /// The data of a READ response in `body` (the response after its SMB2
+    /// header), borrowed rather than copied, checked as [`Unpack::unpack`]
+    /// checks it. (capsule: saves a copy of every byte read.)
+    pub fn data_in(body: &[u8]) -> Result<&[u8]> {
+        let mut cursor = ReadCursor::new(body);
+        Ok(Self::unpack_parts(&mut cursor)?.3)
+    }
+
+    fn unpack_parts<'a>(cursor: &mut ReadCursor<'a>) -> Result<(u8, u32, u32, &'a [u8])> {
         let structure_size = cursor.read_u16_le()?;
         if structure_size != Self::STRUCTURE_SIZE {
             return Err(Error::invalid_data(format!(
@@ -205,11 +213,18 @@ impl Unpack for ReadResponse {
         let flags = cursor.read_u32_le()?;
 
         let data = if data_length > 0 {
-            cursor.read_bytes_bounded(data_length as usize)?.to_vec()
+            cursor.read_bytes_bounded(data_length as usize)?
         } else {
-            Vec::new()
+            &[]
         };
+        Ok((data_offset, data_remaining, flags, data))
+    }
+}
 
+impl Unpack for ReadResponse {
+    fn unpack(cursor: &mut ReadCursor<'_>) -> Result<Self> {
+        let (data_offset, data_remaining, flags, data) = Self::unpack_parts(cursor)?;
+        let data = data.to_vec();
         Ok(ReadResponse {
             data_offset,
             data_remaining,
