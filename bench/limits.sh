@@ -3,7 +3,8 @@
 # OpenSSH and MinIO on loopback at each RTT (Toxiproxy), beside the link's
 # ceiling measured in the same run, with the bound each run reports.
 #
-#   bench/limits.sh [--rtt "2 10 30"] [--small N] [--large N] [--output FILE]
+#   bench/limits.sh [--rtt "2 10 30"] [--small N] [--large N] [--pin]
+#                   [--output FILE]
 #
 # Data: N × 50 KiB random files (default 10,000: 500 MiB) and N × 128 MiB
 # random files (default 4: 512 MiB), each backed up into a fresh repository
@@ -14,18 +15,22 @@
 # all): about the most the link, the proxy and the server carry for bulk
 # uploads here. Nothing else a backup does (reading, chunking, encrypting)
 # is in it, though it shares the 2 cores with the servers and the proxy.
-# Peak RSS of each capsule process comes from /usr/bin/time.
+# Peak RSS of each capsule process comes from /usr/bin/time. A local
+# repository gives the reference row.
+# --pin runs the servers and Toxiproxy on the last CPU, and capsule and the
+# ceiling's clients on the others (bench/lib.sh pin_servers).
 # The bound and its evidence are what `capsule backup --json` and
 # `capsule restore --json` report. Needs root for apt-get (rclone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10 30" output="" small_n=10000 large_n=4
+rtts="2 10 30" output="" small_n=10000 large_n=4 pin_flag=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
     --small) small_n=$2; shift ;;
     --large) large_n=$2; shift ;;
+    --pin) pin_flag=1 ;;
     --output) output=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -45,6 +50,7 @@ work=$(mktemp -d /tmp/capsule-limits.XXXXXX)
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 use_servers
+[ "$pin_flag" = 1 ] && pin_servers
 
 export CAPSULE_PASSWORD=bench
 export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
@@ -93,7 +99,7 @@ ceiling() {
   local t0 t1 best=nan
   t0=$(date +%s.%N)
   # AWS_CA_BUNDLE (set on some machines) makes rclone refuse plain HTTP.
-  if env -u AWS_CA_BUNDLE rclone copy --transfers 8 --s3-upload-concurrency 8 \
+  if "${pin[@]}" env -u AWS_CA_BUNDLE rclone copy --transfers 8 --s3-upload-concurrency 8 \
     --s3-chunk-size 16M --s3-disable-checksum "$work/ceiling" "$1:$2" >"$work/rclone.log" 2>&1; then
     t1=$(date +%s.%N)
     best=$(mbs "$t0" "$t1")
@@ -104,7 +110,7 @@ ceiling() {
     local f pids=() ok=1
     t0=$(date +%s.%N)
     for f in "$work"/ceiling/*.bin; do
-      bash -c "$3" _ "$(basename "$f")" <"$f" >/dev/null 2>>"$work/raw.log" & pids+=($!)
+      "${pin[@]}" bash -c "$3" _ "$(basename "$f")" <"$f" >/dev/null 2>>"$work/raw.log" & pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || ok=0; done
     t1=$(date +%s.%N)
@@ -127,12 +133,12 @@ run() {
     "$capsule" -r "$u" -q init
     local t0 t1
     t0=$(date +%s.%N)
-    /usr/bin/time -f %M -o "$work/b.rss" "$capsule" -r "$u" backup --json "$work/$set" >"$work/b.json"
+    /usr/bin/time -f %M -o "$work/b.rss" "${pin[@]}" "$capsule" -r "$u" backup --json "$work/$set" >"$work/b.json"
     t1=$(date +%s.%N)
     local bs; bs=$(seconds "$t0" "$t1")
     t0=$(date +%s.%N)
     /usr/bin/time -f %M -o "$work/r.rss" \
-      "$capsule" -r "$u" --no-cache restore --json latest --target "$work/disk/out" >"$work/r.json"
+      "${pin[@]}" "$capsule" -r "$u" --no-cache restore --json latest --target "$work/disk/out" >"$work/r.json"
     t1=$(date +%s.%N)
     local rs; rs=$(seconds "$t0" "$t1")
     diff -rq "$work/$set" "$work/disk/out$work/$set" >/dev/null || { echo "restore of $set from $dest differs" >&2; exit 1; }
@@ -149,7 +155,7 @@ rb = f.get("bound") or {}
 def first(e): return e[0] if isinstance(e, list) and e else e
 def mbs(s): return nbytes / 1e6 / max(s, 1e-9)
 pct = "—" if ceil == "nan" else f"{100 * mbs(bs) / float(ceil):.0f}%"
-print(f"| {dest} | {rtt} | {dset} | {ceil} | {bs:.2f} | {mbs(bs):.0f} | {pct} | {brss} | "
+print(f"| {dest} | {rtt} | {dset} | {'—' if ceil == 'nan' else ceil} | {bs:.2f} | {mbs(bs):.0f} | {pct} | {brss} | "
       f"{bb.get('kind', '?')}: {first(bb.get('evidence', ''))} | {rs:.2f} | {mbs(rs):.0f} | {rrss} | "
       f"{rb.get('kind', '?')}: {rb.get('evidence', '')} |")
 EOF
@@ -157,6 +163,10 @@ EOF
     echo "${rows[-1]}" >&2
   done
 }
+
+# The reference: a repository on this disk.
+fresh; run local 0 "$work/$r" nan
+rm -rf "${work:?}/$r"-*
 
 for rtt in $rtts; do
   proxies "lim-$rtt" "$rtt"
@@ -188,6 +198,9 @@ done
 
 {
   echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; servers on loopback; RTT added by Toxiproxy."
+  if [ "$pinned" = 1 ]; then
+    echo "Pinned: the servers and Toxiproxy on CPU $(($(nproc) - 1)); capsule and the ceiling's clients on CPU ${pin[2]}."
+  fi
   echo "Versions: $("$capsule" --version); $(rclone version | head -1)"
   echo "Data: small = $small_n × 50 KiB, large = $large_n × 128 MiB. Ceiling: 8 × 64 MiB sent 8 at once, the better of rclone and (SMB) smbclient put or (SFTP) ssh cat."
   echo "Restore targets: $([ "$scratch_journaled" = 1 ] && echo "a journaled ext4 file system on a loop device (direct I/O)" || echo "this machine's disk")."

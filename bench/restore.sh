@@ -4,7 +4,7 @@
 # at each RTT (Toxiproxy), all in one run. Prints a Markdown table.
 #
 #   bench/restore.sh [--rtt "2 10"] [--small N] [--big MIB] [--toolchain]
-#                    [--tree DIR] [--output FILE]
+#                    [--tree DIR] [--pin] [--output FILE]
 #
 # Data: N × 64 KiB random files plus one file of MIB MiB (defaults 4,000 and
 # 200: 450 MiB), or with --toolchain ~/.rustup/toolchains, or any DIR.
@@ -20,11 +20,13 @@
 # times the data. Wall
 # time, MB/s and peak RSS come from GNU time; capsule's requests and bytes
 # fetched from its --json report.
+# --pin runs the servers and Toxiproxy on the last CPU and every measured
+# restore, local ones too, on the others (bench/lib.sh pin_servers).
 # Needs root (apt-get for restic, borgbackup, rclone, rsync).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10" output="" small_n=4000 big_mib=200 toolchain=0 tree=""
+rtts="2 10" output="" small_n=4000 big_mib=200 toolchain=0 tree="" pin_flag=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
     --big) big_mib=$2; shift ;;
     --toolchain) toolchain=1 ;;
     --tree) tree=$2; shift ;;
+    --pin) pin_flag=1 ;;
     --output) output=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -80,6 +83,7 @@ work=$(mktemp -d /tmp/capsule-restorebench.XXXXXX)
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 use_servers
+[ "$pin_flag" = 1 ] && pin_servers
 
 export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench BORG_PASSPHRASE=bench RUSTIC_PASSWORD=bench
 export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
@@ -150,7 +154,7 @@ measure() {
   mkdir -p "$out"
   # What the backup just wrote goes to the disk now, for every tool alike.
   sync
-  if ! /usr/bin/time -f "%e %M" -o "$work/time" "$@" >"$work/last.log" 2>&1; then
+  if ! /usr/bin/time -f "%e %M" -o "$work/time" "${pin[@]}" "$@" >"$work/last.log" 2>&1; then
     echo "  FAILED: $tool $dest $rtt" >&2; tail -5 "$work/last.log" >&2
     rows+=("$dest|$rtt|$tool|failed|—|—|—"); doomed+=("$out"); return 0
   fi
@@ -278,6 +282,9 @@ done
 
 {
   echo "Data: $files files, $((bytes / 1048576)) MiB. Machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB; servers on loopback; RTT added by Toxiproxy."
+  if [ "$pinned" = 1 ]; then
+    echo "Pinned: the servers and Toxiproxy on CPU $(($(nproc) - 1)), every measured restore on CPU ${pin[2]}."
+  fi
   if [ "$scratch_journaled" = 1 ]; then
     echo "Restore targets: a journaled ext4 file system on a loop device (direct I/O) over this machine's disk, each tree deleted once checked."
   else
