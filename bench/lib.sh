@@ -112,7 +112,7 @@ pin_servers() {
   if [ "$last" -lt 1 ]; then echo "--pin needs at least 2 CPUs" >&2; exit 2; fi
   local p
   for p in $(server_pids); do taskset -a -cp "$last" "$p" >/dev/null; done
-  pin=(taskset -c "0-$((last - 1))")
+  if [ "$last" = 1 ]; then pin=(taskset -c 0); else pin=(taskset -c "0-$((last - 1))"); fi
   pinned=1
 }
 pin_release() {

@@ -680,9 +680,18 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
         } else {
             4 << 20
         };
-        let t = Instant::now();
-        parallel_puts(&b, "p", concurrency, piece)?;
-        let parallel_bw = (concurrency as u64 * piece) as f64 / t.elapsed().as_secs_f64();
+        // The better of two rounds: a backend may still be opening its
+        // pool's connections in the background during the first (SFTP does,
+        // and lends the requests a live one meanwhile), which a backup of
+        // any length has long done. With one round, the model put SFTP
+        // backups at 10 ms 20–37% slower than they ran.
+        let mut parallel_bw = 0f64;
+        for round in ["q", "p"] {
+            let t = Instant::now();
+            parallel_puts(&b, round, concurrency, piece)?;
+            let bw = (concurrency as u64 * piece) as f64 / t.elapsed().as_secs_f64().max(1e-9);
+            parallel_bw = parallel_bw.max(bw);
+        }
         // Reading them back in 4 MiB ranges, all at once, as a restore does;
         // the better of two rounds, because the first also pays for the
         // server's first reads of what was just written and for streams
