@@ -198,6 +198,30 @@ fn symlinks_planted_in_the_target_are_not_followed() {
         .is_symlink());
 }
 
+/// A directory where the snapshot has a file is refused by name and left
+/// as it was: restore creates files first and removes only a file or a
+/// symlink in the way.
+#[test]
+fn a_directory_where_a_file_goes_is_refused_and_kept() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = repo(&t.path().join("repo"));
+    let c = Crafter::new(repo.clone());
+    let blob = c.blob(BlobType::Data, b"new");
+    let root = c.tree(&[file(b"file", blob, 3), file(b"other", blob, 3)]);
+    let idx = c.finish();
+    let target = t.path().join("target");
+    std::fs::create_dir_all(target.join("file")).unwrap();
+    std::fs::write(target.join("file/keep"), b"mine").unwrap();
+    let r = run(&repo, &idx, &root, &target);
+    assert!(
+        r.errors.iter().any(|e| e.path.ends_with("/file")),
+        "{:?}",
+        r.errors
+    );
+    assert_eq!(std::fs::read(target.join("file/keep")).unwrap(), b"mine");
+    assert_eq!(std::fs::read(target.join("other")).unwrap(), b"new");
+}
+
 /// 40 trees, each holding two directories that are both the next tree:
 /// a few KB that describe 2^40 paths. Every walk stops at what the
 /// snapshot records, and check calls the snapshot a tree bomb.
