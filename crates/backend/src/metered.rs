@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::{BackendError, LabBackend, ObjectInfo, Space};
@@ -85,11 +85,31 @@ impl RequestStats {
     }
 }
 
-/// A backend that counts requests into a shared [`RequestStats`].
+/// A backend that counts requests into a shared [`RequestStats`], and
+/// optionally writes one line per request to a trace.
 #[derive(Debug)]
 pub struct MeteredBackend {
     inner: Arc<dyn LabBackend>,
     stats: Arc<RequestStats>,
+    trace: Option<Mutex<Trace>>,
+}
+
+/// Where the request trace goes. A line per request, tab-separated: start
+/// and duration in seconds since the first request, the operation, bytes
+/// moved, `ok` or the error kind, and the object name. Lines are written
+/// as requests end, so they are ordered by end time; sort by the first
+/// column for a timeline.
+struct Trace {
+    out: Box<dyn Write + Send>,
+    /// The first write error, after which tracing stops: a trace must never
+    /// fail a backup.
+    failed: bool,
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Trace")
+    }
 }
 
 impl MeteredBackend {
@@ -98,7 +118,16 @@ impl MeteredBackend {
         MeteredBackend {
             inner,
             stats: Arc::new(RequestStats::default()),
+            trace: None,
         }
+    }
+
+    /// Also writes every request to `out` (see [`MeteredBackend`]'s trace
+    /// format). The header line is written now.
+    pub fn with_trace(mut self, mut out: Box<dyn Write + Send>) -> Self {
+        let failed = writeln!(out, "start_s\tsecs\top\tbytes\tresult\tname").is_err();
+        self.trace = Some(Mutex::new(Trace { out, failed }));
+        self
     }
 
     /// The shared counters.
@@ -109,13 +138,48 @@ impl MeteredBackend {
     fn timed<T>(
         &self,
         counter: &AtomicU64,
+        op: &str,
+        name: &str,
+        bytes: impl FnOnce(&T) -> u64,
         f: impl FnOnce() -> Result<T, BackendError>,
     ) -> Result<T, BackendError> {
         counter.fetch_add(1, Relaxed);
         let t = self.stats.begin();
         let r = f();
         self.stats.end(t, r.is_ok());
+        if self.trace.is_some() {
+            let moved = r.as_ref().map(bytes).unwrap_or(0);
+            self.record(t, op, name, moved, r.as_ref().err());
+        }
         r
+    }
+
+    fn record(
+        &self,
+        started: Instant,
+        op: &str,
+        name: &str,
+        bytes: u64,
+        err: Option<&BackendError>,
+    ) {
+        let Some(trace) = &self.trace else { return };
+        let secs = started.elapsed().as_secs_f64();
+        let epoch = *self.stats.epoch.get_or_init(Instant::now);
+        let start = started.saturating_duration_since(epoch).as_secs_f64();
+        let result = match err {
+            None => "ok".to_string(),
+            Some(e) => format!("{:?}", e.kind),
+        };
+        let mut t = trace.lock().unwrap_or_else(|p| p.into_inner());
+        if t.failed {
+            return;
+        }
+        let line = format!("{start:.6}\t{secs:.6}\t{op}\t{bytes}\t{result}\t{name}\n");
+        t.failed = t
+            .out
+            .write_all(line.as_bytes())
+            .and_then(|_| t.out.flush())
+            .is_err();
     }
 }
 
@@ -125,15 +189,28 @@ impl crate::Layer for MeteredBackend {
     }
 
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
-        let r = self.timed(&self.stats.puts, || self.inner.put(name, data));
+        let len = data.len() as u64;
+        let r = self.timed(
+            &self.stats.puts,
+            "put",
+            name,
+            |_| len,
+            || self.inner.put(name, data),
+        );
         if r.is_ok() {
-            self.stats.bytes_up.fetch_add(data.len() as u64, Relaxed);
+            self.stats.bytes_up.fetch_add(len, Relaxed);
         }
         r
     }
 
     fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
-        let r = self.timed(&self.stats.gets, || self.inner.get(name, range));
+        let r = self.timed(
+            &self.stats.gets,
+            "get",
+            name,
+            |v: &Vec<u8>| v.len() as u64,
+            || self.inner.get(name, range),
+        );
         if let Ok(v) = &r {
             self.stats.bytes_down.fetch_add(v.len() as u64, Relaxed);
         }
@@ -146,6 +223,10 @@ impl crate::Layer for MeteredBackend {
         let t = self.stats.begin();
         let (r, back) = self.inner.put_owned(name, data);
         self.stats.end(t, r.is_ok());
+        if self.trace.is_some() {
+            let moved = if r.is_ok() { len } else { 0 };
+            self.record(t, "put", name, moved, r.as_ref().err());
+        }
         if r.is_ok() {
             self.stats.bytes_up.fetch_add(len, Relaxed);
         }
@@ -153,7 +234,13 @@ impl crate::Layer for MeteredBackend {
     }
 
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
-        let r = self.timed(&self.stats.puts, || self.inner.put_stream(name, size, data));
+        let r = self.timed(
+            &self.stats.puts,
+            "put",
+            name,
+            |_| size,
+            || self.inner.put_stream(name, size, data),
+        );
         if r.is_ok() {
             self.stats.bytes_up.fetch_add(size, Relaxed);
         }
@@ -161,7 +248,13 @@ impl crate::Layer for MeteredBackend {
     }
 
     fn put_file(&self, name: &str, file: &std::fs::File, size: u64) -> Result<(), BackendError> {
-        let r = self.timed(&self.stats.puts, || self.inner.put_file(name, file, size));
+        let r = self.timed(
+            &self.stats.puts,
+            "put",
+            name,
+            |_| size,
+            || self.inner.put_file(name, file, size),
+        );
         if r.is_ok() {
             self.stats.bytes_up.fetch_add(size, Relaxed);
         }
@@ -174,7 +267,13 @@ impl crate::Layer for MeteredBackend {
         range: Option<Range<u64>>,
         out: &mut dyn Write,
     ) -> Result<u64, BackendError> {
-        let r = self.timed(&self.stats.gets, || self.inner.get_stream(name, range, out));
+        let r = self.timed(
+            &self.stats.gets,
+            "get",
+            name,
+            |n| *n,
+            || self.inner.get_stream(name, range, out),
+        );
         if let Ok(n) = &r {
             self.stats.bytes_down.fetch_add(*n, Relaxed);
         }
@@ -182,19 +281,43 @@ impl crate::Layer for MeteredBackend {
     }
 
     fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
-        self.timed(&self.stats.stats, || self.inner.stat(name))
+        self.timed(
+            &self.stats.stats,
+            "stat",
+            name,
+            |_| 0,
+            || self.inner.stat(name),
+        )
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        self.timed(&self.stats.lists, || self.inner.list(prefix))
+        self.timed(
+            &self.stats.lists,
+            "list",
+            prefix,
+            |_| 0,
+            || self.inner.list(prefix),
+        )
     }
 
     fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
-        self.timed(&self.stats.lists, || self.inner.list_temporaries())
+        self.timed(
+            &self.stats.lists,
+            "list",
+            TEMP_LISTING,
+            |_| 0,
+            || self.inner.list_temporaries(),
+        )
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
-        self.timed(&self.stats.deletes, || self.inner.delete(name))
+        self.timed(
+            &self.stats.deletes,
+            "delete",
+            name,
+            |_| 0,
+            || self.inner.delete(name),
+        )
     }
 
     fn probe_write(
@@ -204,27 +327,41 @@ impl crate::Layer for MeteredBackend {
         writes: usize,
         sync: bool,
     ) -> Result<(), BackendError> {
-        let r = self.timed(&self.stats.puts, || {
-            self.inner.probe_write(name, data, writes, sync)
-        });
+        let len = data.len() as u64;
+        let r = self.timed(
+            &self.stats.puts,
+            "probe_write",
+            name,
+            |_| len,
+            || self.inner.probe_write(name, data, writes, sync),
+        );
         if r.is_ok() {
-            self.stats.bytes_up.fetch_add(data.len() as u64, Relaxed);
+            self.stats.bytes_up.fetch_add(len, Relaxed);
         }
         r
     }
 
     fn space(&self) -> Result<Option<Space>, BackendError> {
-        self.timed(&self.stats.stats, || self.inner.space())
+        self.timed(&self.stats.stats, "space", "", |_| 0, || self.inner.space())
     }
 
     fn ping(&self) -> Result<(), BackendError> {
-        self.timed(&self.stats.stats, || self.inner.ping())
+        self.timed(&self.stats.stats, "ping", "", |_| 0, || self.inner.ping())
     }
 
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
-        self.timed(&self.stats.deletes, || self.inner.remove_empty_dirs())
+        self.timed(
+            &self.stats.deletes,
+            "remove_empty_dirs",
+            "",
+            |_| 0,
+            || self.inner.remove_empty_dirs(),
+        )
     }
 }
+
+/// The name a trace gives the listing of incomplete writes.
+const TEMP_LISTING: &str = "(temporaries)";
 
 #[cfg(test)]
 mod tests {
@@ -250,5 +387,61 @@ mod tests {
         assert_eq!(s.bytes_down.load(Relaxed), 2);
         assert_eq!(s.in_flight.load(Relaxed), 0);
         assert_eq!(s.max_in_flight.load(Relaxed), 1);
+    }
+
+    /// A `Write` into a buffer the test keeps.
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_trace_has_a_line_per_request_with_its_outcome() {
+        let d = tempfile::tempdir().unwrap();
+        let out = Shared::default();
+        let m = MeteredBackend::new(Arc::new(
+            LocalBackend::open(d.path(), SyncPolicy::NoSync).unwrap(),
+        ))
+        .with_trace(Box::new(out.clone()));
+        m.put("a/b", b"12345").unwrap();
+        assert!(m.put("a/b", b"12345").is_err());
+        assert_eq!(m.get("a/b", Some(1..3)).unwrap(), b"23");
+        assert!(m.get("a/c", None).is_err());
+        m.list("a/").unwrap();
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+        assert_eq!(
+            lines[0],
+            ["start_s", "secs", "op", "bytes", "result", "name"]
+        );
+        let rows: Vec<[&str; 4]> = lines[1..]
+            .iter()
+            .map(|f| [f[2], f[3], f[4], f[5]])
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ["put", "5", "ok", "a/b"],
+                ["put", "0", "AlreadyExists", "a/b"],
+                ["get", "2", "ok", "a/b"],
+                ["get", "0", "NotFound", "a/c"],
+                ["list", "0", "ok", "a/"],
+            ]
+        );
+        // Times are seconds since the first request, each start no later
+        // than the next one's (the calls ran one after another).
+        let starts: Vec<f64> = lines[1..].iter().map(|f| f[0].parse().unwrap()).collect();
+        assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{starts:?}");
+        assert!(lines[1..]
+            .iter()
+            .all(|f| f[1].parse::<f64>().unwrap() >= 0.0));
     }
 }

@@ -96,6 +96,11 @@ pub struct GlobalArgs {
     #[arg(long, env = "CAPSULE_CONNECTIONS", global = true, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=256))]
     connections: Option<u32>,
+    /// Write a line per request to the destination into FILE (tab-separated:
+    /// start and duration in seconds, operation, bytes, result, object), to
+    /// see where a slow run waits.
+    #[arg(long, global = true, value_name = "FILE")]
+    trace_requests: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

@@ -127,7 +127,12 @@ pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<d
         }
     };
     let raw = KillAtCall::wrap_if_asked(raw);
-    let metered = MeteredBackend::new(raw);
+    let mut metered = MeteredBackend::new(raw);
+    if let Some(path) = &g.trace_requests {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("cannot create the request trace {}", path.display()))?;
+        metered = metered.with_trace(Box::new(file));
+    }
     let requests = metered.stats();
     let retry = RetryBackend::new(Arc::new(metered), RetryPolicy::default());
     let _ = STATS.set(DestinationStats {

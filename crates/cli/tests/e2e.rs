@@ -459,6 +459,64 @@ fn json_everywhere() {
     assert_eq!(e["exit_code"], 13);
 }
 
+/// `--trace-requests` writes one line per request the destination saw: as
+/// many as the run's own count, the snapshot's upload among them.
+#[test]
+fn request_trace_matches_the_request_count() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo, trace) = (
+        t.path().join("src"),
+        t.path().join("repo"),
+        t.path().join("trace.tsv"),
+    );
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("f"), noise(100_000, 1)).unwrap();
+    init(&repo);
+    let b = json(
+        &repo,
+        &[
+            "backup",
+            "--trace-requests",
+            trace.to_str().unwrap(),
+            src.to_str().unwrap(),
+        ],
+    );
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("start_s\tsecs\top\tbytes\tresult\tname"));
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split('\t').collect()).collect();
+    assert_eq!(
+        rows.len() as u64,
+        b["destination"]["requests"].as_u64().unwrap(),
+        "{text}"
+    );
+    let id = b["snapshot_id"].as_str().unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r[2] == "put" && r[4] == "ok" && r[5] == format!("snapshots/{id}")),
+        "{text}"
+    );
+    // The bytes of the puts are what the run reports it sent.
+    let up: u64 = rows
+        .iter()
+        .filter(|r| r[2] == "put" && r[4] == "ok")
+        .map(|r| r[3].parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(up, b["destination"]["bytes_up"].as_u64().unwrap());
+    // A trace that cannot be created is an error before anything is done.
+    let o = capsule(
+        &repo,
+        &[
+            "backup",
+            "--trace-requests",
+            t.path().join("no/such/dir/t").to_str().unwrap(),
+            src.to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("request trace"));
+}
+
 /// With no repository configured, `backup` creates and uses the default one.
 #[test]
 fn embedded_default_repository() {
