@@ -404,11 +404,20 @@ impl SmbBackend {
 
     /// One directory, relative to the base; `None` if it does not exist.
     async fn read_dir(&self, d: String) -> Result<Option<Vec<crate::DirEntry>>, BackendError> {
-        match self
+        let path = self.path(&d);
+        // One round trip for a directory that fits one answer (keys/,
+        // snapshots/, a data/xx/ of a few hundred packs); a bigger one is
+        // listed again step by step.
+        let listed = match self
             .tree()
-            .list_directory(&mut self.conn(), &self.path(&d))
+            .list_directory_compound(&mut self.conn(), &path)
             .await
         {
+            Ok(Some(entries)) => Ok(entries),
+            Ok(None) => self.tree().list_directory(&mut self.conn(), &path).await,
+            Err(e) => Err(e),
+        };
+        match listed {
             Ok(entries) => Ok(Some(
                 entries
                     .into_iter()

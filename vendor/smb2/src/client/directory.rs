@@ -371,7 +371,8 @@ mod tests {
 
     use super::ListOptions;
     use crate::client::test_helpers::{
-        build_close_response, build_create_response, build_file_both_dir_info,
+        build_close_error_response, build_close_response, build_compound_response_frame,
+        build_create_error_response, build_create_response, build_file_both_dir_info,
         build_query_directory_response, setup_connection,
     };
     use crate::client::tree::Tree;
@@ -467,6 +468,118 @@ mod tests {
         send(&reader.next_batch());
         send(&reader);
         send(&reader.close());
+    }
+
+    // (capsule) Tree::list_directory_compound.
+    #[tokio::test]
+    async fn a_compound_listing_that_fits_one_answer_is_one_round_trip() {
+        let mock = Arc::new(MockTransport::new());
+        mock.queue_response(build_compound_response_frame(&[
+            build_create_response(DIR, 0),
+            batch(&[".", "..", "a.txt"]),
+            no_more_files(),
+            build_close_response(),
+        ]));
+        let mut conn = setup_connection(&mock);
+        let entries = test_tree()
+            .list_directory_compound(&mut conn, "somedir")
+            .await
+            .unwrap()
+            .expect("complete");
+        assert_eq!(names(&entries), [".", "..", "a.txt"]);
+        let sent = mock.sent_messages();
+        assert_eq!(sent.len(), 1, "one frame out");
+        // The chain: each header says where the next begins.
+        let (mut at, mut chain) = (0usize, Vec::new());
+        loop {
+            let h = Header::unpack(&mut ReadCursor::new(&sent[0][at..])).unwrap();
+            let restart = (h.command == Command::QueryDirectory).then(|| {
+                let body = &sent[0][at + Header::SIZE..];
+                let req = QueryDirectoryRequest::unpack(&mut ReadCursor::new(body)).unwrap();
+                req.flags.0 & QueryDirectoryFlags::RESTART_SCANS != 0
+            });
+            chain.push((h.command, restart));
+            if h.next_command == 0 {
+                break;
+            }
+            at += h.next_command as usize;
+        }
+        assert_eq!(
+            chain,
+            [
+                (Command::Create, None),
+                (Command::QueryDirectory, Some(true)),
+                (Command::QueryDirectory, Some(false)),
+                (Command::Close, None),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_compound_listing_whose_second_query_has_entries_says_it_is_incomplete() {
+        let mock = Arc::new(MockTransport::new());
+        mock.queue_response(build_compound_response_frame(&[
+            build_create_response(DIR, 0),
+            batch(&[".", "..", "a.txt"]),
+            batch(&["b.txt"]),
+            build_close_response(),
+        ]));
+        let mut conn = setup_connection(&mock);
+        let listed = test_tree()
+            .list_directory_compound(&mut conn, "somedir")
+            .await
+            .unwrap();
+        assert!(
+            listed.is_none(),
+            "half a listing must not pass as all of it"
+        );
+        assert_eq!(
+            mock.sent_messages().len(),
+            1,
+            "the chained CLOSE released the handle"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_compound_listing_of_a_missing_directory_is_not_found() {
+        let mock = Arc::new(MockTransport::new());
+        let missing = NtStatus::OBJECT_NAME_NOT_FOUND;
+        mock.queue_response(build_compound_response_frame(&[
+            build_create_error_response(missing),
+            build_query_directory_response(missing, vec![]),
+            build_query_directory_response(missing, vec![]),
+            build_close_error_response(missing),
+        ]));
+        let mut conn = setup_connection(&mock);
+        let e = test_tree()
+            .list_directory_compound(&mut conn, "nodir")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::NotFound, "{e}");
+        assert_eq!(mock.sent_messages().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_compound_listing_whose_close_failed_closes_the_handle_by_id() {
+        let mock = Arc::new(MockTransport::new());
+        mock.queue_response(build_compound_response_frame(&[
+            build_create_response(DIR, 0),
+            batch(&[".", ".."]),
+            no_more_files(),
+            build_close_error_response(NtStatus::NO_MORE_FILES),
+        ]));
+        mock.queue_response(build_close_response());
+        let mut conn = setup_connection(&mock);
+        let entries = test_tree()
+            .list_directory_compound(&mut conn, "somedir")
+            .await
+            .unwrap()
+            .expect("complete");
+        assert_eq!(names(&entries), [".", ".."]);
+        let sent = mock.sent_messages();
+        assert_eq!(sent.len(), 2);
+        let close = Header::unpack(&mut ReadCursor::new(&sent[1])).unwrap();
+        assert_eq!(close.command, Command::Close);
     }
 
     #[tokio::test]
