@@ -20,9 +20,7 @@ use crate::{exit, GlobalArgs};
 
 pub(crate) fn open(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
     let loc = settings::location(g)?;
-    let backend = settings::backend(g, &loc, false)?;
-    let pw = settings::password(g)?;
-    let repo = open_with(backend.clone(), &pw, out)?;
+    let (repo, backend) = connect_and_open(g, &loc, out, &mut 0.0)?;
     let (repo, _) = settings::with_cache(g, repo, backend)?;
     Ok((repo, loc))
 }
@@ -30,9 +28,31 @@ pub(crate) fn open(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLoca
 /// Opens without the cache: for `check`, which must read the destination.
 fn open_uncached(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
     let loc = settings::location(g)?;
-    let backend = settings::backend(g, &loc, false)?;
-    let pw = settings::password(g)?;
-    Ok((open_with(backend, &pw, out)?, loc))
+    let (repo, _) = connect_and_open(g, &loc, out, &mut 0.0)?;
+    Ok((repo, loc))
+}
+
+/// Connects and opens with the password; `connect_secs` gets the time the
+/// connection took. The key derivation starts first, from the last run's
+/// hint, so that on a network destination it runs while the connection
+/// is made and the key files are read.
+fn connect_and_open(
+    g: &GlobalArgs,
+    loc: &RepoLocation,
+    out: &Output,
+    connect_secs: &mut f64,
+) -> Result<(Repository, Arc<dyn capsule_backend::LabBackend>)> {
+    let (pw, early) = settings::start_key(g, loc);
+    let t = std::time::Instant::now();
+    let backend = settings::backend(g, loc, false)?;
+    *connect_secs = t.elapsed().as_secs_f64();
+    let pw = match pw {
+        Some(pw) => pw,
+        None => settings::password(g)?,
+    };
+    let repo = open_with(backend.clone(), &pw, early, out)?;
+    settings::remember_key(g, loc, &repo);
+    Ok((repo, backend))
 }
 
 /// Opens with a password, and warns of damaged or stray key files (which
@@ -40,9 +60,10 @@ fn open_uncached(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocati
 fn open_with(
     backend: Arc<dyn capsule_backend::LabBackend>,
     pw: &[u8],
+    early: Option<capsule_engine::EarlyKey>,
     out: &Output,
 ) -> Result<Repository> {
-    let repo = Repository::open(backend, pw)?;
+    let repo = Repository::open_with_early_key(backend, pw, early)?;
     for w in repo.open_warnings() {
         out.warn(format!(
             "{w}; another key opened the repository (remove the damaged file with `capsule key remove`, or restore it from a copy)"
@@ -97,6 +118,7 @@ pub fn init(g: &GlobalArgs, out: &Output, a: InitArgs) -> Result<u8> {
         ..InitOptions::default()
     };
     let repo = Repository::init(backend, &pw, &opts)?;
+    settings::remember_key(g, &loc, &repo);
     if let Some(q) = a.quota.filter(|q| *q > 0) {
         capsule_engine::quota::set(&repo, q, 3600)?;
         out.say(format!("quota {}", bytes(q)));
@@ -228,19 +250,18 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         loc.is_default && loc.local_path().is_some_and(|p| !p.join("config").exists());
     let t_connect = std::time::Instant::now();
     let mut connect_secs = 0.0;
-    let backend = settings::backend(g, &loc, new_default)?;
-    let repo = if new_default {
+    let (repo, backend) = if new_default {
+        let backend = settings::backend(g, &loc, true)?;
         // The embedded default: created on first use.
         let pw = settings::new_password(g, "password for the new default repository")?;
         let r = Repository::init(backend.clone(), &pw, &InitOptions::default())?;
+        settings::remember_key(g, &loc, &r);
         if !out.json {
             eprintln!("created a new repository at {}", loc.display());
         }
-        r
+        (r, backend)
     } else {
-        connect_secs = t_connect.elapsed().as_secs_f64();
-        let pw = settings::password(g)?;
-        open_with(backend.clone(), &pw, out)?
+        connect_and_open(g, &loc, out, &mut connect_secs)?
     };
     let (repo, cache) = settings::with_cache(g, repo, backend)?;
     let open_secs = t_connect.elapsed().as_secs_f64() - connect_secs;
@@ -907,7 +928,7 @@ fn read_new_password(f: &Option<PathBuf>) -> Result<Vec<u8>> {
 }
 
 pub fn key(g: &GlobalArgs, out: &Output, k: KeyCommand) -> Result<u8> {
-    let (mut repo, _) = open(g, out)?;
+    let (mut repo, loc) = open(g, out)?;
     match k {
         KeyCommand::Add { new_password_file } => {
             let pw = read_new_password(&new_password_file)?;
@@ -944,6 +965,7 @@ pub fn key(g: &GlobalArgs, out: &Output, k: KeyCommand) -> Result<u8> {
         KeyCommand::Passwd { new_password_file } => {
             let pw = read_new_password(&new_password_file)?;
             let id = repo.change_password(&pw, KdfParams::default())?;
+            settings::remember_key(g, &loc, &repo);
             out.json(&serde_json::json!({ "key": id.to_hex() }));
             out.say(format!("password changed (new key {})", id.short()));
         }

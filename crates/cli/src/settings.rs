@@ -296,6 +296,62 @@ pub fn destination_json() -> serde_json::Value {
     })
 }
 
+/// Where this machine keeps the salt and cost of the key that last opened
+/// the repository at `loc` (a [`capsule_engine::KeyHint`]), unless
+/// `--no-cache`. Keyed by the location, since the repository's ID is only
+/// known once it is open.
+fn key_hint_path(g: &GlobalArgs, loc: &RepoLocation) -> Option<PathBuf> {
+    if g.no_cache {
+        return None;
+    }
+    let base = match &g.cache_dir {
+        Some(d) => d.clone(),
+        None => dirs::cache_dir()?.join("capsule"),
+    };
+    let id = capsule_format::ObjectId::of(loc.display().as_bytes()).to_hex();
+    Some(base.join("key-hints").join(&id[..32]))
+}
+
+/// The password, when flags or the environment give it without asking,
+/// and the key derivation started with it from the last run's hint
+/// (`None` without either). Called before connecting, so the derivation
+/// and the connection overlap. A password that cannot be read here is
+/// asked for, or reported, later by [`password`], as before.
+pub fn start_key(
+    g: &GlobalArgs,
+    loc: &RepoLocation,
+) -> (Option<Vec<u8>>, Option<capsule_engine::EarlyKey>) {
+    let Ok(Some(pw)) = from_env_or_file(g) else {
+        return (None, None);
+    };
+    let early = key_hint_path(g, loc)
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|text| capsule_engine::KeyHint::parse(&text))
+        .map(|hint| capsule_engine::EarlyKey::start(&pw, hint));
+    (Some(pw), early)
+}
+
+/// Keeps the opened key's salt and cost for the next run's
+/// [`start_key`]. Best effort: without it the next run derives the key
+/// after reading the key file, as it would anyway.
+pub fn remember_key(g: &GlobalArgs, loc: &RepoLocation, repo: &capsule_engine::Repository) {
+    let Some(path) = key_hint_path(g, loc) else {
+        return;
+    };
+    let text = repo.key_hint().to_text();
+    if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
+        return;
+    }
+    let Some(dir) = path.parent() else { return };
+    let tmp = dir.join(format!(".tmp-{}", std::process::id()));
+    let stored = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, &text))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if stored.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 /// The repository's cache directory, unless `--no-cache`.
 pub fn cache_dir(g: &GlobalArgs, repo: &capsule_engine::Repository) -> Option<PathBuf> {
     if g.no_cache {

@@ -517,6 +517,60 @@ fn request_trace_matches_the_request_count() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("request trace"));
 }
 
+/// Each run keeps the opened key's salt and cost beside the cache, and the
+/// next run starts the key derivation from it before reading the key file.
+/// A hint that is damaged, planted (an absurd cost) or stale (another
+/// salt) changes nothing: the repository opens, and a wrong password is
+/// still refused.
+#[test]
+fn the_key_hint_is_kept_and_a_bad_one_changes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    init(&repo);
+    let hints = repo.with_extension("cache").join("key-hints");
+    let files: Vec<_> = std::fs::read_dir(&hints).unwrap().collect();
+    assert_eq!(files.len(), 1, "init leaves one hint");
+    let hint = files[0].as_ref().unwrap().path();
+    let good = std::fs::read_to_string(&hint).unwrap();
+    assert!(good.starts_with("argon2id 65536 3 1 "), "{good}");
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&hint).unwrap(), good);
+
+    let salt = good.split_whitespace().last().unwrap();
+    let other_salt = format!(
+        "{}{}",
+        if salt.starts_with('0') { "1" } else { "0" },
+        &salt[1..]
+    );
+    for bad in [
+        "garbage\n".to_string(),
+        format!("argon2id 1073741824 3 1 {salt}\n"),
+        format!("argon2id 65536 3 1 {other_salt}\n"),
+    ] {
+        std::fs::write(&hint, &bad).unwrap();
+        ok(&repo, &["snapshots"]);
+        // The run puts the right hint back.
+        assert_eq!(
+            std::fs::read_to_string(&hint).unwrap(),
+            good,
+            "after {bad:?}"
+        );
+        std::fs::write(&hint, &bad).unwrap();
+        let o = capsule_env(&repo, &["snapshots"], &[("CAPSULE_PASSWORD", "wrong")]);
+        assert_eq!(o.status.code(), Some(10), "after {bad:?}");
+    }
+    // With the right hint, a wrong password is refused the same way.
+    std::fs::write(&hint, &good).unwrap();
+    let o = capsule_env(&repo, &["snapshots"], &[("CAPSULE_PASSWORD", "wrong")]);
+    assert_eq!(o.status.code(), Some(10));
+    // --no-cache neither reads nor writes it.
+    std::fs::remove_file(&hint).unwrap();
+    ok(&repo, &["--no-cache", "snapshots"]);
+    assert!(!hint.exists());
+}
+
 /// With no repository configured, `backup` creates and uses the default one.
 #[test]
 fn embedded_default_repository() {

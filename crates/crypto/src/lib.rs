@@ -336,7 +336,13 @@ pub fn unwrap_master_key(
     p: KdfParams,
 ) -> Result<MasterKey, CryptoError> {
     let kek = derive_kek(password, salt, p)?;
-    let mut material = open_with_key(&kek, Aad::KeyFile, sealed)?;
+    unwrap_master_key_with_kek(sealed, &kek)
+}
+
+/// [`unwrap_master_key`] with the key-encryption key already derived (by
+/// [`derive_kek`] from the same password, salt and cost).
+pub fn unwrap_master_key_with_kek(sealed: &[u8], kek: &[u8; 32]) -> Result<MasterKey, CryptoError> {
+    let mut material = open_with_key(kek, Aad::KeyFile, sealed)?;
     let k = MasterKey::from_bytes(&material);
     material.zeroize();
     k

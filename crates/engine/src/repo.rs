@@ -27,6 +27,8 @@ pub struct Repository {
     key: MasterKey,
     config: RepoConfig,
     key_id: ObjectId,
+    /// The salt and cost of that key file.
+    key_hint: KeyHint,
     /// Damaged or stray key files seen while opening.
     warnings: Vec<EngineError>,
 }
@@ -98,7 +100,7 @@ pub fn username() -> String {
         .unwrap_or_else(|_| format!("uid{}", rustix::process::getuid().as_raw()))
 }
 
-fn new_keyfile(master: &MasterKey, password: &[u8], kdf: KdfParams) -> Result<Vec<u8>> {
+fn new_keyfile(master: &MasterKey, password: &[u8], kdf: KdfParams) -> Result<(Vec<u8>, KeyHint)> {
     let mut salt = [0u8; 16];
     capsule_crypto::random_bytes(&mut salt)?;
     let sealed = capsule_crypto::wrap_master_key(master, password, &salt, kdf)?;
@@ -116,7 +118,11 @@ fn new_keyfile(master: &MasterKey, password: &[u8], kdf: KdfParams) -> Result<Ve
     };
     let mut json = serde_json::to_vec_pretty(&kf).unwrap_or_default();
     json.push(b'\n');
-    Ok(json)
+    let hint = KeyHint {
+        salt: salt.to_vec(),
+        kdf,
+    };
+    Ok((json, hint))
 }
 
 /// The most a key file may ask of the key derivation. A key file is
@@ -179,12 +185,7 @@ fn parse_keyfile(bytes: &[u8], name: &str) -> Result<ParsedKey> {
         p_cost: kf.p_cost,
     };
     // Refuse absurd costs from a hostile key file before paying them.
-    let work = u64::from(kdf.m_cost) * u64::from(kdf.t_cost);
-    if u64::from(kdf.m_cost) > KDF_MAX_MEMORY_KIB
-        || kdf.t_cost > KDF_MAX_PASSES
-        || kdf.p_cost > KDF_MAX_LANES
-        || work > KDF_MAX_WORK
-    {
+    if !kdf_in_bounds(kdf) {
         return Err(EngineError::corrupt(
             name,
             format!(
@@ -207,9 +208,109 @@ fn parse_keyfile(bytes: &[u8], name: &str) -> Result<ParsedKey> {
     })
 }
 
+/// Whether a key derivation's cost is one capsule will pay.
+fn kdf_in_bounds(kdf: KdfParams) -> bool {
+    let work = u64::from(kdf.m_cost) * u64::from(kdf.t_cost);
+    u64::from(kdf.m_cost) <= KDF_MAX_MEMORY_KIB
+        && kdf.t_cost <= KDF_MAX_PASSES
+        && kdf.p_cost <= KDF_MAX_LANES
+        && work <= KDF_MAX_WORK
+}
+
+/// The salt and cost of the key file that opened a repository, which a
+/// machine keeps so that its next command can start the key derivation
+/// before the destination has answered ([`EarlyKey`]). Neither is secret:
+/// both are in the key file, which anyone who can read the destination can
+/// read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyHint {
+    salt: Vec<u8>,
+    kdf: KdfParams,
+}
+
+impl KeyHint {
+    /// One line: `argon2id <memory KiB> <passes> <lanes> <salt hex>`.
+    pub fn to_text(&self) -> String {
+        format!(
+            "argon2id {} {} {} {}\n",
+            self.kdf.m_cost,
+            self.kdf.t_cost,
+            self.kdf.p_cost,
+            hex::encode(&self.salt)
+        )
+    }
+
+    /// Reads [`to_text`](Self::to_text)'s line. `None` for anything else,
+    /// including a cost beyond what a key file may ask: the hint is a local
+    /// file, and a damaged or planted one must cost nothing.
+    pub fn parse(text: &str) -> Option<KeyHint> {
+        let mut f = text.split_ascii_whitespace();
+        if f.next()? != "argon2id" {
+            return None;
+        }
+        let kdf = KdfParams {
+            m_cost: f.next()?.parse().ok()?,
+            t_cost: f.next()?.parse().ok()?,
+            p_cost: f.next()?.parse().ok()?,
+        };
+        let salt = hex::decode(f.next()?).ok()?;
+        let valid = f.next().is_none() && kdf_in_bounds(kdf) && (8..=64).contains(&salt.len());
+        valid.then_some(KeyHint { salt, kdf })
+    }
+}
+
+/// A key derivation started on another thread from a [`KeyHint`], while
+/// the command connects to the destination and reads the key files. On a
+/// network destination the derivation (argon2id, about 0.15 s here) and
+/// the connection then overlap instead of following each other. Opening
+/// uses the result only for a key file with exactly the hint's salt and
+/// cost, so a stale or wrong hint costs one wasted derivation and changes
+/// nothing else.
+pub struct EarlyKey {
+    hint: KeyHint,
+    kek: std::thread::JoinHandle<
+        std::result::Result<zeroize::Zeroizing<[u8; 32]>, capsule_crypto::CryptoError>,
+    >,
+}
+
+impl std::fmt::Debug for EarlyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EarlyKey")
+            .field("hint", &self.hint)
+            .finish()
+    }
+}
+
+impl EarlyKey {
+    /// Starts deriving the key-encryption key of `password` with `hint`'s
+    /// salt and cost.
+    pub fn start(password: &[u8], hint: KeyHint) -> EarlyKey {
+        let password = zeroize::Zeroizing::new(password.to_vec());
+        let (salt, kdf) = (hint.salt.clone(), hint.kdf);
+        let kek = std::thread::spawn(move || capsule_crypto::derive_kek(&password, &salt, kdf));
+        EarlyKey { hint, kek }
+    }
+
+    /// The derived key, if it is for this key file's salt and cost.
+    fn take_for(
+        slot: &mut Option<EarlyKey>,
+        p: &ParsedKey,
+    ) -> Option<zeroize::Zeroizing<[u8; 32]>> {
+        if !slot
+            .as_ref()
+            .is_some_and(|e| e.hint.salt == p.salt && e.hint.kdf == p.kdf)
+        {
+            return None;
+        }
+        // A derivation that failed or panicked is simply done again the
+        // usual way.
+        slot.take()?.kek.join().ok()?.ok()
+    }
+}
+
 /// What opening with a password found among the key files.
 struct KeySearch {
-    key: Option<(MasterKey, ObjectId)>,
+    key: Option<(MasterKey, ObjectId, KeyHint)>,
     /// Key files that parsed and did not open with the password.
     intact: usize,
     /// Key files that could not be read or parsed.
@@ -219,7 +320,11 @@ struct KeySearch {
 /// Tries every key file, cheapest first, until one opens with `password`.
 /// A damaged or stray file is set aside, never fatal: one bad file in
 /// `keys/` must not lock out the holders of the others.
-fn find_key(backend: &dyn Backend, password: &[u8]) -> Result<KeySearch> {
+fn find_key(
+    backend: &dyn Backend,
+    password: &[u8],
+    mut early: Option<EarlyKey>,
+) -> Result<KeySearch> {
     let mut parsed = Vec::new();
     let mut damaged = Vec::new();
     for k in backend.list(FileType::Key.prefix())? {
@@ -238,13 +343,30 @@ fn find_key(backend: &dyn Backend, password: &[u8]) -> Result<KeySearch> {
             Err(e) => damaged.push(e),
         }
     }
-    parsed.sort_by_key(|p| p.work());
+    // Cheapest first; the key whose derivation already ran costs nothing.
+    parsed.sort_by_key(|p| {
+        let derived = early
+            .as_ref()
+            .is_some_and(|e| e.hint.salt == p.salt && e.hint.kdf == p.kdf);
+        (!derived, p.work())
+    });
     let mut intact = 0;
     for p in parsed {
-        match capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf) {
+        let opened = match EarlyKey::take_for(&mut early, &p) {
+            Some(kek) => capsule_crypto::unwrap_master_key_with_kek(&p.sealed, &kek),
+            None => capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf),
+        };
+        match opened {
             Ok(k) => {
                 return Ok(KeySearch {
-                    key: Some((k, p.id)),
+                    key: Some((
+                        k,
+                        p.id,
+                        KeyHint {
+                            salt: p.salt,
+                            kdf: p.kdf,
+                        },
+                    )),
                     intact,
                     damaged,
                 })
@@ -386,7 +508,7 @@ impl Repository {
         };
         // Key first, config last: a repository is initialized once `config`
         // exists, and by then a key can open it.
-        let kf = new_keyfile(&key, password, opts.kdf)?;
+        let (kf, key_hint) = new_keyfile(&key, password, opts.kdf)?;
         let key_id = ObjectId::of(&kf);
         put_addressed(&*backend, &FileType::Key.name(&key_id), &kf)?;
         let sealed = key.seal(Aad::Config, &to_json(&config))?;
@@ -396,19 +518,30 @@ impl Repository {
             key,
             config,
             key_id,
+            key_hint,
             warnings: Vec::new(),
         })
     }
 
     /// Opens an existing repository with a password.
     pub fn open(backend: Arc<dyn Backend>, password: &[u8]) -> Result<Self> {
+        Self::open_with_early_key(backend, password, None)
+    }
+
+    /// [`open`](Self::open), using a key derivation already under way for
+    /// the key file it was started for.
+    pub fn open_with_early_key(
+        backend: Arc<dyn Backend>,
+        password: &[u8],
+        early: Option<EarlyKey>,
+    ) -> Result<Self> {
         // The config and the key files do not depend on each other, so the
         // config is fetched while the keys are listed: every command on a
         // remote repository starts one round trip sooner. The config's
         // outcome is still judged first.
         let (config_got, search) = std::thread::scope(|s| {
             let config = s.spawn(|| backend.get("config", None));
-            let search = find_key(&*backend, password);
+            let search = find_key(&*backend, password, early);
             (config.join(), search)
         });
         let config_got = config_got.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -427,7 +560,7 @@ impl Repository {
             Err(e) => return Err(e.into()),
         };
         let search = search?;
-        let Some((key, key_id)) = search.key else {
+        let Some((key, key_id, key_hint)) = search.key else {
             if search.intact > 0 {
                 return Err(EngineError::WrongPassword {
                     location: backend.location(),
@@ -470,6 +603,7 @@ impl Repository {
             key,
             config,
             key_id,
+            key_hint,
             warnings: search.damaged,
         })
     }
@@ -515,15 +649,26 @@ impl Repository {
 
     /// Adds a key file for another password.
     pub fn add_key(&self, password: &[u8], kdf: KdfParams) -> Result<ObjectId> {
+        self.add_key_hinted(password, kdf).map(|(id, _)| id)
+    }
+
+    fn add_key_hinted(&self, password: &[u8], kdf: KdfParams) -> Result<(ObjectId, KeyHint)> {
         if password.is_empty() {
             return Err(EngineError::Invalid(
                 "the password must not be empty".into(),
             ));
         }
-        let kf = new_keyfile(&self.key, password, kdf)?;
+        let (kf, hint) = new_keyfile(&self.key, password, kdf)?;
         let id = ObjectId::of(&kf);
         put_addressed(&*self.backend, &FileType::Key.name(&id), &kf)?;
-        Ok(id)
+        Ok((id, hint))
+    }
+
+    /// The salt and cost of the key file that opened this repository (or
+    /// that `init` or `change_password` wrote), for the next command's
+    /// [`EarlyKey`].
+    pub fn key_hint(&self) -> &KeyHint {
+        &self.key_hint
     }
 
     /// Lists key files, damaged ones included (so they can be removed).
@@ -591,9 +736,10 @@ impl Repository {
     /// Replaces the key in use with one for `new_password`. The new key is
     /// written before the old one is removed, so a crash leaves both.
     pub fn change_password(&mut self, new_password: &[u8], kdf: KdfParams) -> Result<ObjectId> {
-        let id = self.add_key(new_password, kdf)?;
+        let (id, hint) = self.add_key_hinted(new_password, kdf)?;
         self.backend.delete(&FileType::Key.name(&self.key_id))?;
         self.key_id = id;
+        self.key_hint = hint;
         Ok(id)
     }
 
@@ -835,5 +981,112 @@ impl Repository {
     pub fn load_tree(&self, index: &MasterIndex, id: &BlobId) -> Result<Vec<Node>> {
         let b = self.read_blob(index, BlobType::Tree, id)?;
         decode_tree(&b).map_err(|e| EngineError::corrupt(format!("tree {}", id.short()), e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use capsule_backend::testing::MemoryBackend;
+
+    const PW: &[u8] = b"early";
+
+    fn cheap() -> KdfParams {
+        KdfParams {
+            m_cost: 64,
+            t_cost: 1,
+            p_cost: 1,
+        }
+    }
+
+    fn repo() -> (Arc<MemoryBackend>, KeyHint) {
+        let store = Arc::new(MemoryBackend::new());
+        let opts = InitOptions {
+            kdf: cheap(),
+            ..InitOptions::default()
+        };
+        let r = Repository::init(store.clone(), PW, &opts).unwrap();
+        (store, r.key_hint().clone())
+    }
+
+    /// An early key whose derivation yields `kek`, whatever the password.
+    fn planted(hint: KeyHint, kek: [u8; 32]) -> EarlyKey {
+        EarlyKey {
+            hint,
+            kek: std::thread::spawn(move || Ok(zeroize::Zeroizing::new(kek))),
+        }
+    }
+
+    #[test]
+    fn a_hint_reads_back_and_a_bad_one_is_ignored() {
+        let (_, hint) = repo();
+        assert_eq!(KeyHint::parse(&hint.to_text()), Some(hint.clone()));
+        let salt = hex::encode(&hint.salt);
+        for bad in [
+            String::new(),
+            "garbage".into(),
+            format!("scrypt 64 1 1 {salt}"),
+            format!("argon2id 64 1 1 {salt} extra"),
+            format!("argon2id 64 1 1 {}", &salt[..8]),
+            format!("argon2id 64 1 1 zz{}", &salt[2..]),
+            // More than a key file may ask: a planted hint costs nothing.
+            format!("argon2id 4194304 3 1 {salt}"),
+            format!("argon2id 65536 100 1 {salt}"),
+        ] {
+            assert_eq!(KeyHint::parse(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_early_derivation_stands_in_for_its_key_files_own() {
+        let (store, hint) = repo();
+        // The real derivation: opens.
+        let early = EarlyKey::start(PW, hint.clone());
+        let r = Repository::open_with_early_key(store.clone(), PW, Some(early)).unwrap();
+        assert_eq!(r.key_hint(), &hint);
+        // A planted result for the same salt and cost is what gets tried,
+        // not a derivation of its own: the right password fails with it.
+        let wrong = planted(hint.clone(), [7; 32]);
+        let e = Repository::open_with_early_key(store.clone(), PW, Some(wrong)).unwrap_err();
+        assert!(matches!(e, EngineError::WrongPassword { .. }), "{e}");
+    }
+
+    #[test]
+    fn an_early_key_for_another_salt_is_left_aside() {
+        let (store, hint) = repo();
+        let mut other = hint.clone();
+        other.salt[0] ^= 1;
+        let stale = planted(other, [7; 32]);
+        let r = Repository::open_with_early_key(store.clone(), PW, Some(stale)).unwrap();
+        assert_eq!(r.key_hint(), &hint);
+    }
+
+    #[test]
+    fn with_two_keys_the_early_one_failing_leaves_the_other_to_open() {
+        let (store, hint) = repo();
+        let r = Repository::open(store.clone(), PW).unwrap();
+        r.add_key(b"second", cheap()).unwrap();
+        // Derived for the first key with the second password: it fails
+        // there, and the second key opens.
+        let early = EarlyKey::start(b"second", hint.clone());
+        let r = Repository::open_with_early_key(store.clone(), b"second", Some(early)).unwrap();
+        assert_ne!(r.key_hint(), &hint);
+        // A wrong password with an early key is the usual error.
+        let early = EarlyKey::start(b"nope", hint);
+        let e = Repository::open_with_early_key(store, b"nope", Some(early)).unwrap_err();
+        assert!(matches!(e, EngineError::WrongPassword { .. }), "{e}");
+    }
+
+    #[test]
+    fn changing_the_password_changes_the_hint() {
+        let (store, hint) = repo();
+        let mut r = Repository::open(store.clone(), PW).unwrap();
+        r.change_password(b"new", cheap()).unwrap();
+        let new = r.key_hint().clone();
+        assert_ne!(new, hint);
+        let early = EarlyKey::start(b"new", new.clone());
+        let r = Repository::open_with_early_key(store, b"new", Some(early)).unwrap();
+        assert_eq!(r.key_hint(), &new);
     }
 }
