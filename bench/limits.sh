@@ -4,7 +4,7 @@
 # ceiling measured in the same run, with the bound each run reports.
 #
 #   bench/limits.sh [--rtt "2 10 30"] [--small N] [--large N] [--pin]
-#                   [--output FILE]
+#                   [--repeat N] [--output FILE]
 #
 # Data: N × 50 KiB random files (default 10,000: 500 MiB) and N × 128 MiB
 # random files (default 4: 512 MiB), each backed up into a fresh repository
@@ -19,18 +19,23 @@
 # repository gives the reference row.
 # --pin runs the servers and Toxiproxy on the last CPU, and capsule and the
 # ceiling's clients on the others (bench/lib.sh pin_servers).
+# --repeat N measures each ceiling and each backup N times (each backup
+# into a fresh repository) and reports medians, with every run's figure
+# beside them: on this machine one row moves by about ±12 points of the
+# ceiling from run to run. Restores run once, from the last backup.
 # The bound and its evidence are what `capsule backup --json` and
 # `capsule restore --json` report. Needs root for apt-get (rclone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10 30" output="" small_n=10000 large_n=4 pin_flag=0
+rtts="2 10 30" output="" small_n=10000 large_n=4 pin_flag=0 repeat=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
     --small) small_n=$2; shift ;;
     --large) large_n=$2; shift ;;
     --pin) pin_flag=1 ;;
+    --repeat) repeat=$2; shift ;;
     --output) output=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -93,6 +98,22 @@ seconds() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv
 # mbs T0 T1: MB/s of the 512 MiB ceiling set between two times.
 mbs() { python3 -c "import sys; print(f'{512 * 1048576 / 1e6 / (float(sys.argv[2]) - float(sys.argv[1])):.0f}')" "$@"; }
 
+# median X...: the median of the numbers (the lower middle of an even count).
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+
+# ceilings REMOTE PATH [RAW-CMD]: `ceiling` --repeat times, the median and
+# then every run's figure, space-separated.
+ceilings() {
+  local k all=()
+  for ((k = 1; k <= repeat; k++)); do
+    # A path of its own each time: rclone skips files already there.
+    all+=("$(ceiling "$1" "$2-$k" "${@:3}")")
+    # The next upload must not wait for the server to write this one back.
+    sync
+  done
+  echo "$(median "${all[@]}") ${all[*]}"
+}
+
 # ceiling REMOTE PATH [RAW-CMD]: MB/s of the 8 × 64 MiB files sent 8 at
 # once, the better of rclone and, where given, RAW-CMD run once per file
 # (the file on stdin, its name as $1).
@@ -127,19 +148,26 @@ ceiling() {
 
 # run DEST RTT URL CEILING: backs up and restores both data sets.
 run() {
-  local dest=$1 rtt=$2 url=$3 ceil=$4 set
+  local dest=$1 rtt=$2 url=$3 ceils=($4) set
+  local ceil=${ceils[0]}
   for set in small large; do
-    local u="$url-$set" bytes
+    local u bytes k runs=()
     bytes=$(du -sb "$work/$set" | cut -f1)
-    "$capsule" -r "$u" -q init
-    # Each run starts with nothing left to write back: not the ceiling's
-    # gigabyte on the server's disk, nor the last restore on the target's.
-    sync
-    local t0 t1
-    t0=$(date +%s.%N)
-    /usr/bin/time -f %M -o "$work/b.rss" "${pin[@]}" "$capsule" -r "$u" backup --json "$work/$set" >"$work/b.json"
-    t1=$(date +%s.%N)
-    local bs; bs=$(seconds "$t0" "$t1")
+    for ((k = 1; k <= repeat; k++)); do
+      u="$url-$set-$k"
+      "$capsule" -r "$u" -q init
+      # Each run starts with nothing left to write back: not the ceiling's
+      # gigabyte on the server's disk, nor the last restore on the target's.
+      sync
+      local t0 t1
+      t0=$(date +%s.%N)
+      /usr/bin/time -f %M -o "$work/b.rss" "${pin[@]}" "$capsule" -r "$u" backup --json "$work/$set" >"$work/b.json"
+      t1=$(date +%s.%N)
+      runs+=("$(seconds "$t0" "$t1")")
+      # Only the last repository is restored from; a local one is in the way.
+      if [ "$k" -lt "$repeat" ] && [ "$dest" = local ]; then rm -rf "$u"; fi
+    done
+    local bs; bs=$(median "${runs[@]}")
     [ "$dest" = local ] && local_backup[$set]=$bs
     sync
     t0=$(date +%s.%N)
@@ -150,10 +178,11 @@ run() {
     diff -rq "$work/$set" "$work/disk/out$work/$set" >/dev/null || { echo "restore of $set from $dest differs" >&2; exit 1; }
     rm -rf "$work/disk/out"
     rows+=("$(python3 - "$work/b.json" "$work/r.json" "$dest" "$rtt" "$set" "$bytes" "$bs" "$rs" "$ceil" \
-      "$(($(cat "$work/b.rss") / 1024))" "$(($(cat "$work/r.rss") / 1024))" "${local_backup[$set]}" <<'EOF'
+      "$(($(cat "$work/b.rss") / 1024))" "$(($(cat "$work/r.rss") / 1024))" "${local_backup[$set]}" \
+      "${ceils[*]:1}" "${runs[*]}" <<'EOF'
 import json, sys
 b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-dest, rtt, dset, nbytes, bs, rs, ceil, brss, rrss, lbs = sys.argv[3:]
+dest, rtt, dset, nbytes, bs, rs, ceil, brss, rrss, lbs, ceil_runs, backup_runs = sys.argv[3:]
 nbytes, bs, rs = int(nbytes), float(bs), float(rs)
 bb = b.get("bound") or {}
 f = r.get("fetch") or {}
@@ -161,10 +190,19 @@ rb = f.get("bound") or {}
 def first(e): return e[0] if isinstance(e, list) and e else e
 def mbs(s): return nbytes / 1e6 / max(s, 1e-9)
 pct = "—" if ceil == "nan" else f"{100 * mbs(bs) / float(ceil):.0f}%"
+# With --repeat, every run beside the median: each backup's share of the
+# median ceiling, and each ceiling.
+if len(backup_runs.split()) > 1:
+    bs_txt = f"{bs:.2f} ({', '.join(backup_runs.split())})"
+    if ceil != "nan":
+        pct += " (" + ", ".join(f"{100 * mbs(float(x)) / float(ceil):.0f}" for x in backup_runs.split()) + ")"
+        ceil = f"{ceil} ({', '.join(ceil_runs.split())})"
+else:
+    bs_txt = f"{bs:.2f}"
 # The backup's speed against the same backup to the local disk: where that
 # is below the ceiling, the client's CPU, not the link, is the limit.
 of_local = "—" if dest == "local" else f"{100 * float(lbs) / max(bs, 1e-9):.0f}%"
-print(f"| {dest} | {rtt} | {dset} | {'—' if ceil == 'nan' else ceil} | {bs:.2f} | {mbs(bs):.0f} | {pct} | {of_local} | {brss} | "
+print(f"| {dest} | {rtt} | {dset} | {'—' if ceil == 'nan' else ceil} | {bs_txt} | {mbs(bs):.0f} | {pct} | {of_local} | {brss} | "
       f"{bb.get('kind', '?')}: {first(bb.get('evidence', ''))} | {rs:.2f} | {mbs(rs):.0f} | {rrss} | "
       f"{rb.get('kind', '?')}: {rb.get('evidence', '')} |")
 EOF
@@ -187,21 +225,21 @@ for rtt in $rtts; do
     RCLONE_CONFIG_OBJ_ACCESS_KEY_ID=$AWS_ACCESS_KEY_ID RCLONE_CONFIG_OBJ_SECRET_ACCESS_KEY=$AWS_SECRET_ACCESS_KEY
 
   fresh; mkdir -p "$smb_dir/$r"
-  c=$(ceiling nas "backup/$r/ceiling" \
+  c=$(ceilings nas "backup/$r/ceiling" \
     "smbclient -p ${smb#*:} //${smb%:*}/backup -U backup%$CAPSULE_TEST_SMB_PASSWORD -c \"put /dev/stdin $r/raw-\$1\"")
-  rm -rf "${smb_dir:?}/$r/ceiling" "${smb_dir:?}/$r"/raw-*
+  rm -rf "${smb_dir:?}/$r"/ceiling-* "${smb_dir:?}/$r"/raw-*
   run SMB "$rtt" "smb://backup@$smb/backup/$r" "$c"
   rm -rf "${smb_dir:?}/$r"
 
   fresh; mkdir -p "$sftp_dir/$r"
-  c=$(ceiling ssh "$sftp_dir/$r/ceiling" \
+  c=$(ceilings ssh "$sftp_dir/$r/ceiling" \
     "ssh -i $CAPSULE_TEST_SFTP_KEY -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -p ${sftp#*:} root@${sftp%:*} 'cat > /dev/null'")
-  rm -rf "${sftp_dir:?}/$r/ceiling"
+  rm -rf "${sftp_dir:?}/$r"/ceiling-*
   run SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r" "$c"
   rm -rf "${sftp_dir:?}/$r"
 
   fresh
-  c=$(ceiling obj "capsule-test/$r/ceiling")
+  c=$(ceilings obj "capsule-test/$r/ceiling")
   run S3 "$rtt" "s3+http://$s3/capsule-test/$r" "$c"
 done
 
