@@ -229,18 +229,25 @@ for rtt in $rtts; do
     "smbclient -p ${smb#*:} //${smb%:*}/backup -U backup%$CAPSULE_TEST_SMB_PASSWORD -c \"put /dev/stdin $r/raw-\$1\"")
   rm -rf "${smb_dir:?}/$r"/ceiling-* "${smb_dir:?}/$r"/raw-*
   run SMB "$rtt" "smb://backup@$smb/backup/$r" "$c"
-  rm -rf "${smb_dir:?}/$r"
+  rm -rf "${smb_dir:?}/$r" "${smb_dir:?}/$r"-*
 
   fresh; mkdir -p "$sftp_dir/$r"
   c=$(ceilings ssh "$sftp_dir/$r/ceiling" \
     "ssh -i $CAPSULE_TEST_SFTP_KEY -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -p ${sftp#*:} root@${sftp%:*} 'cat > /dev/null'")
   rm -rf "${sftp_dir:?}/$r"/ceiling-*
   run SFTP "$rtt" "sftp://root@$sftp$sftp_dir/$r" "$c"
-  rm -rf "${sftp_dir:?}/$r"
+  rm -rf "${sftp_dir:?}/$r" "${sftp_dir:?}/$r"-*
 
   fresh
   c=$(ceilings obj "capsule-test/$r/ceiling")
   run S3 "$rtt" "s3+http://$s3/capsule-test/$r" "$c"
+  # Ceilings and repositories: a gigabyte or more each, at every RTT.
+  env -u AWS_CA_BUNDLE rclone purge "obj:capsule-test/$r" >/dev/null 2>&1 || true
+  for k in $(seq "$repeat"); do
+    for set in small large; do
+      env -u AWS_CA_BUNDLE rclone purge "obj:capsule-test/$r-$set-$k" >/dev/null 2>&1 || true
+    done
+  done
 done
 
 {
