@@ -23,6 +23,8 @@
 # into a fresh repository) and reports medians, with every run's figure
 # beside them: on this machine one row moves by about ±12 points of the
 # ceiling from run to run. Restores run once, from the last backup.
+# After each backup the same paths are backed up again with nothing
+# changed (the hourly case), and that time is reported too.
 # The bound and its evidence are what `capsule backup --json` and
 # `capsule restore --json` report. Needs root for apt-get (rclone).
 set -euo pipefail
@@ -151,7 +153,7 @@ run() {
   local dest=$1 rtt=$2 url=$3 ceils=($4) set
   local ceil=${ceils[0]}
   for set in small large; do
-    local u bytes k runs=()
+    local u bytes k runs=() nochange=()
     bytes=$(du -sb "$work/$set" | cut -f1)
     for ((k = 1; k <= repeat; k++)); do
       u="$url-$set-$k"
@@ -164,10 +166,16 @@ run() {
       /usr/bin/time -f %M -o "$work/b.rss" "${pin[@]}" "$capsule" -r "$u" backup --json "$work/$set" >"$work/b.json"
       t1=$(date +%s.%N)
       runs+=("$(seconds "$t0" "$t1")")
+      # The hourly case: the same paths again, nothing changed. What is
+      # left is opening the repository and a few round trips.
+      t0=$(date +%s.%N)
+      "${pin[@]}" "$capsule" -r "$u" -q backup "$work/$set"
+      t1=$(date +%s.%N)
+      nochange+=("$(seconds "$t0" "$t1")")
       # Only the last repository is restored from; a local one is in the way.
       if [ "$k" -lt "$repeat" ] && [ "$dest" = local ]; then rm -rf "$u"; fi
     done
-    local bs; bs=$(median "${runs[@]}")
+    local bs ns; bs=$(median "${runs[@]}") ns=$(median "${nochange[@]}")
     [ "$dest" = local ] && local_backup[$set]=$bs
     sync
     t0=$(date +%s.%N)
@@ -179,10 +187,10 @@ run() {
     rm -rf "$work/disk/out"
     rows+=("$(python3 - "$work/b.json" "$work/r.json" "$dest" "$rtt" "$set" "$bytes" "$bs" "$rs" "$ceil" \
       "$(($(cat "$work/b.rss") / 1024))" "$(($(cat "$work/r.rss") / 1024))" "${local_backup[$set]}" \
-      "${ceils[*]:1}" "${runs[*]}" <<'EOF'
+      "${ceils[*]:1}" "${runs[*]}" "$ns" "${nochange[*]}" <<'EOF'
 import json, sys
 b, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-dest, rtt, dset, nbytes, bs, rs, ceil, brss, rrss, lbs, ceil_runs, backup_runs = sys.argv[3:]
+dest, rtt, dset, nbytes, bs, rs, ceil, brss, rrss, lbs, ceil_runs, backup_runs, ns, ns_runs = sys.argv[3:]
 nbytes, bs, rs = int(nbytes), float(bs), float(rs)
 bb = b.get("bound") or {}
 f = r.get("fetch") or {}
@@ -199,10 +207,11 @@ if len(backup_runs.split()) > 1:
         ceil = f"{ceil} ({', '.join(ceil_runs.split())})"
 else:
     bs_txt = f"{bs:.2f}"
+ns_txt = f"{float(ns):.2f}" + (f" ({', '.join(ns_runs.split())})" if len(ns_runs.split()) > 1 else "")
 # The backup's speed against the same backup to the local disk: where that
 # is below the ceiling, the client's CPU, not the link, is the limit.
 of_local = "—" if dest == "local" else f"{100 * float(lbs) / max(bs, 1e-9):.0f}%"
-print(f"| {dest} | {rtt} | {dset} | {'—' if ceil == 'nan' else ceil} | {bs_txt} | {mbs(bs):.0f} | {pct} | {of_local} | {brss} | "
+print(f"| {dest} | {rtt} | {dset} | {'—' if ceil == 'nan' else ceil} | {bs_txt} | {mbs(bs):.0f} | {pct} | {of_local} | {ns_txt} | {brss} | "
       f"{bb.get('kind', '?')}: {first(bb.get('evidence', ''))} | {rs:.2f} | {mbs(rs):.0f} | {rrss} | "
       f"{rb.get('kind', '?')}: {rb.get('evidence', '')} |")
 EOF
@@ -259,7 +268,7 @@ done
   echo "Data: small = $small_n × 50 KiB, large = $large_n × 128 MiB. Ceiling: 8 × 64 MiB sent 8 at once, the better of rclone and (SMB) smbclient put or (SFTP) ssh cat."
   echo "Restore targets: $([ "$scratch_journaled" = 1 ] && echo "a journaled ext4 file system on a loop device (direct I/O)" || echo "this machine's disk")."
   echo
-  echo "| destination | RTT ms | data | ceiling MB/s | backup s | MB/s | of ceiling | of local | backup peak RSS MiB | backup bound | restore s | MB/s | restore peak RSS MiB | restore bound |"
-  echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
+  echo "| destination | RTT ms | data | ceiling MB/s | backup s | MB/s | of ceiling | of local | no-change run s | backup peak RSS MiB | backup bound | restore s | MB/s | restore peak RSS MiB | restore bound |"
+  echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "${output:-/dev/null}"
