@@ -6497,7 +6497,7 @@ pub(crate) fn split_compound(data: &[u8]) -> Result<Vec<Vec<u8>>> {
 ///
 /// Pack a header + body into raw SMB2 message bytes.
 pub(crate) fn pack_message(header: &Header, body: &dyn Pack) -> Vec<u8> {
-    let mut cursor = WriteCursor::new();
+    let mut cursor = WriteCursor::with_capacity(Header::SIZE + body.size_hint());
     header.pack(&mut cursor);
     body.pack(&mut cursor);
     cursor.into_inner()

@@ -2639,7 +2639,7 @@ impl SmbClient {
             let mut sent = 0;
             while sent < data.len() {
                 let len = (data.len() - sent).min(pipe.next_len() as usize);
-                pipe.send(data[sent..sent + len].to_vec()).await?;
+                pipe.send(&data[sent..sent + len]).await?;
                 sent += len;
                 if report(&pipe).is_break() {
                     return Ok(None);

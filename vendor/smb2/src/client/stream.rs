@@ -1048,7 +1048,7 @@ impl<'a> FileUpload<'a> {
 
         if self.sent < self.data.len() {
             let len = (self.data.len() - self.sent).min(pipe.next_len() as usize);
-            let chunk = self.data[self.sent..self.sent + len].to_vec();
+            let chunk = &self.data[self.sent..self.sent + len];
             if let Err(e) = pipe.send(chunk).await {
                 return Err(self.failed(e).await);
             }
@@ -1769,7 +1769,9 @@ impl FileWriter {
         while self.pending_offset < self.pending_data.len() {
             let left = self.pending_data.len() - self.pending_offset;
             let len = left.min(self.pipe.next_len() as usize);
-            let chunk = self.pending_data[self.pending_offset..self.pending_offset + len].to_vec();
+            // Borrowed: the buffer keeps the bytes until the WRITE is out,
+            // which is what makes a dropped call lose nothing.
+            let chunk = &self.pending_data[self.pending_offset..self.pending_offset + len];
             if let Err(e) = self.pipe.send(chunk).await {
                 return Err(self.failed(e).await);
             }

@@ -72,7 +72,7 @@ where
                 let mut sent = 0;
                 while sent < data.len() {
                     let len = (data.len() - sent).min(pipe.next_len() as usize);
-                    pipe.send(data[sent..sent + len].to_vec()).await?;
+                    pipe.send(&data[sent..sent + len]).await?;
                     sent += len;
                 }
             }
@@ -2431,7 +2431,7 @@ impl Tree {
             let mut sent = 0;
             while sent < data.len() {
                 let len = (data.len() - sent).min(pipe.next_len() as usize);
-                pipe.send(data[sent..sent + len].to_vec()).await?;
+                pipe.send(&data[sent..sent + len]).await?;
                 sent += len;
             }
             pipe.drain().await?;

@@ -23,7 +23,7 @@ use crate::client::credits;
 use crate::client::read_ahead::{Correction, Dispatch, Outstanding, Window};
 use crate::client::write_behind::{WriteBehind, UPLOAD_CHUNK_SIZE};
 use crate::error::Result;
-use crate::msg::write::{WriteRequest, WriteResponse};
+use crate::msg::write::{WriteRequestRef, WriteResponse};
 use crate::pack::{ReadCursor, Unpack};
 use crate::types::status::NtStatus;
 use crate::types::{Command, CreditCharge, FileId, TreeId};
@@ -141,7 +141,7 @@ impl WritePipe {
     ///
     /// On an error nothing more is sent; WRITEs still out are drained first,
     /// so the caller can close the handle straight away.
-    pub(crate) async fn send(&mut self, data: Vec<u8>) -> Result<()> {
+    pub(crate) async fn send(&mut self, data: &[u8]) -> Result<()> {
         let len = u32::try_from(data.len()).expect("a WRITE is at most MaxWriteSize");
         let sent = async {
             self.make_room(len).await?;
@@ -255,11 +255,11 @@ impl WritePipe {
     /// Put one WRITE on the wire and keep its answer coming.
     async fn dispatch(
         &mut self,
-        data: Vec<u8>,
+        data: &[u8],
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
     ) -> Result<()> {
         let len = data.len() as u32;
-        let req = WriteRequest {
+        let req = WriteRequestRef {
             data_offset: 0x70,
             offset: self.offset,
             file_id: self.file_id,

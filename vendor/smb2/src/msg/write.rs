@@ -64,7 +64,50 @@ impl WriteRequest {
 
 impl Pack for WriteRequest {
     fn pack(&self, cursor: &mut WriteCursor) {
-        cursor.write_u16_le(Self::STRUCTURE_SIZE);
+        self.borrowed().pack(cursor);
+    }
+
+    fn size_hint(&self) -> usize {
+        self.borrowed().size_hint()
+    }
+}
+
+impl WriteRequest {
+    /// The same request over borrowed data.
+    fn borrowed(&self) -> WriteRequestRef<'_> {
+        WriteRequestRef {
+            data_offset: self.data_offset,
+            offset: self.offset,
+            file_id: self.file_id,
+            channel: self.channel,
+            remaining_bytes: self.remaining_bytes,
+            write_channel_info_offset: self.write_channel_info_offset,
+            write_channel_info_length: self.write_channel_info_length,
+            flags: self.flags,
+            data: &self.data,
+        }
+    }
+}
+
+/// (capsule) A [`WriteRequest`] that borrows its data, so a WRITE is packed
+/// straight from the caller's buffer instead of from a copy made to own it.
+/// Packs to the same bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WriteRequestRef<'a> {
+    pub data_offset: u16,
+    pub offset: u64,
+    pub file_id: FileId,
+    pub channel: u32,
+    pub remaining_bytes: u32,
+    pub write_channel_info_offset: u16,
+    pub write_channel_info_length: u16,
+    pub flags: u32,
+    pub data: &'a [u8],
+}
+
+impl Pack for WriteRequestRef<'_> {
+    fn pack(&self, cursor: &mut WriteCursor) {
+        cursor.write_u16_le(WriteRequest::STRUCTURE_SIZE);
         cursor.write_u16_le(self.data_offset);
         cursor.write_u32_le(self.data.len() as u32); // Length
         cursor.write_u64_le(self.offset);
@@ -81,8 +124,13 @@ impl Pack for WriteRequest {
         if self.data.is_empty() {
             cursor.write_u8(0);
         } else {
-            cursor.write_bytes(&self.data);
+            cursor.write_bytes(self.data);
         }
+    }
+
+    fn size_hint(&self) -> usize {
+        // The fixed part, then the data (a lone zero byte when empty).
+        48 + self.data.len().max(1)
     }
 }
 
@@ -197,6 +245,35 @@ impl Unpack for WriteResponse {
 
 #[cfg(test)]
 mod tests {
+    // (capsule) The borrowing request packs to the owned one's bytes, and
+    // both say how many beforehand.
+    #[test]
+    fn a_borrowed_write_packs_like_an_owned_one_and_knows_its_size() {
+        for data in [vec![], vec![7u8], (0..70_000u32).map(|i| i as u8).collect()] {
+            let owned = WriteRequest {
+                data_offset: 0x70,
+                offset: 4096,
+                file_id: FileId {
+                    persistent: 1,
+                    volatile: 2,
+                },
+                channel: 0,
+                remaining_bytes: 0,
+                write_channel_info_offset: 0,
+                write_channel_info_length: 0,
+                flags: 0,
+                data: data.clone(),
+            };
+            let mut a = WriteCursor::new();
+            owned.pack(&mut a);
+            let mut b = WriteCursor::new();
+            owned.borrowed().pack(&mut b);
+            let (a, b) = (a.into_inner(), b.into_inner());
+            assert_eq!(a, b);
+            assert_eq!(owned.size_hint(), a.len(), "{} bytes of data", data.len());
+        }
+    }
+
     use super::*;
 
     // ── WriteRequest tests ─────────────────────────────────────────

@@ -20,6 +20,13 @@ use crate::Error;
 pub trait Pack: Send + Sync {
     /// Write this value into the cursor.
     fn pack(&self, cursor: &mut WriteCursor);
+
+    /// (capsule) Bytes `pack` will write, when known, so a message can be
+    /// packed into one allocation instead of a buffer grown by doubling
+    /// (which copies a 1 MiB WRITE's data about once more).
+    fn size_hint(&self) -> usize {
+        0
+    }
 }
 
 /// Trait for types that can deserialize themselves from binary format.
