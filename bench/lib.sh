@@ -58,13 +58,16 @@ proxies() {
 # as long. A journaled ext4, which is what a laptop or desktop has, does
 # not do this, so restores on it can run back to back and be deleted as
 # they go. The loop device uses direct I/O, so the image's pages are not
-# cached twice.
+# cached twice. The inode tables and the journal are written by mkfs, not
+# by the kernel's lazy init after mounting, which would otherwise compete
+# with the first restores for the disk (a local restore measured first
+# took 6.49 s against 3.94 s in the run before).
 scratch_mount="" scratch_loop="" scratch_journaled=0
 scratch_disk() {
   local dir=$1 gib=$2 img=$work/scratch.img
   mkdir -p "$dir"
   if [ "$(id -u)" = 0 ] && command -v losetup >/dev/null && command -v mkfs.ext4 >/dev/null &&
-    truncate -s "${gib}G" "$img" && mkfs.ext4 -q -F "$img" &&
+    truncate -s "${gib}G" "$img" && mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$img" &&
     scratch_loop=$(losetup -f --show --direct-io=on "$img"); then
     if mount "$scratch_loop" "$dir"; then
       scratch_mount=$dir scratch_journaled=1
