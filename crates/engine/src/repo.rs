@@ -354,7 +354,15 @@ fn find_key(
     for p in parsed {
         let opened = match EarlyKey::take_for(&mut early, &p) {
             Some(kek) => capsule_crypto::unwrap_master_key_with_kek(&p.sealed, &kek),
-            None => capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf),
+            None => {
+                // An early derivation for no key file here (the hint was
+                // stale) is waited out before another starts: two at once
+                // would hold twice Argon2's 64 MiB.
+                if let Some(unused) = early.take() {
+                    let _ = unused.kek.join();
+                }
+                capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf)
+            }
         };
         match opened {
             Ok(k) => {
