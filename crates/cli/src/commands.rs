@@ -603,11 +603,19 @@ pub struct RestoreArgs {
     /// differs; if-newer also keeps files newer than the snapshot's.
     #[arg(long, value_enum, default_value_t = OverwriteArg::IfChanged)]
     overwrite: OverwriteArg,
-    /// Remove files and directories the snapshot does not have from every
-    /// directory restored whole, so the target equals the snapshot
-    /// (excluded names are left alone).
+    /// Remove files and directories the snapshot does not have, so what was
+    /// backed up equals the snapshot again. Only inside the snapshot's
+    /// source paths (and inside --include paths when given): never in the
+    /// directories above a source or beside it, so restoring a snapshot of
+    /// /home/me/Documents with --target / touches nothing else. A snapshot
+    /// whose source is / puts the whole target in scope. Excluded names are
+    /// left alone. Try it with --dry-run first.
     #[arg(long)]
     delete: bool,
+    /// Change nothing: say how many files would be restored and list every
+    /// entry --delete would remove.
+    #[arg(long)]
+    dry_run: bool,
     /// Compare files already in the target by content, and read back every
     /// file written to check it against the snapshot.
     #[arg(long)]
@@ -653,6 +661,8 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
         connections: 0,
         overwrite: a.overwrite.into(),
         delete: a.delete,
+        sources: snap.paths.iter().map(PathBuf::from).collect(),
+        dry_run: a.dry_run,
         verify: a.verify,
         files_per_batch: 0,
     };
@@ -666,6 +676,27 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
         let mut v = serde_json::to_value(&r)?;
         v["destination"] = settings::destination_json();
         out.json(&v);
+    }
+    for d in &r.deleted_paths {
+        let what = if r.dry_run { "would delete" } else { "deleted" };
+        match d.entries {
+            1 => out.say(format!("{what} {}", d.path)),
+            n => out.say(format!("{what} {} ({n} entries)", d.path)),
+        }
+    }
+    if r.dry_run {
+        out.say(format!(
+            "dry run, nothing changed: would restore {} files ({}), {} dirs, {} others into {}; {} files already there unchanged, {} kept by --overwrite; would delete {} entries",
+            r.files,
+            bytes(r.bytes),
+            r.dirs,
+            r.others,
+            a.target.display(),
+            r.unchanged,
+            r.kept,
+            r.deleted
+        ));
+        return Ok(exit::OK);
     }
     out.say(format!(
         "restored snapshot {} to {}: {} files, {} dirs, {} others, {} in {:.2}s",
@@ -686,6 +717,12 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
     }
     if r.deleted > 0 {
         also.push(format!("{} entries deleted (--delete)", r.deleted));
+    }
+    if r.leftovers_removed > 0 {
+        also.push(format!(
+            "{} incomplete files of an interrupted restore removed",
+            r.leftovers_removed
+        ));
     }
     if a.verify {
         also.push(format!("{} files verified", r.verified));

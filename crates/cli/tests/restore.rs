@@ -304,3 +304,260 @@ fn a_partial_restore_reads_only_the_packs_it_needs() {
         noise(20 << 20, 1)
     );
 }
+
+/// Files below `root`, as paths relative to it, sorted.
+fn rel_files(root: &Path) -> Vec<String> {
+    let mut v: Vec<String> = files_under(root)
+        .iter()
+        .map(|p| p.strip_prefix(root).unwrap().display().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Issue 30.1: `--delete` of a snapshot of one folder, restored into a
+/// target laid out like `/`, removes nothing above or beside that folder.
+/// The old code emptied every ancestor (the target itself included).
+#[test]
+fn delete_stays_inside_the_snapshots_sources() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, repo) = (t.path().join("fakeroot"), t.path().join("repo"));
+    let docs = root.join("home/me/Documents");
+    std::fs::create_dir_all(&docs).unwrap();
+    std::fs::create_dir_all(root.join("home/me/Pictures")).unwrap();
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(docs.join("report.txt"), b"v1").unwrap();
+    std::fs::write(root.join("home/me/Pictures/photo.jpg"), b"p").unwrap();
+    std::fs::write(root.join("home/me/.ssh_key"), b"s").unwrap();
+    std::fs::write(root.join("etc/passwd_fake"), b"c").unwrap();
+    init(&repo);
+    ok(&repo, &["backup", docs.to_str().unwrap()]);
+
+    // The target holds a copy of the whole fake root where the snapshot's
+    // paths put it, plus one file inside Documents the snapshot lacks.
+    let target = t.path().join("t2");
+    let copy = restored(&target, &root);
+    std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(&root)
+        .arg(copy.parent().unwrap())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    std::fs::write(target.join("toplevel_file"), b"x").unwrap();
+    std::fs::write(copy.join("home/me/Documents/stray.txt"), b"new").unwrap();
+    let before = rel_files(&target);
+
+    // A dry run lists exactly the stray file and changes nothing.
+    let dry = restore_json(&repo, &target, &["--delete", "--dry-run"]);
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    let listed: Vec<&str> = dry["deleted_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), 1, "{dry}");
+    assert!(listed[0].ends_with("home/me/Documents/stray.txt"), "{dry}");
+    assert_eq!(rel_files(&target), before);
+
+    let r = restore_json(&repo, &target, &["--delete"]);
+    assert_eq!(n(&r, "deleted"), 1, "{r}");
+    assert!(r["deleted_paths"][0]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("Documents/stray.txt"));
+    let mut expect = before.clone();
+    expect.retain(|p| !p.ends_with("stray.txt"));
+    assert_eq!(rel_files(&target), expect);
+    assert!(target.join("toplevel_file").exists());
+    assert!(copy.join("home/me/.ssh_key").exists());
+    assert!(copy.join("etc/passwd_fake").exists());
+    assert!(copy.join("home/me/Pictures/photo.jpg").exists());
+}
+
+/// Two sources under one parent: the sibling that is not a source survives
+/// a `--delete`, and so does a file beside the sources in their parent.
+#[test]
+fn delete_spares_a_sibling_of_two_sources() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    for d in ["a", "b", "c"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+        std::fs::write(src.join(d).join("f"), d.as_bytes()).unwrap();
+    }
+    init(&repo);
+    ok(
+        &repo,
+        &[
+            "backup",
+            src.join("a").to_str().unwrap(),
+            src.join("b").to_str().unwrap(),
+        ],
+    );
+    let target = t.path().join("target");
+    restore_json(&repo, &target, &[]);
+    let dir = restored(&target, &src);
+    std::fs::create_dir_all(dir.join("c")).unwrap();
+    std::fs::write(dir.join("c/f"), b"c").unwrap();
+    std::fs::write(dir.join("beside"), b"x").unwrap();
+    std::fs::write(dir.join("a/extra"), b"x").unwrap();
+    let r = restore_json(&repo, &target, &["--delete"]);
+    assert_eq!(n(&r, "deleted"), 1, "{r}");
+    assert!(!dir.join("a/extra").exists());
+    assert!(dir.join("c/f").exists());
+    assert!(dir.join("beside").exists());
+    // With --include of one source, the other is out of scope too.
+    std::fs::write(dir.join("a/extra"), b"x").unwrap();
+    std::fs::write(dir.join("b/extra"), b"x").unwrap();
+    let inc = format!("{}/b", src.display());
+    let r = restore_json(&repo, &target, &["--delete", "--include", &inc]);
+    assert_eq!(n(&r, "deleted"), 1, "{r}");
+    assert!(dir.join("a/extra").exists());
+    assert!(!dir.join("b/extra").exists());
+}
+
+/// A snapshot whose source is `/` puts the whole target in scope: what the
+/// target holds beyond the snapshot goes, at its top too. (`/` itself is
+/// backed up with everything but the test's own tree excluded.)
+#[test]
+fn delete_of_a_snapshot_of_root_covers_the_whole_target() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/f"), b"f").unwrap();
+    init(&repo);
+    // Back up `/` but exclude everything outside `src` (and the repo).
+    let mut args = vec!["backup".to_string(), "/".to_string()];
+    for e in std::fs::read_dir("/").unwrap() {
+        let p = e.unwrap().path();
+        if !src.starts_with(&p) {
+            args.push("--exclude".into());
+            args.push(p.display().to_string());
+        }
+    }
+    // Everything beside `src` on its way down from `/` is excluded too.
+    let mut up = src.clone();
+    while let Some(parent) = up.parent() {
+        if parent == Path::new("/") {
+            break;
+        }
+        for e in std::fs::read_dir(parent).unwrap() {
+            let p = e.unwrap().path();
+            if p != up {
+                args.push("--exclude".into());
+                args.push(p.display().to_string());
+            }
+        }
+        up = parent.to_path_buf();
+    }
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    ok(&repo, &a);
+    let target = t.path().join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("toplevel_file"), b"x").unwrap();
+    let r = restore_json(&repo, &target, &["--delete", "--dry-run"]);
+    let listed: Vec<&str> = r["deleted_paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        listed.iter().any(|p| p.ends_with("/toplevel_file")),
+        "a snapshot of / has the whole target in scope: {r}"
+    );
+    let r = restore_json(&repo, &target, &["--delete"]);
+    assert!(!target.join("toplevel_file").exists(), "{r}");
+    assert_eq!(
+        std::fs::read(restored(&target, &src).join("d/f")).unwrap(),
+        b"f"
+    );
+}
+
+/// Issue 30.4: a restore killed with SIGKILL at seeded moments never leaves
+/// a file under its real name that differs from the snapshot (the old code
+/// wrote in place: files with the snapshot's size and a zero tail). What it
+/// left under part names goes with the next restore, which completes.
+#[test]
+fn a_killed_restore_never_leaves_a_wrong_file_under_its_real_name() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    // Files of several chunks each, so a file is written in several steps.
+    for i in 0..12 {
+        std::fs::write(src.join(format!("big{i:02}")), noise(6 << 20, i + 7)).unwrap();
+    }
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let mut wrong_before_fix = 0;
+    for (round, delay_ms) in [0u64, 5, 20, 60, 150, 400].into_iter().enumerate() {
+        let target = t.path().join(format!("target{round}"));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_capsule"))
+            .args([
+                "--repo",
+                repo.to_str().unwrap(),
+                "--no-cache",
+                "--connections",
+                "2",
+            ])
+            .args(["restore", "latest", "--target", target.to_str().unwrap()])
+            .env("CAPSULE_PASSWORD", PASSWORD)
+            .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
+            .env(
+                "CAPSULE_STATE_DIR",
+                repo.with_extension("cache").join("state"),
+            )
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Bounded wait for the first file (real or part) to appear, then
+        // the seeded delay, then SIGKILL.
+        let dir = restored(&target, &src);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+            if std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_some()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        child.wait().unwrap();
+        let mut parts = 0;
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd {
+                let e = e.unwrap();
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(".capsule-part-") {
+                    parts += 1;
+                    continue;
+                }
+                let got = std::fs::read(e.path()).unwrap();
+                let want = std::fs::read(src.join(&name)).unwrap();
+                if got != want {
+                    wrong_before_fix += 1;
+                    eprintln!("round {round}: {name} is under its real name but differs");
+                }
+            }
+        }
+        eprintln!("round {round} (+{delay_ms} ms): {parts} part files left");
+        let again = restore_json(&repo, &target, &[]);
+        assert_same_tree(&src, &dir, false);
+        assert_eq!(n(&again, "leftovers_removed"), parts, "{again}");
+        let left = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".capsule-part-")
+            })
+            .count();
+        assert_eq!(left, 0);
+    }
+    assert_eq!(wrong_before_fix, 0, "wrong files under real names");
+}

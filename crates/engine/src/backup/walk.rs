@@ -95,8 +95,25 @@ pub(super) fn save_roots(
     sources: &[PathBuf],
     parent: Option<BlobId>,
 ) -> Result<BlobId> {
+    let root = Path::new("/");
+    if sources.iter().any(|s| s == root) {
+        // `/` itself: its entries are the snapshot's root tree (the plan
+        // below has no component to put it under, and once saved nothing
+        // at all). Other sources lie below it and are covered.
+        let fd = rustix::fs::open(
+            root,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| crate::EngineError::io("open source", root, e.into()))?;
+        let dev = rustix::fs::fstat(&fd)
+            .map_err(|e| crate::EngineError::io("read source", root, e.into()))?
+            .st_dev as u64;
+        Progress::add(&ctx.counters.dirs, 1);
+        return save_dir(ctx, root, &fd, parent, &ctx.excludes, dev);
+    }
     let plan = build_plan(sources);
-    save_plan(ctx, Path::new("/"), &plan, parent)
+    save_plan(ctx, root, &plan, parent)
 }
 
 fn save_plan(

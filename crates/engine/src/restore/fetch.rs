@@ -328,12 +328,16 @@ pub(super) fn write_files<L: Layout>(
             match target.create_file(f.entry, 0) {
                 Ok((file, id)) => {
                     s.id = Some(id);
-                    s.done = true;
-                    drop(s);
                     if let Err(e) = apply_fd_meta(&file, f.node) {
                         meta_failed(k, e);
                     }
-                    Progress::add(&progress.files_done, 1);
+                    match target.commit_file(f.entry, id) {
+                        Ok(()) => {
+                            s.done = true;
+                            Progress::add(&progress.files_done, 1);
+                        }
+                        Err(e) => s.failed = Some(format!("cannot put in place: {e}")),
+                    }
                 }
                 Err(e) => s.failed = Some(format!("cannot create: {e}")),
             }
@@ -434,15 +438,31 @@ pub(super) fn write_files<L: Layout>(
         }
         s.remaining -= 1;
         if s.remaining == 0 && s.failed.is_none() {
-            s.done = true;
             if s.file.take().is_some() {
                 open_files.fetch_sub(1, Ordering::Relaxed);
             }
+            let id = s.id;
             drop(s);
             if let Err(e) = apply_fd_meta(&*file, f.node) {
                 meta_failed(k, e);
             }
-            Progress::add(&progress.files_done, 1);
+            // Complete, with its metadata: only now under its real name.
+            let placed = match id {
+                Some(id) => target.commit_file(f.entry, id),
+                None => Err(std::io::Error::other("created by no one")),
+            };
+            let mut s = lock(k);
+            match placed {
+                Ok(()) => {
+                    s.done = true;
+                    Progress::add(&progress.files_done, 1);
+                }
+                Err(e) => {
+                    let m = format!("cannot put in place: {e}");
+                    s.failed.get_or_insert(m.clone());
+                    return Err(m);
+                }
+            }
         }
         Ok(())
     };
@@ -551,8 +571,7 @@ pub(super) fn write_files<L: Layout>(
         let outcome = if s.done && s.failed.is_none() {
             Ok(None)
         } else {
-            // Never leave a file looking restored when it is not: what this
-            // restore created for it goes.
+            // What this restore created for it (under its part name) goes.
             if let Some(id) = s.id {
                 let _ = target.remove_file(files[k].entry, id);
             }

@@ -54,6 +54,44 @@ pub(super) struct Target<'a, L: Layout> {
     root_path: std::path::PathBuf,
     layout: &'a L,
     dirs: Mutex<HashMap<usize, Arc<OwnedFd>>>,
+    /// This process's ID, in the names files are written under until they
+    /// are complete ([`PART_PREFIX`]).
+    pid: u32,
+}
+
+/// A file is written under `.capsule-part-<pid>-<entry>` (hex) in its own
+/// directory and renamed to its name only once its content and metadata are
+/// complete, so a restore killed at any point never leaves a file under its
+/// real name with the snapshot's size and wrong content. The next restore
+/// into the same directory removes what a dead restore left
+/// ([`Target::remove_leftovers`]).
+pub(super) const PART_PREFIX: &str = ".capsule-part-";
+
+/// The process that wrote a part file named `name`, if `name` is one.
+fn part_owner(name: &[u8]) -> Option<u32> {
+    let rest = name.strip_prefix(PART_PREFIX.as_bytes())?;
+    let rest = std::str::from_utf8(rest).ok()?;
+    let (pid, entry) = rest.split_once('-')?;
+    let hex = |s: &str| !s.is_empty() && s.len() <= 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !hex(pid) || !hex(entry) {
+        return None;
+    }
+    u32::from_str_radix(pid, 16).ok()
+}
+
+/// Whether process `pid` is alive (a restore it runs may still be writing).
+fn alive(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    // EPERM: it exists, as another user's.
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) => true,
+        Err(e) => e == rustix::io::Errno::PERM,
+    }
 }
 
 fn dir_flags() -> OFlags {
@@ -77,6 +115,7 @@ impl<'a, L: Layout> Target<'a, L> {
             root_path: path.to_path_buf(),
             layout,
             dirs: Mutex::new(HashMap::new()),
+            pid: std::process::id(),
         })
     }
 
@@ -119,16 +158,25 @@ impl<'a, L: Layout> Target<'a, L> {
         ))
     }
 
+    /// The name file `i` is written under until it is complete.
+    fn part(&self, i: usize) -> std::io::Result<(Arc<OwnedFd>, String)> {
+        Ok((
+            self.dir(self.layout.parent(i))?,
+            format!("{PART_PREFIX}{:x}-{i:x}", self.pid),
+        ))
+    }
+
     /// Creates directory `i`, accepting a real directory already there and
-    /// refusing anything else (a symlink above all).
-    pub(super) fn mkdir(&self, i: usize) -> std::io::Result<()> {
+    /// refusing anything else (a symlink above all). Returns whether it was
+    /// there before.
+    pub(super) fn mkdir(&self, i: usize) -> std::io::Result<bool> {
         let (p, name) = self.at(i)?;
         match rustix::fs::mkdirat(&*p, name, Mode::from_raw_mode(0o700)) {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(false),
             Err(e) if e == rustix::io::Errno::EXIST => {
                 let st = rustix::fs::statat(&*p, name, AtFlags::SYMLINK_NOFOLLOW)?;
                 if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
-                    Ok(())
+                    Ok(true)
                 } else {
                     Err(in_the_way("a non-directory (possibly a symlink)"))
                 }
@@ -150,24 +198,24 @@ impl<'a, L: Layout> Target<'a, L> {
         }
     }
 
-    /// Creates regular file `i` afresh (replacing a file or symlink in its
-    /// place) with its final length, and returns it with its identity.
+    /// Creates regular file `i` afresh under its part name ([`PART_PREFIX`])
+    /// with its final length, and returns it with its identity. What is at
+    /// its real name stays until [`Target::commit_file`].
     pub(super) fn create_file(&self, i: usize, len: u64) -> std::io::Result<(File, FileId)> {
-        let (p, name) = self.at(i)?;
+        let (p, part) = self.part(i)?;
         let create = || {
             rustix::fs::openat(
                 &*p,
-                name,
+                part.as_str(),
                 OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o600),
             )
         };
-        // Created first, and only what is in the way removed when that
-        // fails: in a new target nothing is, and looking first cost a
-        // failing stat per file (52,000 in a restore of the Rust toolchain).
         let fd = match create() {
+            // A part file of this process's ID is a dead restore's (or an
+            // earlier failed attempt's): never another's live work.
             Err(e) if e == rustix::io::Errno::EXIST => {
-                self.remove_existing(i)?;
+                rustix::fs::unlinkat(&*p, part.as_str(), AtFlags::empty())?;
                 create()?
             }
             r => r?,
@@ -183,10 +231,10 @@ impl<'a, L: Layout> Target<'a, L> {
     /// Opens file `i` again for writing, only if it is still the file this
     /// restore created.
     pub(super) fn reopen_file(&self, i: usize, id: FileId) -> std::io::Result<File> {
-        let (p, name) = self.at(i)?;
+        let (p, part) = self.part(i)?;
         let fd = rustix::fs::openat(
             &*p,
-            name,
+            part.as_str(),
             OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
@@ -197,14 +245,57 @@ impl<'a, L: Layout> Target<'a, L> {
         Ok(f)
     }
 
-    /// Removes file `i` if it is still the one this restore created.
+    /// Gives complete file `i` its real name, replacing a file or symlink
+    /// there (never following it) and refusing a directory.
+    pub(super) fn commit_file(&self, i: usize, id: FileId) -> std::io::Result<()> {
+        let (p, part) = self.part(i)?;
+        let name = OsStr::from_bytes(self.layout.name(i));
+        let st = rustix::fs::statat(&*p, part.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+        if (st.st_dev as u64, st.st_ino as u64) != (id.dev, id.ino) {
+            return Err(in_the_way("another file (replaced during the restore)"));
+        }
+        match rustix::fs::renameat(&*p, part.as_str(), &*p, name) {
+            Ok(()) => Ok(()),
+            Err(e) if e == rustix::io::Errno::ISDIR || e == rustix::io::Errno::NOTEMPTY => {
+                Err(in_the_way("a directory"))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes file `i`'s part file if it is still the one this restore
+    /// created (the file was not completed).
     pub(super) fn remove_file(&self, i: usize, id: FileId) -> std::io::Result<()> {
-        let (p, name) = self.at(i)?;
-        let st = rustix::fs::statat(&*p, name, AtFlags::SYMLINK_NOFOLLOW)?;
+        let (p, part) = self.part(i)?;
+        let st = rustix::fs::statat(&*p, part.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
         if (st.st_dev as u64, st.st_ino as u64) == (id.dev, id.ino) {
-            rustix::fs::unlinkat(&*p, name, AtFlags::empty())?;
+            rustix::fs::unlinkat(&*p, part.as_str(), AtFlags::empty())?;
         }
         Ok(())
+    }
+
+    /// Removes the part files a dead restore left in directory `dir`
+    /// (`None`: the target). A live restore's (another process writing
+    /// into the same target) are left alone. Returns how many went.
+    pub(super) fn remove_leftovers(&self, dir: Option<usize>) -> std::io::Result<u64> {
+        let fd = self.dir(dir)?;
+        let mut removed = 0;
+        for e in rustix::fs::Dir::read_from(&*fd)? {
+            let e = e?;
+            let name = e.file_name();
+            let Some(pid) = part_owner(name.to_bytes()) else {
+                continue;
+            };
+            if pid != self.pid && alive(pid) {
+                continue;
+            }
+            let st = rustix::fs::statat(&*fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
+            if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile {
+                rustix::fs::unlinkat(&*fd, name, AtFlags::empty())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// What is at entry `i`'s place now (not following a symlink), if
@@ -244,10 +335,16 @@ impl<'a, L: Layout> Target<'a, L> {
     }
 
     /// Removes `name` from directory `dir` and, if it is a directory,
-    /// everything below it, all by descriptor. Returns the entries removed.
-    pub(super) fn remove_all(&self, dir: Option<usize>, name: &[u8]) -> std::io::Result<u64> {
+    /// everything below it, all by descriptor. Returns the entries removed;
+    /// with `dry`, removes nothing and counts what would go.
+    pub(super) fn remove_all(
+        &self,
+        dir: Option<usize>,
+        name: &[u8],
+        dry: bool,
+    ) -> std::io::Result<u64> {
         let p = self.dir(dir)?;
-        remove_all_at(&p, OsStr::from_bytes(name), 0)
+        remove_all_at(&p, OsStr::from_bytes(name), 0, dry)
     }
 
     /// Makes entry `i` a hard link to file `to`.
@@ -342,10 +439,12 @@ impl<'a, L: Layout> Target<'a, L> {
 /// tree would otherwise exhaust the stack).
 const MAX_REMOVE_DEPTH: usize = 512;
 
-fn remove_all_at(parent: &OwnedFd, name: &OsStr, depth: usize) -> std::io::Result<u64> {
+fn remove_all_at(parent: &OwnedFd, name: &OsStr, depth: usize, dry: bool) -> std::io::Result<u64> {
     let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
-        rustix::fs::unlinkat(parent, name, AtFlags::empty())?;
+        if !dry {
+            rustix::fs::unlinkat(parent, name, AtFlags::empty())?;
+        }
         return Ok(1);
     }
     if depth >= MAX_REMOVE_DEPTH {
@@ -361,9 +460,11 @@ fn remove_all_at(parent: &OwnedFd, name: &OsStr, depth: usize) -> std::io::Resul
     }
     let mut removed = 0;
     for n in names {
-        removed += remove_all_at(&fd, OsStr::from_bytes(&n), depth + 1)?;
+        removed += remove_all_at(&fd, OsStr::from_bytes(&n), depth + 1, dry)?;
     }
-    rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    if !dry {
+        rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)?;
+    }
     Ok(removed + 1)
 }
 
@@ -478,10 +579,11 @@ mod tests {
         let _ = fs.dir(Some(0)).unwrap();
         std::fs::rename(target.join("d"), t.path().join("moved")).unwrap();
         std::os::unix::fs::symlink(&outside, target.join("d")).unwrap();
-        let (mut f, _) = fs.create_file(1, 0).unwrap();
+        let (mut f, id) = fs.create_file(1, 0).unwrap();
         f.write_all(b"x").unwrap();
+        fs.commit_file(1, id).unwrap();
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
-        assert!(t.path().join("moved/f").exists());
+        assert_eq!(std::fs::read(t.path().join("moved/f")).unwrap(), b"x");
     }
 
     fn libc_eloop_or_enotdir(e: &Error) -> i32 {
@@ -502,13 +604,33 @@ mod tests {
         // Held open, as restore holds a file it is writing: the inode
         // cannot be freed and handed to the replacement.
         let (_held, id) = fs.create_file(1, 3).unwrap();
-        std::fs::remove_file(target.join("d/f")).unwrap();
-        std::fs::write(target.join("d/f"), b"someone else's").unwrap();
-        assert!(fs.reopen_file(1, id).is_err());
-        fs.remove_file(1, id).unwrap();
-        assert_eq!(
-            std::fs::read(target.join("d/f")).unwrap(),
-            b"someone else's"
+        let part = target.join(format!("d/{PART_PREFIX}{:x}-1", std::process::id()));
+        assert!(
+            !target.join("d/f").exists(),
+            "only complete files get their name"
         );
+        std::fs::remove_file(&part).unwrap();
+        std::fs::write(&part, b"someone else's").unwrap();
+        assert!(fs.reopen_file(1, id).is_err());
+        assert!(fs.commit_file(1, id).is_err());
+        fs.remove_file(1, id).unwrap();
+        assert_eq!(std::fs::read(&part).unwrap(), b"someone else's");
+        assert!(!target.join("d/f").exists());
+    }
+
+    #[test]
+    fn part_files_are_recognised_by_their_exact_shape() {
+        assert_eq!(part_owner(b".capsule-part-1f-a"), Some(0x1f));
+        for n in [
+            &b".capsule-part-"[..],
+            b".capsule-part-1f",
+            b".capsule-part-1f-",
+            b".capsule-part-xyz-1",
+            b".capsule-part-1-2-3",
+            b"capsule-part-1-2",
+            b"report.txt",
+        ] {
+            assert_eq!(part_owner(n), None, "{}", String::from_utf8_lossy(n));
+        }
     }
 }

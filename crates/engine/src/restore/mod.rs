@@ -54,8 +54,15 @@ pub struct RestoreOptions {
     /// What to do with a file already in the target.
     pub overwrite: Overwrite,
     /// Remove what the target holds beyond the snapshot, in every
-    /// directory restored whole, so the target equals the snapshot.
+    /// directory restored whole at or below one of `sources`, so those
+    /// equal the snapshot. Nothing above or beside a source is ever removed.
     pub delete: bool,
+    /// The snapshot's source paths (absolute): the only places `delete`
+    /// removes anything. A source of `/` puts the whole target in scope.
+    pub sources: Vec<PathBuf>,
+    /// Change nothing: report what would be restored and, with `delete`,
+    /// list what would be removed.
+    pub dry_run: bool,
     /// Recognise unchanged files by content rather than size and mtime,
     /// and read back every file written to compare it with the snapshot.
     pub verify: bool,
@@ -97,8 +104,15 @@ pub struct RestoreReport {
     /// Entries left alone by the overwrite policy although they differ.
     pub kept: u64,
     /// Entries removed by `delete` (counting everything below a removed
-    /// directory).
+    /// directory); with `dry_run`, those that would be.
     pub deleted: u64,
+    /// Each entry `delete` removed (or would remove), where it was in the
+    /// target; a directory's entry counts what was below it too.
+    pub deleted_paths: Vec<Deleted>,
+    /// Nothing was changed (`dry_run`): the counts say what would be.
+    pub dry_run: bool,
+    /// Part files a killed restore had left, removed.
+    pub leftovers_removed: u64,
     /// Files read back and found identical to the snapshot (`verify`).
     pub verified: u64,
     /// Wall-clock seconds.
@@ -107,6 +121,15 @@ pub struct RestoreReport {
     pub errors: Vec<Warning>,
     /// What reading the file contents cost.
     pub fetch: FetchStats,
+}
+
+/// An entry `--delete` removed.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Deleted {
+    /// Where it was.
+    pub path: String,
+    /// Entries removed with it: 1 for a file, more for a directory.
+    pub entries: u64,
 }
 
 /// Path patterns: a pattern containing `/` matches the whole snapshot path,
@@ -192,10 +215,24 @@ pub fn restore(
     let started = Instant::now();
     let inc = Patterns::new(&opts.includes)?;
     let exc = Patterns::new(&opts.excludes)?;
-    std::fs::create_dir_all(&opts.target)
-        .map_err(|e| EngineError::io("create target", &opts.target, e))?;
-    let target = std::fs::canonicalize(&opts.target)
-        .map_err(|e| EngineError::io("resolve target", &opts.target, e))?;
+    if opts.delete && opts.sources.iter().any(|s| !s.is_absolute()) {
+        return Err(EngineError::Invalid(
+            "--delete needs the snapshot's absolute source paths".into(),
+        ));
+    }
+    // A dry run creates nothing, not even the target.
+    let target_exists = opts.target.exists();
+    if !opts.dry_run {
+        std::fs::create_dir_all(&opts.target)
+            .map_err(|e| EngineError::io("create target", &opts.target, e))?;
+    }
+    let target = if target_exists || !opts.dry_run {
+        std::fs::canonicalize(&opts.target)
+            .map_err(|e| EngineError::io("resolve target", &opts.target, e))?
+    } else {
+        std::path::absolute(&opts.target)
+            .map_err(|e| EngineError::io("resolve target", &opts.target, e))?
+    };
 
     let workers = match opts.connections {
         0 => {
@@ -276,6 +313,13 @@ pub fn restore(
         .store(needed_files as u64, Ordering::Relaxed);
     progress.totals_final.store(true, Ordering::Relaxed);
 
+    let scope = DeleteScope::new(opts, &inc, &entries);
+    if opts.dry_run {
+        return dry_run(
+            repo, index, opts, &target, &entries, &scope, &exc, errors, started,
+        );
+    }
+
     let mut report = RestoreReport::default();
     let mut warn = |p: &Path, m: String| {
         Progress::add(&progress.errors, 1);
@@ -292,15 +336,34 @@ pub fn restore(
     // through `fs`): built when needed, not held for every entry.
     let path = |i: usize| entry_path(all, &target, i);
 
-    // 1. Directories, parents first.
+    // 1. Directories, parents first. One that was there already may hold
+    // what a killed restore was writing (fsys::PART_PREFIX): it goes, so
+    // it is never taken for a restored file.
     let mut dir_ok = vec![false; entries.len()];
     let parent_ok = |dir_ok: &[bool], e: &Entry| e.parent().is_none_or(|p| dir_ok[p]);
+    let mut clean = |d: Option<usize>, shown: &Path, warn: &mut dyn FnMut(&Path, String)| match fs
+        .remove_leftovers(d)
+    {
+        Ok(n) => report.leftovers_removed += n,
+        Err(err) => warn(
+            shown,
+            format!("cannot look for what a killed restore left: {err}"),
+        ),
+    };
+    if target_exists {
+        clean(None, &target, &mut warn);
+    }
     for (i, e) in entries.iter().enumerate() {
         if !e.needed || e.node.kind() != NodeKind::Dir || !parent_ok(&dir_ok, e) {
             continue;
         }
         match fs.mkdir(i) {
-            Ok(()) => dir_ok[i] = true,
+            Ok(existed) => {
+                dir_ok[i] = true;
+                if existed {
+                    clean(Some(i), &path(i), &mut warn);
+                }
+            }
             Err(err) => warn(&path(i), format!("cannot create directory: {err}")),
         }
     }
@@ -463,53 +526,11 @@ pub fn restore(
     }
 
     // 4. With `delete`, what the snapshot lacks goes from every directory
-    // restored whole (and from the target itself on a full restore).
-    // Excluded names stay: the user kept them out of the restore, not out
-    // of the target.
+    // restored whole within a source (`DeleteScope`).
     if opts.delete {
-        let mut children: HashMap<Option<usize>, std::collections::HashSet<&[u8]>> = HashMap::new();
-        for e in entries {
-            children
-                .entry(e.parent())
-                .or_default()
-                .insert(arena.name(&e.node));
-        }
-        let mut dirs: Vec<Option<usize>> = Vec::new();
-        if inc.empty {
-            dirs.push(None);
-        }
-        dirs.extend(
-            (0..entries.len())
-                .filter(|&i| dir_ok[i] && entries[i].whole)
-                .map(Some),
-        );
-        for d in dirs {
-            let (shown, snap_dir) = match d {
-                None => (target.clone(), PathBuf::from("/")),
-                Some(i) => (path(i), entry_path(all, Path::new("/"), i)),
-            };
-            let names = match fs.list(d) {
-                Ok(n) => n,
-                Err(err) => {
-                    warn(&shown, format!("cannot list for --delete: {err}"));
-                    continue;
-                }
-            };
-            let keep = children.get(&d);
-            for n in names {
-                if keep.is_some_and(|k| k.contains(&n[..]))
-                    || (!exc.empty && exc.matches(&snap_dir.join(OsStr::from_bytes(&n)), &n))
-                {
-                    continue;
-                }
-                match fs.remove_all(d, &n) {
-                    Ok(k) => report.deleted += k,
-                    Err(err) => warn(
-                        &shown.join(OsStr::from_bytes(&n)),
-                        format!("not deleted: {err}"),
-                    ),
-                }
-            }
+        for d in scope.apply(&fs, all, Some(&dir_ok), &exc, &target, false, &mut warn) {
+            report.deleted += d.entries;
+            report.deleted_paths.push(d);
         }
     }
 
@@ -524,6 +545,175 @@ pub fn restore(
     }
 
     report.fetch.tree_requests = tree_requests;
+    report.errors = errors;
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Where `--delete` may remove anything: directories restored whole (all
+/// of them, or what `--include` selected) that are a source of the snapshot
+/// or lie below one. A source's ancestors are restored as directories to
+/// hold it, never whole: `restore --target / --delete` of a snapshot of
+/// `/home/me/Documents` touches nothing outside `/home/me/Documents`.
+struct DeleteScope {
+    /// The target itself: only for a snapshot of `/` restored whole.
+    root: bool,
+    /// Directory entries in scope, parents before children.
+    dirs: Vec<usize>,
+}
+
+impl DeleteScope {
+    fn new(opts: &RestoreOptions, inc: &Patterns, entries: &Entries) -> Self {
+        if !opts.delete {
+            return DeleteScope {
+                root: false,
+                dirs: Vec::new(),
+            };
+        }
+        let within = |p: &Path| opts.sources.iter().any(|s| p.starts_with(s));
+        let dirs = (0..entries.list.len())
+            .filter(|&i| {
+                let e = &entries.list[i];
+                e.whole
+                    && e.node.kind() == NodeKind::Dir
+                    && within(&entry_path(entries, Path::new("/"), i))
+            })
+            .collect();
+        DeleteScope {
+            root: inc.empty && within(Path::new("/")),
+            dirs,
+        }
+    }
+
+    /// Removes (or with `dry`, only counts) what each directory in scope
+    /// holds beyond the snapshot. `made` says which directories the restore
+    /// created or found (a dry run looks at whatever is there). Excluded
+    /// names stay: the user kept them out of the restore, not out of the
+    /// target.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        fs: &fsys::Target<'_, Entries>,
+        all: &Entries,
+        made: Option<&[bool]>,
+        exc: &Patterns,
+        target: &Path,
+        dry: bool,
+        warn: &mut dyn FnMut(&Path, String),
+    ) -> Vec<Deleted> {
+        let mut children: HashMap<Option<usize>, std::collections::HashSet<&[u8]>> = HashMap::new();
+        for e in &all.list {
+            children
+                .entry(e.parent())
+                .or_default()
+                .insert(all.arena.name(&e.node));
+        }
+        let dirs = self
+            .root
+            .then_some(None)
+            .into_iter()
+            .chain(self.dirs.iter().map(|&i| Some(i)))
+            .filter(|d| d.is_none_or(|i| made.is_none_or(|m| m[i])));
+        let mut out = Vec::new();
+        for d in dirs {
+            let (shown, snap_dir) = match d {
+                None => (target.to_path_buf(), PathBuf::from("/")),
+                Some(i) => (
+                    entry_path(all, target, i),
+                    entry_path(all, Path::new("/"), i),
+                ),
+            };
+            let names = match fs.list(d) {
+                Ok(n) => n,
+                // A dry run looks at a target that may lack the directory.
+                Err(err) if dry && err.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(err) => {
+                    warn(&shown, format!("cannot list for --delete: {err}"));
+                    continue;
+                }
+            };
+            let keep = children.get(&d);
+            for n in names {
+                if keep.is_some_and(|k| k.contains(&n[..]))
+                    || (!exc.empty && exc.matches(&snap_dir.join(OsStr::from_bytes(&n)), &n))
+                {
+                    continue;
+                }
+                let path = shown.join(OsStr::from_bytes(&n));
+                match fs.remove_all(d, &n, dry) {
+                    Ok(entries) => out.push(Deleted {
+                        path: path.display().to_string(),
+                        entries,
+                    }),
+                    Err(err) => warn(&path, format!("not deleted: {err}")),
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What a restore would do (`dry_run`), changing nothing: the files it
+/// would write (those already in place as the policy keeps them are not
+/// counted) and, with `delete`, each entry it would remove.
+#[allow(clippy::too_many_arguments)]
+fn dry_run(
+    repo: &Repository,
+    index: &MasterIndex,
+    opts: &RestoreOptions,
+    target: &Path,
+    all: &Entries,
+    scope: &DeleteScope,
+    exc: &Patterns,
+    mut errors: Vec<Warning>,
+    started: Instant,
+) -> Result<RestoreReport> {
+    let mut report = RestoreReport {
+        dry_run: true,
+        ..Default::default()
+    };
+    let fs = if target.is_dir() {
+        Some(
+            fsys::Target::open(target, all)
+                .map_err(|e| EngineError::io("open target", target, e))?,
+        )
+    } else {
+        None
+    };
+    for (i, e) in all.list.iter().enumerate() {
+        if !e.needed {
+            continue;
+        }
+        match e.node.kind() {
+            NodeKind::Dir => report.dirs += 1,
+            NodeKind::File => {
+                let there = fs
+                    .as_ref()
+                    .map(|fs| existing(repo, index, fs, i, &e.node, &all.arena, opts));
+                match there {
+                    Some(Existing::Same) => report.unchanged += 1,
+                    Some(Existing::KeptByPolicy) => report.kept += 1,
+                    Some(Existing::Replace) | None => {
+                        report.files += 1;
+                        report.bytes += e.node.size;
+                    }
+                }
+            }
+            _ => report.others += 1,
+        }
+    }
+    if let Some(fs) = &fs {
+        let mut warn = |p: &Path, m: String| {
+            errors.push(Warning {
+                path: p.display().to_string(),
+                message: m,
+            })
+        };
+        for d in scope.apply(fs, all, None, exc, target, true, &mut warn) {
+            report.deleted += d.entries;
+            report.deleted_paths.push(d);
+        }
+    }
     report.errors = errors;
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
