@@ -80,7 +80,22 @@ fn resolve(
     out: &Output,
     spec: &str,
 ) -> Result<(capsule_format::ObjectId, capsule_format::snapshot::Snapshot)> {
-    let (id, snap, damaged) = repo.resolve_snapshot_noting(spec)?;
+    let r = repo.resolve_snapshot_noting(spec)?;
+    let (id, snap, damaged) = (r.id, r.snapshot, r.damaged);
+    if !r.future.is_empty() {
+        let named: Vec<String> = r
+            .future
+            .iter()
+            .map(|(id, t)| format!("{} of {t}", id.short()))
+            .collect();
+        out.warn(format!(
+            "\"latest\" skips {} snapshot(s) dated in the future ({}): a clock was ahead when they were made; \"latest\" is {} of {}. Name one by ID to use it, or `capsule forget ID` it",
+            named.len(),
+            named.join(", "),
+            id.short(),
+            snap.time
+        ));
+    }
     if spec == "latest" && !damaged.is_empty() {
         out.warn(format!(
             "{} snapshot(s) cannot be read ({}); one of them may be newer: \"latest\" is {} of {}, the newest readable one",
@@ -371,6 +386,9 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     for w in &report.warnings {
         out.warn(format!("{}: {}", w.path, w.message));
     }
+    if let Some(w) = &report.clock_warning {
+        out.warn(w);
+    }
     let cache_stats = cache.as_ref().map(|(c, _)| settings::cache_json(c));
     if out.json {
         let mut v = serde_json::to_value(&report)?;
@@ -469,10 +487,16 @@ pub fn snapshots(g: &GlobalArgs, out: &Output, a: SnapshotsArgs) -> Result<u8> {
     for e in &bad {
         out.warn(e.to_string());
     }
+    let now = capsule_engine::timefmt::now_unix();
+    let future = |s: &capsule_format::snapshot::Snapshot| {
+        capsule_engine::timefmt::is_future(s.time_unix, now)
+    };
     if out.json {
         let v: Vec<_> = snaps
             .iter()
-            .map(|(id, s)| serde_json::json!({ "id": id.to_hex(), "snapshot": s }))
+            .map(|(id, s)| {
+                serde_json::json!({ "id": id.to_hex(), "snapshot": s, "future": future(s) })
+            })
             .collect();
         out.json(&v);
         return Ok(exit::OK);
@@ -490,7 +514,14 @@ pub fn snapshots(g: &GlobalArgs, out: &Output, a: SnapshotsArgs) -> Result<u8> {
             s.summary.files,
             bytes(s.summary.bytes),
             s.paths.join(" "),
-            if s.incomplete { "  (incomplete)" } else { "" }
+            [
+                (s.incomplete, "  (incomplete)"),
+                (future(s), "  (dated in the future: never \"latest\")"),
+            ]
+            .iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, t)| *t)
+            .collect::<String>()
         ));
     }
     out.say(format!(

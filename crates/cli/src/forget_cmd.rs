@@ -231,9 +231,13 @@ pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
     if !a.allow_empty {
         if let Some(p) = plans.iter().find(|p| p.keeps_nothing()) {
             return Err(KeepsNothing(format!(
-                "the policy would remove all {} snapshots of {}; nothing was forgotten (widen the policy, or pass --allow-empty)",
-                p.snapshots.len(),
-                p.group
+                "the policy would remove all {} snapshots of {}{}; nothing was forgotten (widen the policy, or pass --allow-empty)",
+                p.dated(),
+                p.group,
+                match p.snapshots.len() - p.dated() {
+                    0 => String::new(),
+                    n => format!(" but {n} dated in the future (a clock that ran ahead), which are kept and count for nothing"),
+                }
             ))
             .into());
         }

@@ -19,11 +19,17 @@ pub struct Output {
     pub json: bool,
     /// Suppress non-essential text.
     pub quiet: bool,
+    /// Warnings given so far, also put in the JSON document (`notices`).
+    notices: std::sync::Mutex<Vec<String>>,
 }
 
 impl Output {
     pub fn new(json: bool, quiet: bool) -> Self {
-        Output { json, quiet }
+        Output {
+            json,
+            quiet,
+            notices: Default::default(),
+        }
     }
 
     /// Prints a line of human output unless quiet or JSON.
@@ -43,7 +49,18 @@ impl Output {
     /// Prints a JSON document when in JSON mode.
     pub fn json<T: serde::Serialize>(&self, v: &T) {
         if self.json {
-            match serde_json::to_string_pretty(v) {
+            // Every warning printed on stderr is in the document too, so
+            // a script reading JSON misses none of them.
+            let notices = self.notices.lock().map(|n| n.clone()).unwrap_or_default();
+            let v = match serde_json::to_value(v) {
+                Ok(serde_json::Value::Object(mut m)) if !notices.is_empty() => {
+                    m.entry("notices").or_insert(notices.into());
+                    serde_json::Value::Object(m)
+                }
+                Ok(v) => v,
+                Err(e) => return eprintln!("capsule: cannot encode JSON output: {e}"),
+            };
+            match serde_json::to_string_pretty(&v) {
                 Ok(s) => stdout_line(&s),
                 Err(e) => eprintln!("capsule: cannot encode JSON output: {e}"),
             }
@@ -53,6 +70,9 @@ impl Output {
     /// A warning on stderr.
     pub fn warn(&self, s: impl AsRef<str>) {
         eprintln!("warning: {}", s.as_ref());
+        if let Ok(mut n) = self.notices.lock() {
+            n.push(s.as_ref().to_string());
+        }
     }
 
     /// A fatal error on stderr, with a hint where one helps.

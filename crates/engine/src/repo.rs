@@ -20,6 +20,19 @@ use crate::{EngineError, Result};
 /// Readable snapshots (oldest first) and the errors of unreadable ones.
 pub type SnapshotList = (Vec<(ObjectId, Snapshot)>, Vec<EngineError>);
 
+/// A snapshot named by the user, and what `latest` passed over to find it.
+#[derive(Debug)]
+pub struct Resolved {
+    /// The snapshot's ID.
+    pub id: ObjectId,
+    /// The snapshot.
+    pub snapshot: Snapshot,
+    /// Snapshots that could not be read (for `latest`: one may be newer).
+    pub damaged: Vec<String>,
+    /// Snapshots dated in the future that `latest` skipped: ID and time.
+    pub future: Vec<(ObjectId, String)>,
+}
+
 /// An open repository.
 #[derive(Debug)]
 pub struct Repository {
@@ -820,16 +833,36 @@ impl Repository {
 
     /// Resolves `latest`, a full ID, or a unique hex prefix.
     pub fn resolve_snapshot(&self, spec: &str) -> Result<(ObjectId, Snapshot)> {
-        self.resolve_snapshot_noting(spec).map(|(id, s, _)| (id, s))
+        self.resolve_snapshot_noting(spec)
+            .map(|r| (r.id, r.snapshot))
     }
 
-    /// Like [`Repository::resolve_snapshot`], and also returns the snapshots
-    /// that could not be read: with any, `latest` is only the newest
-    /// *readable* snapshot, which callers must tell the user.
-    pub fn resolve_snapshot_noting(&self, spec: &str) -> Result<(ObjectId, Snapshot, Vec<String>)> {
+    /// Like [`Repository::resolve_snapshot`], and also says what `latest`
+    /// passed over, which callers must tell the user: snapshots that could
+    /// not be read (one may be newer), and snapshots dated in the future of
+    /// this machine's clock ([`crate::timefmt::is_future`]), which are never
+    /// `latest`: one backup made while a clock ran ahead would otherwise
+    /// stand for the newest data for years.
+    pub fn resolve_snapshot_noting(&self, spec: &str) -> Result<Resolved> {
         let (snaps, mut bad) = self.list_snapshots()?;
+        let mut future = Vec::new();
+        let snaps = if spec == "latest" {
+            let now = crate::timefmt::now_unix();
+            let (f, rest): (Vec<_>, Vec<_>) = snaps
+                .into_iter()
+                .partition(|(_, s)| crate::timefmt::is_future(s.time_unix, now));
+            future = f.into_iter().map(|(id, s)| (id, s.time)).collect();
+            rest
+        } else {
+            snaps
+        };
         match Self::pick(snaps, spec) {
-            Ok((id, s)) => Ok((id, s, bad.iter().map(|e| e.to_string()).collect())),
+            Ok((id, snapshot)) => Ok(Resolved {
+                id,
+                snapshot,
+                damaged: bad.iter().map(|e| e.to_string()).collect(),
+                future,
+            }),
             // The snapshot asked for by ID exists but is damaged: say that,
             // not "no such snapshot".
             Err(EngineError::SnapshotNotFound(_)) if spec != "latest" => {

@@ -276,9 +276,22 @@ pub struct GroupPlan {
 }
 
 impl GroupPlan {
-    /// True when the policy keeps none of the group's snapshots.
+    /// True when the policy keeps none of the group's snapshots that are
+    /// not dated in the future. Those are kept whatever the policy says, so
+    /// counting them would let `--keep-last 0` forget every real snapshot
+    /// of a group behind one backup made while a clock ran ahead.
     pub fn keeps_nothing(&self) -> bool {
-        !self.snapshots.iter().any(|v| v.keep)
+        let dated = |v: &&Verdict| !v.reasons.contains(&Rule::Future);
+        self.snapshots.iter().filter(dated).count() > 0
+            && !self.snapshots.iter().filter(dated).any(|v| v.keep)
+    }
+
+    /// The snapshots counted by the policy (not dated in the future).
+    pub fn dated(&self) -> usize {
+        self.snapshots
+            .iter()
+            .filter(|v| !v.reasons.contains(&Rule::Future))
+            .count()
     }
 }
 
@@ -357,7 +370,7 @@ fn plan_group(
     // Snapshots from a clock that ran ahead are kept and counted nowhere.
     let dated: Vec<usize> = (0..members.len())
         .filter(|&i| {
-            if members[i].1.time_unix > now {
+            if crate::timefmt::is_future(members[i].1.time_unix, now) {
                 keep(i, Rule::Future, &mut out);
                 false
             } else {

@@ -77,6 +77,18 @@ pub fn now_unix() -> i64 {
     now_precise().0
 }
 
+/// How far a snapshot's time may lie ahead of this machine's clock before
+/// it counts as dated in the future (a clock that ran ahead when it was
+/// made): clocks of machines sharing a repository differ by this much
+/// without anything being wrong.
+pub const FUTURE_SKEW_SECS: i64 = 300;
+
+/// Whether a snapshot taken at `time_unix` is dated in the future of `now`
+/// (beyond [`FUTURE_SKEW_SECS`]).
+pub fn is_future(time_unix: i64, now: i64) -> bool {
+    time_unix > now.saturating_add(FUTURE_SKEW_SECS)
+}
+
 // Howard Hinnant's days-to-civil algorithm.
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;

@@ -124,6 +124,9 @@ pub struct BackupReport {
     /// Packs treated as lost (known damaged, or found missing with
     /// `verify_packs`): nothing in this snapshot refers to their copies.
     pub packs_distrusted: Vec<String>,
+    /// This machine's clock is behind the newest snapshot of the same host
+    /// and paths (one of them is wrong): what was seen.
+    pub clock_warning: Option<String>,
 }
 
 #[derive(Default)]
@@ -245,24 +248,50 @@ fn lease_check(
 }
 
 /// Picks the parent snapshot: explicit, or the latest with the same host and
-/// the same set of paths.
+/// the same set of paths that is not dated in the future (its time would
+/// make files changed after it look settled: see `content_unchanged`).
+/// Also says when this machine's clock is behind the newest snapshot of the
+/// same host and paths, future-dated or not: one of the clocks is wrong.
 fn find_parent(
     repo: &Repository,
     opts: &BackupOptions,
     host: &str,
     paths: &[String],
-) -> Result<Option<(ObjectId, Snapshot)>> {
-    if let Some(spec) = &opts.parent {
-        return repo.resolve_snapshot(spec).map(Some);
-    }
+    now: (i64, u32),
+) -> Result<(Option<(ObjectId, Snapshot)>, Option<String>)> {
     let (snaps, _) = repo.list_snapshots()?;
     let mut want = paths.to_vec();
     want.sort();
-    Ok(snaps.into_iter().rev().find(|(_, s)| {
+    let mut same = snaps.into_iter().rev().filter(|(_, s)| {
         let mut p = s.paths.clone();
         p.sort();
         s.hostname == host && p == want
-    }))
+    });
+    let newest = same.next();
+    let clock = newest
+        .as_ref()
+        .filter(|(_, s)| (s.time_unix, s.time_nanos) > now)
+        .map(|(id, s)| {
+            format!(
+                "this machine's clock ({}) is behind snapshot {} of the same host and paths ({}): check the clock{}",
+                rfc3339(now.0),
+                id.short(),
+                s.time,
+                if crate::timefmt::is_future(s.time_unix, now.0) {
+                    "; that snapshot is dated in the future and is not used as the parent or as \"latest\""
+                } else {
+                    ""
+                }
+            )
+        });
+    if let Some(spec) = &opts.parent {
+        return Ok((Some(repo.resolve_snapshot(spec)?), clock));
+    }
+    let parent = newest
+        .into_iter()
+        .chain(same)
+        .find(|(_, s)| !crate::timefmt::is_future(s.time_unix, now.0));
+    Ok((parent, clock))
 }
 
 /// Runs a backup of `opts.paths` into `repo` and commits a snapshot.
@@ -321,7 +350,8 @@ pub fn backup(
         .collect();
     index.forget_packs(&lost);
     let index = Arc::new(index);
-    let parent = find_parent(&repo, opts, &host, &path_strings)?;
+    let (parent, clock_warning) =
+        find_parent(&repo, opts, &host, &path_strings, (start_unix, start_nanos))?;
     let parent_root = match &parent {
         // With --force the parent is still used for identity (atimes,
         // new-vs-changed counts), never to skip reading content.
@@ -492,5 +522,6 @@ pub fn backup(
         duration_secs: started.elapsed().as_secs_f64(),
         warnings,
         packs_distrusted,
+        clock_warning,
     })
 }

@@ -1,0 +1,115 @@
+//! Regression tests for the third hostile test (issue "Trust, round
+//! three"): history lost or misreported. Each test fails on the code before
+//! its fix. (`restore --delete` and killed restores: restore.rs.)
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn at(repo: &Path, now: &str, args: &[&str]) -> std::process::Output {
+    capsule_env(
+        repo,
+        args,
+        &[("CAPSULE_PASSWORD", PASSWORD), ("CAPSULE_TEST_NOW", now)],
+    )
+}
+
+/// 30.2: one backup made while the clock ran ahead (2031) neither becomes
+/// `latest` nor lets retention forget the real newest snapshot.
+#[test]
+fn a_snapshot_dated_in_the_future_never_shadows_the_real_newest() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    init(&repo);
+    std::fs::write(src.join("f"), b"c").unwrap();
+    let o = at(
+        &repo,
+        "2031-01-01T00:00:00Z",
+        &["backup", src.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(src.join("f"), b"d").unwrap();
+    // The real clock is behind the 2031 snapshot: the backup says so, and
+    // does not take it as its parent.
+    let o = capsule(&repo, &["--json", "backup", src.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("clock"), "{}", stderr(&o));
+    let b: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        b["clock_warning"].as_str().unwrap().contains("future"),
+        "{b}"
+    );
+    assert!(b["parent"].is_null(), "{b}");
+
+    let target = t.path().join("rl");
+    let o = capsule(
+        &repo,
+        &[
+            "--json",
+            "restore",
+            "latest",
+            "--target",
+            target.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("dated in the future"), "{}", stderr(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["notices"][0].as_str().unwrap().contains("future"), "{r}");
+    assert_eq!(
+        std::fs::read(restored(&target, &src).join("f")).unwrap(),
+        b"d"
+    );
+
+    let list = json(&repo, &["snapshots"]);
+    let future: Vec<bool> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["future"].as_bool().unwrap())
+        .collect();
+    assert_eq!(future, vec![false, true], "{list}");
+    let text = ok(&repo, &["snapshots"]);
+    assert!(text.contains("dated in the future"), "{text}");
+
+    // --keep-last 0 keeps none of the real snapshots: refused without
+    // --allow-empty, and nothing goes.
+    let o = capsule(&repo, &["forget", "--keep-last", "0"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--allow-empty"), "{}", stderr(&o));
+    assert_eq!(json(&repo, &["snapshots"]).as_array().unwrap().len(), 2);
+    // --keep-last 1 keeps the real newest, and the future one beside it.
+    ok(&repo, &["forget", "--keep-last", "1"]);
+    assert_eq!(json(&repo, &["snapshots"]).as_array().unwrap().len(), 2);
+}
+
+/// 30.2: a backup whose clock is earlier than the newest snapshot of the
+/// same host and paths (not in the future: this clock went back) warns.
+#[test]
+fn a_clock_that_went_back_is_reported_by_the_backup() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"c").unwrap();
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let o = at(
+        &repo,
+        "2020-01-01T00:00:00Z",
+        &["backup", src.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("clock") && stderr(&o).contains("is behind snapshot"),
+        "{}",
+        stderr(&o)
+    );
+}
