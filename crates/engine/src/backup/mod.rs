@@ -247,6 +247,9 @@ fn lease_check(
     )))
 }
 
+/// A parent snapshot and its ID.
+type Parent = (ObjectId, Snapshot);
+
 /// Picks the parent snapshot: explicit, or the latest with the same host and
 /// the same set of paths that is not dated in the future (its time would
 /// make files changed after it look settled: see `content_unchanged`).
@@ -258,7 +261,7 @@ fn find_parent(
     host: &str,
     paths: &[String],
     now: (i64, u32),
-) -> Result<(Option<(ObjectId, Snapshot)>, Option<String>)> {
+) -> Result<(Option<Parent>, Option<String>)> {
     let (snaps, _) = repo.list_snapshots()?;
     let mut want = paths.to_vec();
     want.sort();
