@@ -18,6 +18,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::{Backend, BackendError, ErrorKind, LabBackend};
 
+/// The largest object the cache keeps (a tree pack is at most 512 MiB):
+/// anything larger in the cache directory was not written by it.
+const MAX_CACHED: u64 = 1 << 30;
+
 /// What the cache did during this process.
 #[derive(Debug, Default)]
 pub struct CacheStats {
@@ -131,7 +135,17 @@ impl CachingBackend {
     /// Returns the cached file if present and (checked once) intact.
     fn open_cached(&self, name: &str) -> Option<std::fs::File> {
         let p = self.local(name);
-        let mut f = std::fs::File::open(&p).ok()?;
+        // A FIFO, a symlink or something huge planted here is damage: it
+        // goes, and the object is fetched from the destination.
+        let mut f = match crate::ownfile::open_regular(&p) {
+            Ok(f) if f.metadata().is_ok_and(|m| m.len() <= MAX_CACHED) => f,
+            Ok(_) | Err(_) if p.symlink_metadata().is_ok() => {
+                let _ = std::fs::remove_file(&p);
+                self.stats.repaired.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            _ => return None,
+        };
         let checked = self
             .verified
             .lock()

@@ -16,6 +16,7 @@ pub mod cache;
 pub mod conformance;
 pub mod local;
 pub mod metered;
+pub mod ownfile;
 pub mod retry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -325,10 +325,33 @@ pub fn start_key(
         return (None, None);
     };
     let early = key_hint_path(g, loc)
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .and_then(|text| capsule_engine::KeyHint::parse(&text))
+        .and_then(|p| read_own_file(&p, KEY_HINT_MAX))
+        .and_then(|text| capsule_engine::KeyHint::parse(&String::from_utf8_lossy(&text)))
+        .filter(|hint| hint.costs_at_most(capsule_crypto::KdfParams::default()))
         .map(|hint| capsule_engine::EarlyKey::start(&pw, hint));
     (Some(pw), early)
+}
+
+/// The most a key hint file holds (one line of about 100 bytes).
+const KEY_HINT_MAX: u64 = 512;
+
+/// Reads a file capsule keeps for itself (cache or state directory), at
+/// most `max` bytes, regular files only
+/// ([`capsule_backend::ownfile::read_bounded`]). Nothing there is `None`;
+/// anything else that cannot be read is `None` with a warning, since such a
+/// file only ever saves work.
+pub fn read_own_file(path: &std::path::Path, max: u64) -> Option<Vec<u8>> {
+    match capsule_backend::ownfile::read_bounded(path, max) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            eprintln!(
+                "warning: {}: ignored ({e}); capsule keeps this file only to save work, and will write it again",
+                path.display()
+            );
+            None
+        }
+    }
 }
 
 /// Keeps the opened key's salt and cost for the next run's
@@ -339,7 +362,9 @@ pub fn remember_key(g: &GlobalArgs, loc: &RepoLocation, repo: &capsule_engine::R
         return;
     };
     let text = repo.key_hint().to_text();
-    if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
+    if capsule_backend::ownfile::read_bounded(&path, KEY_HINT_MAX)
+        .is_ok_and(|old| old == text.as_bytes())
+    {
         return;
     }
     let Some(dir) = path.parent() else { return };
@@ -369,10 +394,12 @@ pub const DAMAGED_PACKS: &str = "damaged-packs";
 
 /// The packs the last `check` found missing or damaged.
 pub fn read_damaged_packs(dir: &Path) -> Vec<capsule_format::ObjectId> {
-    let Ok(text) = std::fs::read_to_string(dir.join(DAMAGED_PACKS)) else {
+    // A line a pack (about 80 bytes): room for 200,000 of them.
+    let Some(text) = read_own_file(&dir.join(DAMAGED_PACKS), 16 << 20) else {
         return Vec::new();
     };
-    text.lines()
+    String::from_utf8_lossy(&text)
+        .lines()
         .filter_map(|l| l.rsplit('/').next()?.parse().ok())
         .collect()
 }

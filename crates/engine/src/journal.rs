@@ -102,7 +102,7 @@ impl Journal {
         }
         // Keep the records of packs still unindexed (few: an index file is
         // written every few packs).
-        let Ok(old) = std::fs::read(&self.path) else {
+        let Ok(old) = capsule_backend::ownfile::read_bounded(&self.path, JOURNAL_MAX) else {
             return;
         };
         let mut kept = Vec::new();
@@ -168,10 +168,21 @@ fn records(bytes: &[u8]) -> Vec<(ObjectId, &[u8])> {
 /// Reads the journal left at `path` by an earlier run and returns the packs
 /// it names that are on the destination but in no index file, after adding
 /// them to `index`. An unreadable journal is ignored (and removed): it only
+/// The most a journal may hold: a record per pack not yet in an index
+/// file, and an index file is written every few packs.
+const JOURNAL_MAX: u64 = 256 << 20;
+
 /// ever saves work.
 pub fn recover(repo: &Repository, index: &mut MasterIndex, path: &Path) -> Result<Vec<IndexPack>> {
-    let Ok(bytes) = std::fs::read(path) else {
-        return Ok(Vec::new());
+    let bytes = match capsule_backend::ownfile::read_bounded(path, JOURNAL_MAX) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        // Not a file this machine's backups wrote (a FIFO, a link, far too
+        // large): it only ever saves work, so it goes.
+        Err(_) => {
+            let _ = std::fs::remove_file(path);
+            return Ok(Vec::new());
+        }
     };
     let mut packs = Vec::new();
     for (id, record) in records(&bytes) {

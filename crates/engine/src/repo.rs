@@ -270,6 +270,18 @@ impl KeyHint {
         let valid = f.next().is_none() && kdf_in_bounds(kdf) && (8..=64).contains(&salt.len());
         valid.then_some(KeyHint { salt, kdf })
     }
+
+    /// Whether a derivation with this hint's cost may start before the key
+    /// file is read: only if it asks no more memory, passes or lanes than
+    /// `limit` (the default cost). A hint is a local file that anything
+    /// with the user's rights can plant; one asking a gigabyte for seconds
+    /// must cost nothing, so a key that really is that costly is derived
+    /// once its key file has been read, as without a hint.
+    pub fn costs_at_most(&self, limit: KdfParams) -> bool {
+        self.kdf.m_cost <= limit.m_cost
+            && self.kdf.t_cost <= limit.t_cost
+            && self.kdf.p_cost <= limit.p_cost
+    }
 }
 
 /// A key derivation started on another thread from a [`KeyHint`], while
@@ -1039,6 +1051,19 @@ mod tests {
             t_cost: 1,
             p_cost: 1,
         }
+    }
+
+    #[test]
+    fn a_hint_costlier_than_the_default_is_not_derived_early() {
+        let salt = "00".repeat(16);
+        let costly = KeyHint::parse(&format!("argon2id 1048576 4 16 {salt}")).unwrap();
+        assert!(!costly.costs_at_most(KdfParams::default()));
+        for more in ["65537 3 1", "65536 4 1", "65536 3 2"] {
+            let h = KeyHint::parse(&format!("argon2id {more} {salt}")).unwrap();
+            assert!(!h.costs_at_most(KdfParams::default()), "{more}");
+        }
+        let usual = KeyHint::parse(&format!("argon2id 65536 3 1 {salt}")).unwrap();
+        assert!(usual.costs_at_most(KdfParams::default()));
     }
 
     fn repo() -> (Arc<MemoryBackend>, KeyHint) {

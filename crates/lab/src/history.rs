@@ -62,7 +62,10 @@ fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
 }
 
 fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let data = std::fs::read(path).map_err(|e| LabError::io("read", path, e))?;
+    // A run record is a few KB to a few MB; a FIFO or a huge file planted
+    // in the state directory is refused, not waited on or loaded.
+    let data = capsule_backend::ownfile::read_bounded(path, 64 << 20)
+        .map_err(|e| LabError::io("read", path, e))?;
     serde_json::from_slice(&data).map_err(|e| LabError::BadRecord {
         path: path.display().to_string(),
         message: e.to_string(),
@@ -118,11 +121,18 @@ impl History {
         Ok(p)
     }
 
-    /// Every backup record, oldest first (unreadable files are skipped).
+    /// Every backup record, oldest first. An unreadable one is skipped with
+    /// a warning on stderr: records only inform estimates and reports.
     pub fn runs(&self) -> Vec<RunRecord> {
         let mut out: Vec<RunRecord> = json_files(&self.dir.join("runs"))
             .iter()
-            .filter_map(|p| read_json(p).ok())
+            .filter_map(|p| match read_json(p) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    eprintln!("warning: run record ignored: {e}");
+                    None
+                }
+            })
             .collect();
         out.sort_by_key(|r: &RunRecord| r.time_unix);
         out
