@@ -161,7 +161,7 @@ fn a_planted_key_hint_neither_hangs_nor_exhausts_a_command() {
         .unwrap()
         .path();
     let good = std::fs::read(&hint).unwrap();
-    let mut planted = |what: &str, plant: &dyn Fn(&Path)| {
+    let planted = |what: &str, plant: &dyn Fn(&Path)| {
         let _ = std::fs::remove_file(&hint);
         plant(&hint);
         let o = bounded(&repo, &["snapshots"]);
