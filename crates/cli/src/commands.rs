@@ -96,6 +96,20 @@ fn resolve(
             snap.time
         ));
     }
+    match &snap.repaired {
+        Some(r) => out.warn(format!(
+            "snapshot {} was repaired on {}: {} entries whose data was lost were dropped from it (the original, {}, is set aside: `capsule snapshots --forgotten`)",
+            id.short(),
+            r.time,
+            r.dropped,
+            r.from.get(..8).unwrap_or(&r.from)
+        )),
+        None if snap.tags.iter().any(|t| t == "repaired") => out.warn(format!(
+            "snapshot {} was repaired: entries whose data was lost were dropped from it",
+            id.short()
+        )),
+        None => {}
+    }
     if spec == "latest" && !damaged.is_empty() {
         out.warn(format!(
             "{} snapshot(s) cannot be read ({}); one of them may be newer: \"latest\" is {} of {}, the newest readable one",
@@ -861,8 +875,17 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
         return Ok(exit::OK);
     }
     if !out.json {
+        let unused = |p: &capsule_engine::check::Problem| {
+            p.affected.is_empty()
+                && (p.object.starts_with("data/") || p.object.starts_with("tree/"))
+        };
         for p in &r.problems {
             eprintln!("damaged: {}: {}", p.object, p.problem);
+            if unused(p) {
+                eprintln!(
+                    "  no snapshot uses it (what used it was forgotten, or dropped by `repair snapshots`); `capsule prune` takes it out of the index"
+                );
+            }
             for f in p.affected.iter().take(20) {
                 eprintln!("  affects {f}");
             }
@@ -870,10 +893,17 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
                 eprintln!("  ... and {} more", p.affected.len() - 20);
             }
         }
-        eprintln!(
-            "capsule: check found {} damaged objects; files not listed above still restore",
-            r.problems.len()
-        );
+        if r.problems.iter().all(unused) {
+            eprintln!(
+                "capsule: check found {} missing or damaged packs that no snapshot uses: every snapshot restores in full; run `capsule prune` to take them out of the index",
+                r.problems.len()
+            );
+        } else {
+            eprintln!(
+                "capsule: check found {} damaged objects; files not listed above still restore",
+                r.problems.len()
+            );
+        }
         if index_damaged && !r.unindexed_packs.is_empty() {
             eprintln!(
                 "  hint: {} packs are on the destination but in no index; `capsule repair index` rebuilds the index from them",

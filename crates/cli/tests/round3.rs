@@ -197,3 +197,78 @@ fn a_planted_key_hint_neither_hangs_nor_exhausts_a_command() {
     // Each run wrote the good hint back.
     assert_eq!(std::fs::read(&hint).unwrap(), good);
 }
+
+/// 30.5: a repaired snapshot counts what it holds, `restore` and `ls` of it
+/// say once that it was repaired and how many entries were dropped, and
+/// `check` afterwards names the missing pack and how to clear it.
+#[test]
+fn a_repaired_snapshot_counts_what_it_holds_and_says_what_was_dropped() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..3 {
+        std::fs::write(src.join(format!("f{i}")), noise(3 << 20, i + 1)).unwrap();
+    }
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    for e in walk(&repo.join("data")) {
+        std::fs::remove_file(e).unwrap();
+    }
+    let rep = json(&repo, &["repair", "snapshots"]);
+    assert_eq!(rep["repaired"][0]["dropped_entries"], 3, "{rep}");
+    let snaps = json(&repo, &["snapshots"]);
+    let s = &snaps[0]["snapshot"];
+    assert_eq!(
+        (
+            s["summary"]["files"].as_u64(),
+            s["summary"]["bytes"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{snaps}"
+    );
+    assert_eq!(s["repaired"]["dropped"], 3, "{snaps}");
+
+    let target = t.path().join("r");
+    let o = capsule(
+        &repo,
+        &[
+            "--json",
+            "restore",
+            "latest",
+            "--target",
+            target.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert_eq!(err.matches("was repaired").count(), 1, "{err}");
+    assert!(err.contains("3 entries"), "{err}");
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        r["notices"][0].as_str().unwrap().contains("repaired"),
+        "{r}"
+    );
+    let o = capsule(&repo, &["ls", "latest"]);
+    assert!(o.status.success());
+    assert_eq!(stderr(&o).matches("was repaired").count(), 1);
+
+    // What is left: the missing pack no snapshot uses. check names it and
+    // says how to clear it.
+    let o = capsule(&repo, &["check"]);
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(out.contains("no snapshot uses"), "{out}");
+    assert!(out.contains("capsule prune"), "{out}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

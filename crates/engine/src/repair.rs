@@ -171,6 +171,9 @@ pub struct SnapshotRepair {
     /// Paths dropped because their data (or their directory's tree) is
     /// gone, as `<path>: <why>`.
     pub dropped: Vec<String>,
+    /// How many entries were dropped (also those in subtrees another
+    /// snapshot shares, which `dropped` names once, by their directory).
+    pub dropped_entries: u64,
 }
 
 /// What `repair snapshots` did.
@@ -232,35 +235,41 @@ pub fn repair_snapshots(
         capsule_format::snapshot::Snapshot,
         Option<capsule_format::BlobId>,
     )> = Vec::new();
-    let mut memo: std::collections::HashMap<capsule_format::BlobId, Rewritten> = Default::default();
+    let mut memo: std::collections::HashMap<capsule_format::BlobId, (Rewritten, Counts)> =
+        Default::default();
+    let mut counts = Vec::new();
     for (id, snap) in &snaps {
         let root: capsule_format::BlobId = snap
             .tree
             .parse()
             .map_err(|_| EngineError::corrupt(FileType::Snapshot.name(id), "bad tree id"))?;
         let mut dropped = Vec::new();
-        let new_root = match rewrite_tree(
+        let sources: Vec<std::path::PathBuf> = snap.paths.iter().map(Into::into).collect();
+        let mut walk = Walk {
             repo,
-            &index,
-            &have,
-            saver.as_ref(),
-            &root,
-            std::path::Path::new("/"),
-            &mut dropped,
-            &mut memo,
-        )? {
-            Rewritten::Same => continue,
-            Rewritten::New(r) => Some(r),
-            Rewritten::Lost(why) => {
+            index: &index,
+            have: &have,
+            saver: saver.as_ref(),
+            sources: &sources,
+            dropped: &mut dropped,
+            memo: &mut memo,
+        };
+        let (new_root, kept) = match walk.rewrite(&root, std::path::Path::new("/"))? {
+            (Rewritten::Same, _) => continue,
+            (Rewritten::New(r), c) => (Some(r), c),
+            (Rewritten::Lost(why), mut c) => {
                 dropped.push(format!("/: {why}"));
-                None
+                c.dropped += 1;
+                (None, c)
             }
         };
         report.repaired.push(SnapshotRepair {
             snapshot: id.to_hex(),
             replaced_by: None,
             dropped,
+            dropped_entries: kept.dropped,
         });
+        counts.push(kept);
         fixed.push((*id, snap.clone(), new_root));
     }
     if let Some(saver) = saver {
@@ -278,6 +287,23 @@ pub fn repair_snapshots(
             if !s.tags.iter().any(|t| t == "repaired") {
                 s.tags.push("repaired".into());
             }
+            // The counts say what it holds now, not what it held.
+            let c = counts[i];
+            s.summary.files = c.files;
+            s.summary.dirs = c.dirs;
+            s.summary.others = c.others;
+            s.summary.bytes = c.bytes;
+            // A snapshot repaired again keeps naming the first original.
+            let earlier = s.repaired.take().unwrap_or_default();
+            s.repaired = Some(capsule_format::snapshot::Repaired {
+                from: if earlier.from.is_empty() {
+                    old_id.to_hex()
+                } else {
+                    earlier.from
+                },
+                time: crate::timefmt::rfc3339(crate::timefmt::now_unix()),
+                dropped: earlier.dropped + c.dropped,
+            });
             let new_id = repo.save_snapshot(&s)?;
             report.repaired[i].replaced_by = Some(new_id.to_hex());
         }
@@ -299,76 +325,129 @@ enum Rewritten {
     Lost(String),
 }
 
-#[allow(clippy::too_many_arguments)]
-fn rewrite_tree(
-    repo: &Repository,
-    index: &crate::index::MasterIndex,
-    have: &dyn Fn(&capsule_format::BlobId) -> bool,
-    saver: Option<&crate::packer::BlobSaver>,
-    tree: &capsule_format::BlobId,
-    path: &std::path::Path,
-    dropped: &mut Vec<String>,
-    memo: &mut std::collections::HashMap<capsule_format::BlobId, Rewritten>,
-) -> Result<Rewritten> {
-    use capsule_format::tree::{encode_tree, NodeKind};
-    use std::os::unix::ffi::OsStrExt;
-    // Shared subtrees are judged once; what they drop is named per snapshot.
-    if let Some(r) = memo.get(tree) {
-        if !matches!(r, Rewritten::Same) {
-            dropped.push(format!("{}: (as in an earlier snapshot)", path.display()));
-        }
-        return Ok(r.clone());
+/// What a tree holds, counted as a backup counts a snapshot's summary:
+/// entries at or below a source (its ancestors are not counted).
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    files: u64,
+    dirs: u64,
+    others: u64,
+    bytes: u64,
+    /// Entries dropped in it (a lost directory counts once).
+    dropped: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.files += o.files;
+        self.dirs += o.dirs;
+        self.others += o.others;
+        self.bytes += o.bytes;
+        self.dropped += o.dropped;
     }
-    let nodes = match repo.load_tree(index, tree) {
-        Ok(n) if have(tree) => n,
-        Ok(_) => return Ok(Rewritten::Lost("its tree's pack is missing".into())),
-        Err(EngineError::Backend(b)) if b.is_destination_failure() => {
-            return Err(EngineError::Backend(b))
+}
+
+/// One snapshot's rewrite: what it reads, where it writes, what it found.
+struct Walk<'a> {
+    repo: &'a Repository,
+    index: &'a crate::index::MasterIndex,
+    have: &'a dyn Fn(&capsule_format::BlobId) -> bool,
+    saver: Option<&'a crate::packer::BlobSaver>,
+    sources: &'a [std::path::PathBuf],
+    dropped: &'a mut Vec<String>,
+    memo: &'a mut std::collections::HashMap<capsule_format::BlobId, (Rewritten, Counts)>,
+}
+
+impl Walk<'_> {
+    /// Tree `tree` at `path` without what is lost, and what it then holds.
+    fn rewrite(
+        &mut self,
+        tree: &capsule_format::BlobId,
+        path: &std::path::Path,
+    ) -> Result<(Rewritten, Counts)> {
+        use capsule_format::tree::{encode_tree, NodeKind};
+        use std::os::unix::ffi::OsStrExt;
+        // Shared subtrees are judged once; what they drop is named per
+        // snapshot.
+        if let Some((r, c)) = self.memo.get(tree) {
+            if !matches!(r, Rewritten::Same) {
+                self.dropped
+                    .push(format!("{}: (as in an earlier snapshot)", path.display()));
+            }
+            return Ok((r.clone(), *c));
         }
-        Err(e) => return Ok(Rewritten::Lost(e.to_string())),
-    };
-    let mut changed = false;
-    let mut out = Vec::with_capacity(nodes.len());
-    for mut n in nodes {
-        let p = path.join(std::ffi::OsStr::from_bytes(&n.name));
-        match n.kind() {
-            NodeKind::Dir => {
-                if let Some(sub) = n.subtree {
-                    match rewrite_tree(repo, index, have, saver, &sub, &p, dropped, memo)? {
-                        Rewritten::Same => {}
-                        Rewritten::New(id) => {
-                            n.subtree = Some(id);
-                            changed = true;
-                        }
-                        Rewritten::Lost(why) => {
-                            dropped.push(format!("{}/: {why}", p.display()));
-                            changed = true;
-                            continue;
+        let nodes = match self.repo.load_tree(self.index, tree) {
+            Ok(n) if (self.have)(tree) => n,
+            Ok(_) => {
+                return Ok((
+                    Rewritten::Lost("its tree's pack is missing".into()),
+                    Counts::default(),
+                ))
+            }
+            Err(EngineError::Backend(b)) if b.is_destination_failure() => {
+                return Err(EngineError::Backend(b))
+            }
+            Err(e) => return Ok((Rewritten::Lost(e.to_string()), Counts::default())),
+        };
+        let mut changed = false;
+        let mut counts = Counts::default();
+        let mut out = Vec::with_capacity(nodes.len());
+        for mut n in nodes {
+            let p = path.join(std::ffi::OsStr::from_bytes(&n.name));
+            let inside = self.sources.iter().any(|s| p.starts_with(s));
+            let mut here = Counts::default();
+            match n.kind() {
+                NodeKind::Dir => {
+                    here.dirs = 1;
+                    if let Some(sub) = n.subtree {
+                        match self.rewrite(&sub, &p)? {
+                            (Rewritten::Same, c) => counts += c,
+                            (Rewritten::New(id), c) => {
+                                n.subtree = Some(id);
+                                changed = true;
+                                counts += c;
+                            }
+                            (Rewritten::Lost(why), _) => {
+                                self.dropped.push(format!("{}/: {why}", p.display()));
+                                changed = true;
+                                counts.dropped += 1;
+                                continue;
+                            }
                         }
                     }
                 }
-            }
-            NodeKind::File => {
-                if let Some(b) = n.content.iter().find(|b| !have(b)) {
-                    dropped.push(format!("{}: blob {} is missing", p.display(), b.short()));
-                    changed = true;
-                    continue;
+                NodeKind::File => {
+                    if let Some(b) = n.content.iter().find(|b| !(self.have)(b)) {
+                        self.dropped.push(format!(
+                            "{}: blob {} is missing",
+                            p.display(),
+                            b.short()
+                        ));
+                        changed = true;
+                        counts.dropped += 1;
+                        continue;
+                    }
+                    here.files = 1;
+                    here.bytes = n.size;
                 }
+                _ => here.others = 1,
             }
-            _ => {}
+            if inside {
+                counts += here;
+            }
+            out.push(n);
         }
-        out.push(n);
+        let r = if !changed {
+            Rewritten::Same
+        } else {
+            let enc = encode_tree(&out);
+            let id = self.repo.key().blob_id(&enc);
+            if let Some(s) = self.saver {
+                s.save(BlobType::Tree, id, &enc)?;
+            }
+            Rewritten::New(id)
+        };
+        self.memo.insert(*tree, (r.clone(), counts));
+        Ok((r, counts))
     }
-    let r = if !changed {
-        Rewritten::Same
-    } else {
-        let enc = encode_tree(&out);
-        let id = repo.key().blob_id(&enc);
-        if let Some(s) = saver {
-            s.save(BlobType::Tree, id, &enc)?;
-        }
-        Rewritten::New(id)
-    };
-    memo.insert(*tree, r.clone());
-    Ok(r)
 }

@@ -462,6 +462,7 @@ mod tests {
             incomplete: false,
             summary: SnapshotSummary::default(),
             program: String::new(),
+            repaired: None,
         }
     }
 

@@ -255,6 +255,7 @@ fn tree_bomb_is_bounded_and_reported() {
             ..Default::default()
         },
         program: "crafted".into(),
+        repaired: None,
     };
     r.save_snapshot(&snap).unwrap();
     let budget = capsule_engine::treewalk::entry_budget(&snap);

@@ -39,6 +39,22 @@ pub struct Snapshot {
     pub summary: SnapshotSummary,
     /// capsule version.
     pub program: String,
+    /// Set on a snapshot `repair snapshots` wrote in place of a damaged
+    /// one; absent otherwise (and in snapshots written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repaired: Option<Repaired>,
+}
+
+/// What `repair snapshots` dropped from a snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct Repaired {
+    /// The damaged snapshot this one replaces (set aside in `forgotten/`).
+    pub from: String,
+    /// When it was repaired, RFC 3339 UTC.
+    pub time: String,
+    /// Entries dropped because their data or their directory's tree was
+    /// lost (a dropped directory counts once, whatever it held).
+    pub dropped: u64,
 }
 
 /// Counters recorded in a snapshot.
@@ -117,4 +133,35 @@ pub fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, crate:
 pub fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
     // Serializing plain structs with string keys cannot fail.
     serde_json::to_vec(v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot as written before `repaired` existed (FORMAT.md's
+    /// example) still decodes, without it; one with it round-trips, and one
+    /// without writes no `repaired` key, so older readers see what they
+    /// always saw.
+    #[test]
+    fn snapshots_without_the_repaired_field_still_open() {
+        let old =
+            br#"{"version":1,"time":"2026-11-21T21:19:08Z","time_unix":1795281548,"time_nanos":123,
+ "duration_secs":1.2,"hostname":"laptop","username":"me","paths":["/home/me"],
+ "tree":"00","parent":null,"tags":[],
+ "incomplete":false,"summary":{"files":1,"dirs":1,"others":0,"bytes":1,
+ "files_read":1,"bytes_read":1,"blobs_added":2,"bytes_added":100,"errors":0},
+ "program":"capsule 0.1.0"}"#;
+        let s: Snapshot = from_json(old).unwrap();
+        assert_eq!(s.repaired, None);
+        assert!(!String::from_utf8(to_json(&s)).unwrap().contains("repaired"));
+        let mut r = s.clone();
+        r.repaired = Some(Repaired {
+            from: "ab".into(),
+            time: "2026-11-26T00:00:00Z".into(),
+            dropped: 3,
+        });
+        let back: Snapshot = from_json(&to_json(&r)).unwrap();
+        assert_eq!(back.repaired, r.repaired);
+    }
 }

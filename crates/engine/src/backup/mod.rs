@@ -466,6 +466,7 @@ pub fn backup(
         incomplete: !warnings.is_empty(),
         summary: summary.clone(),
         program: format!("capsule {}", env!("CARGO_PKG_VERSION")),
+        repaired: None,
     };
     // A session that lapsed (the process was suspended past its lease) may
     // have let a prune delete packs this backup refers to: commit only if
