@@ -240,12 +240,25 @@ fn thin_before_backup(
         ))
         .into());
     }
-    if !plan.fits {
+    let plan = if plan.fits {
+        plan
+    } else {
+        // Forgetting history that cannot make the run fit buys nothing the
+        // user asked for: forget none of it. Space no snapshot uses (what
+        // earlier forgets left) still comes back below.
         out.warn(format!(
-            "the repository will not fit its {} quota even without every old snapshot; backing up anyway",
-            bytes(q.bytes)
+            "the {} quota is too small for this run by {}: the snapshots that must stay (the newest of each source and those younger than the minimum age) use {}, and this run may add {} (what the last run of these paths added). Nothing was forgotten for it; backing up anyway. Raise the quota with `capsule quota set SIZE`",
+            bytes(q.bytes),
+            bytes(plan.used_after.saturating_add(expected).saturating_sub(q.bytes)),
+            bytes(plan.used_after),
+            bytes(expected)
         ));
-    }
+        capsule_engine::quota::ThinPlan {
+            remove: Vec::new(),
+            used_after: plan.used,
+            ..plan
+        }
+    };
     if !plan.needed(q.bytes.saturating_sub(expected)) {
         return Ok(None);
     }

@@ -272,3 +272,44 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// 30.6: when forgetting every removable snapshot cannot make a run fit
+/// its quota, a backup forgets none of them (the old code forgot them all
+/// for a few KB), says by how much the quota is short, and backs up.
+#[test]
+fn quota_thinning_forgets_nothing_that_cannot_make_the_run_fit() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b, repo) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("repo"),
+    );
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(a.join("big"), noise(9 << 20, 1)).unwrap();
+    std::fs::write(b.join("big"), noise(9 << 20, 2)).unwrap();
+    init(&repo);
+    ok(&repo, &["quota", "set", "20M", "--min-age", "1s"]);
+    let mut minute = 0;
+    let mut run = |src: &Path| {
+        minute += 1;
+        let o = at(
+            &repo,
+            &format!("2026-01-01T00:{minute:02}:00Z"),
+            &["backup", src.to_str().unwrap()],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        stderr(&o)
+    };
+    for i in 0..4 {
+        std::fs::write(a.join(format!("s{i}")), [i]).unwrap();
+        run(&a);
+    }
+    run(&b);
+    std::fs::write(b.join("new"), b"y").unwrap();
+    let err = run(&b);
+    assert!(err.contains("quota is too small for this run by"), "{err}");
+    assert!(err.contains("Nothing was forgotten"), "{err}");
+    // All six snapshots are still there.
+    assert_eq!(json(&repo, &["snapshots"]).as_array().unwrap().len(), 6);
+}
