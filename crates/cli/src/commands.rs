@@ -703,6 +703,23 @@ impl From<OverwriteArg> for capsule_engine::restore::Overwrite {
 
 pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
     let (repo, _) = open(g, out)?;
+    let repo = Arc::new(repo);
+    // Held like a backup's, so that a prune meanwhile (which now sweeps at
+    // once when no session is held) waits for this restore before it
+    // deletes packs of a snapshot forgotten while it is being read. A
+    // destination this user may only read gets none.
+    let _session = match (!a.dry_run)
+        .then(|| capsule_engine::session::Session::start_kind(&repo, "restore"))
+    {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(e)) => {
+            out.warn(format!(
+                "no session could be written ({e}); a prune running meanwhile may delete data this restore is reading"
+            ));
+            None
+        }
+    };
     let (id, snap) = resolve(&repo, out, &a.snapshot)?;
     let (mut index, bad) = repo.load_index()?;
     capsule_engine::prune::add_marked_packs(&repo, &mut index)?;
@@ -1179,7 +1196,7 @@ fn repair_snapshots(g: &GlobalArgs, out: &Output, dry_run: bool) -> Result<u8> {
         if dry_run {
             "refer to missing data (dry run: nothing changed)"
         } else {
-            "repaired; the originals are set aside until the next prune (`capsule snapshots --forgotten`), and two prunes take the lost packs out of the index"
+            "repaired; the originals are set aside until the next prune (`capsule snapshots --forgotten`), which takes the lost packs out of the index"
         }
     ));
     Ok(exit::OK)

@@ -329,6 +329,7 @@ pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
         let p = PruneArgs {
             dry_run: a.dry_run,
             max_unused: a.max_unused,
+            wait: false,
         };
         return run_prune(&std::sync::Arc::new(repo), out, &p, Some(summary));
     }
@@ -375,13 +376,20 @@ pub fn unforget(g: &GlobalArgs, out: &Output, a: UnforgetArgs) -> Result<u8> {
 #[derive(Args, Debug)]
 #[command(after_help = "\
 Prune needs no lock: backups may run during it, from any machine. Packs no snapshot \
-uses are first marked, and deleted by a later prune once every backup that was running \
-when they were marked has finished (or stopped renewing its session for an hour). \
-Forgotten snapshots are removed for good by the prune that marks their data.")]
+uses are first marked, and deleted once every backup, restore and check that was running \
+when they were marked has finished (or stopped renewing its session for an hour). When \
+none was running, the same prune deletes them: one prune gives the space back. Otherwise \
+it names the sessions it waits for, and --wait waits for them. Forgotten snapshots are \
+removed for good by the prune that marks their data.")]
 pub struct PruneArgs {
     /// Say what would be marked and deleted; change nothing.
     #[arg(short = 'n', long)]
     dry_run: bool,
+    /// When packs wait for backups, restores or checks running elsewhere,
+    /// wait for those to finish (at most until their sessions' leases run
+    /// out, an hour after their last renewal), then delete the packs.
+    #[arg(long)]
+    wait: bool,
     /// Repack partly used packs until unused space is at most this share of
     /// used space (percent).
     #[arg(long, value_name = "PERCENT", default_value_t = 5.0,
@@ -417,6 +425,7 @@ fn run_prune(
         &capsule_engine::prune::PruneOptions {
             dry_run,
             max_unused: a.max_unused / 100.0,
+            wait: a.wait,
             ..Default::default()
         },
     )?;
@@ -431,21 +440,41 @@ fn run_prune(
     }
     let would = if dry_run { "would be " } else { "" };
     out.result(format!(
-        "{} packs ({}) {would}deleted, marked by an earlier prune; {} {would}put back in use",
+        "{} packs ({}) {would}deleted; {} {would}put back in use",
         r.packs_deleted,
         bytes(r.bytes_deleted),
         r.packs_restored
     ));
-    out.result(format!(
-        "{} packs ({}) {would}marked for deletion (unused, or repacked): the next prune deletes them",
-        r.packs_marked,
-        bytes(r.bytes_marked)
-    ));
+    if r.packs_marked > 0 {
+        out.result(format!(
+            "{} packs ({}) {would}marked for deletion (unused, or repacked){}",
+            r.packs_marked,
+            bytes(r.bytes_marked),
+            if dry_run {
+                ""
+            } else if r.passes > 1 && r.marks_waiting == 0 {
+                ", and deleted in the same run: no backup, restore or check was running"
+            } else {
+                ""
+            }
+        ));
+    }
     if r.marks_waiting > 0 {
         out.result(format!(
-            "{} packs wait for backups that were running when they were marked",
-            r.packs_waiting
+            "{} packs wait for sessions that were running when they were marked; a prune after they end deletes them{}:",
+            r.packs_waiting,
+            if a.wait { "" } else { " (`capsule prune --wait` waits for them)" }
         ));
+        for w in &r.waiting_for {
+            out.result(format!(
+                "  {} on {} (session {}), last renewed {}; its lease ends {}",
+                w.kind,
+                w.hostname,
+                w.session.get(..8).unwrap_or(&w.session),
+                capsule_engine::timefmt::rfc3339(w.heartbeat_unix),
+                capsule_engine::timefmt::rfc3339(w.lease_ends_unix)
+            ));
+        }
     }
     for s in &r.sessions_revoked {
         out.warn(format!(

@@ -58,6 +58,9 @@ pub struct PruneOptions {
     /// Refuse when this machine's clock and the destination's differ by
     /// more (seconds): session leases are judged by clocks.
     pub max_skew_secs: i64,
+    /// When marks wait for sessions held elsewhere, wait for them to end
+    /// (at most until their leases run out), then sweep.
+    pub wait: bool,
 }
 
 impl Default for PruneOptions {
@@ -67,6 +70,7 @@ impl Default for PruneOptions {
             lease_secs: LEASE_SECS,
             max_unused: 0.05,
             max_skew_secs: 300,
+            wait: false,
         }
     }
 }
@@ -119,6 +123,56 @@ pub struct PruneReport {
     pub requests: Option<u64>,
     /// Wall time.
     pub duration_secs: f64,
+    /// Passes this run made: 1, or 2 when it swept what it had just marked
+    /// (no session held anywhere), or more after waiting (`wait`).
+    pub passes: u32,
+    /// The sessions the waiting marks wait for, and when their leases end.
+    pub waiting_for: Vec<WaitingFor>,
+    /// Seconds spent waiting for them (`wait`).
+    pub waited_secs: f64,
+}
+
+/// A session a mark waits for.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct WaitingFor {
+    /// Session ID.
+    pub session: String,
+    /// What holds it ("backup", "restore", "check", ...).
+    pub kind: String,
+    /// Where it runs.
+    pub hostname: String,
+    /// When it was last renewed (Unix seconds).
+    pub heartbeat_unix: i64,
+    /// When its lease runs out if it is not renewed: a prune then revokes
+    /// it, and the prune after that sweeps.
+    pub lease_ends_unix: i64,
+}
+
+impl PruneReport {
+    /// Adds a later pass of the same run.
+    fn absorb(&mut self, later: PruneReport) {
+        self.forgotten_removed += later.forgotten_removed;
+        self.packs_marked += later.packs_marked;
+        self.bytes_marked += later.bytes_marked;
+        self.packs_deleted += later.packs_deleted;
+        self.bytes_deleted += later.bytes_deleted;
+        self.packs_restored += later.packs_restored;
+        self.sessions_revoked.extend(later.sessions_revoked);
+        self.packs_repacked += later.packs_repacked;
+        self.bytes_repack_written += later.bytes_repack_written;
+        self.bytes_repack_freed += later.bytes_repack_freed;
+        self.temporaries_removed += later.temporaries_removed;
+        self.bytes_temporaries += later.bytes_temporaries;
+        // What is left is what the last pass saw.
+        self.snapshots = later.snapshots;
+        self.marks_waiting = later.marks_waiting;
+        self.packs_waiting = later.packs_waiting;
+        self.packs_partly_used = later.packs_partly_used;
+        self.bytes_unused_in_partly_used = later.bytes_unused_in_partly_used;
+        self.bytes_in_use_packs = later.bytes_in_use_packs;
+        self.waiting_for = later.waiting_for;
+        self.passes += later.passes;
+    }
 }
 
 /// A mark, sealed with [`Aad::PruneMark`].
@@ -137,14 +191,83 @@ struct Mark {
     packs: String,
 }
 
-/// Runs one prune: sweeps what earlier marks allow, then marks what is
-/// unused now.
+/// Runs a prune: sweeps what earlier marks allow, then marks what is
+/// unused now. When no session other than prunes' was held as its mark was
+/// armed, no backup, restore or check anywhere can have seen the marked
+/// packs, so a second pass sweeps them at once: one prune gives the space
+/// back. Otherwise the marks wait for the sessions named in
+/// [`PruneReport::waiting_for`]; with [`PruneOptions::wait`] the prune
+/// waits for them (until their leases end at most) and sweeps.
 pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport> {
+    let started = Instant::now();
+    let (mut report, mut sweep_now) = prune_pass(repo, opts)?;
+    if opts.dry_run {
+        return Ok(report);
+    }
+    // Another pass when the last one armed a mark no session can have
+    // seen; when it swept, it may have marked again (a swept pack found in
+    // use is put back, and what a backup re-indexed is marked anew), so a
+    // few passes, bounded. After waiting, a pass that revoked a session
+    // past its lease leaves its mark to the pass after it.
+    let mut passes_left = if opts.wait { 5 } else { 2 };
+    let (mut waited, mut revoked) = (false, false);
+    loop {
+        let again = sweep_now || (waited && revoked && report.marks_waiting > 0);
+        if again && passes_left > 0 {
+            passes_left -= 1;
+            let (later, s) = prune_pass(repo, opts)?;
+            revoked = !later.sessions_revoked.is_empty();
+            report.absorb(later);
+            sweep_now = s;
+            continue;
+        }
+        if opts.wait && !waited && report.marks_waiting > 0 {
+            let t = Instant::now();
+            wait_for_sessions(repo, &report.waiting_for, opts.lease_secs)?;
+            report.waited_secs = t.elapsed().as_secs_f64();
+            waited = true;
+            sweep_now = true;
+            continue;
+        }
+        break;
+    }
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// How often `prune --wait` looks at the sessions it waits for.
+const WAIT_POLL_SECS: u64 = 5;
+
+/// Waits until none of `sessions` is held any more, or each has run past
+/// its lease (a prune may then revoke it). Bounded: at most the lease plus
+/// a minute from the newest heartbeat, however the clocks look.
+fn wait_for_sessions(repo: &Repository, sessions: &[WaitingFor], lease_secs: i64) -> Result<()> {
+    let started = Instant::now();
+    let bound = std::time::Duration::from_secs(lease_secs.max(0) as u64 + 60);
+    let wanted: HashSet<&str> = sessions.iter().map(|w| w.session.as_str()).collect();
+    loop {
+        let now = now_unix();
+        let held = list_sessions(repo)?;
+        let live = held.iter().any(|(id, _, i)| {
+            wanted.contains(id.as_str()) && now.saturating_sub(i.heartbeat_unix) <= lease_secs
+        });
+        if !live || started.elapsed() >= bound {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs(WAIT_POLL_SECS));
+    }
+}
+
+/// One pass of [`prune`]. Also returns whether the mark it armed (if any)
+/// names no session, so that a pass right after may sweep it.
+fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneReport, bool)> {
     let started = Instant::now();
     let mut report = PruneReport {
         dry_run: opts.dry_run,
+        passes: 1,
         ..Default::default()
     };
+    let mut sweep_now = false;
     let now = now_unix();
     let backend = repo.backend();
 
@@ -222,6 +345,11 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
         report.packs_waiting += packs.packs.len() as u64;
         pending_packs.extend(packs.packs.iter().map(|p| p.id));
         for s in live {
+            let info = held[s.as_str()];
+            let w = waiting_for(s, info, opts.lease_secs);
+            if !report.waiting_for.contains(&w) {
+                report.waiting_for.push(w);
+            }
             if now.saturating_sub(held[s.as_str()].heartbeat_unix) > opts.lease_secs {
                 if let Some((_, names, _)) = sessions.iter().find(|(id, _, _)| id == s) {
                     revoke.insert(s.clone(), names.clone());
@@ -460,11 +588,23 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
             )?;
             crate::test_pause("prune-rewritten");
             if let Some(unarmed) = unarmed {
-                let sessions_now: Vec<String> = list_sessions(repo)?
+                let others: Vec<(String, crate::session::SessionInfo)> = list_sessions(repo)?
                     .into_iter()
                     .filter(|(_, _, i)| i.kind != "prune")
-                    .map(|(id, _, _)| id)
+                    .map(|(id, _, i)| (id, i))
                     .collect();
+                // Nobody else holds a session: nothing can have seen these
+                // packs in the index that listed them.
+                sweep_now = others.is_empty();
+                report.marks_waiting += u64::from(!sweep_now);
+                report.packs_waiting += if sweep_now { 0 } else { condemned.len() as u64 };
+                for (id, info) in &others {
+                    let w = waiting_for(id, info, opts.lease_secs);
+                    if !report.waiting_for.contains(&w) {
+                        report.waiting_for.push(w);
+                    }
+                }
+                let sessions_now = others.into_iter().map(|(id, _)| id).collect();
                 write_mark(repo, now, Some(sessions_now), condemned)?;
                 crate::test_pause("prune-armed");
                 backend.delete(&unarmed)?;
@@ -480,7 +620,17 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
         })?;
     }
     report.duration_secs = started.elapsed().as_secs_f64();
-    Ok(report)
+    Ok((report, sweep_now))
+}
+
+fn waiting_for(id: &str, info: &crate::session::SessionInfo, lease_secs: i64) -> WaitingFor {
+    WaitingFor {
+        session: id.to_string(),
+        kind: info.kind.clone(),
+        hostname: info.hostname.clone(),
+        heartbeat_unix: info.heartbeat_unix,
+        lease_ends_unix: info.heartbeat_unix.saturating_add(lease_secs),
+    }
 }
 
 /// Whether entry `e` of pack `pos` is where a used blob is counted: the

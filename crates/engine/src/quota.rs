@@ -256,10 +256,9 @@ pub struct ThinReport {
     pub stored_after: u64,
 }
 
-/// Carries out a plan: forgets its snapshots, then prunes twice with no
-/// unused space allowed, so the space comes back now (when no other
-/// backup is running; otherwise the second prune waits for it and the
-/// space comes back at a later prune).
+/// Carries out a plan: forgets its snapshots, then prunes with no unused
+/// space allowed, so the space comes back now (when no other backup,
+/// restore or check is running; otherwise at a later prune).
 pub fn thin(repo: &Arc<Repository>, plan: ThinPlan) -> Result<ThinReport> {
     let ids = plan
         .remove
@@ -274,11 +273,13 @@ pub fn thin(repo: &Arc<Repository>, plan: ThinPlan) -> Result<ThinReport> {
         max_unused: 0.0,
         ..Default::default()
     };
-    let first = crate::prune::prune(repo, &opts)?;
-    let second = crate::prune::prune(repo, &opts)?;
+    // One prune: it sweeps its own marks when no session is held (as at
+    // the start of a backup on this repository's only machine); otherwise
+    // they wait for the sessions it names.
+    let pruned = crate::prune::prune(repo, &opts)?;
     Ok(ThinReport {
         plan,
-        prunes: vec![first, second],
+        prunes: vec![pruned],
         stored_after: stored_bytes(repo)?,
     })
 }
