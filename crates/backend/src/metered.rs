@@ -42,6 +42,9 @@ pub struct RequestStats {
     pub busy_micros: AtomicU64,
     busy_since: AtomicU64,
     epoch: std::sync::OnceLock<Instant>,
+    /// Why writing the request trace failed, if it did: the trace stops
+    /// there, and the run says so at its end.
+    pub trace_error: std::sync::OnceLock<String>,
 }
 
 impl RequestStats {
@@ -125,8 +128,15 @@ impl MeteredBackend {
     /// Also writes every request to `out` (see [`MeteredBackend`]'s trace
     /// format). The header line is written now.
     pub fn with_trace(mut self, mut out: Box<dyn Write + Send>) -> Self {
-        let failed = writeln!(out, "start_s\tsecs\top\tbytes\tresult\tname").is_err();
-        self.trace = Some(Mutex::new(Trace { out, failed }));
+        let header =
+            writeln!(out, "start_s\tsecs\top\tbytes\tresult\tname").and_then(|_| out.flush());
+        if let Err(e) = &header {
+            let _ = self.stats.trace_error.set(e.to_string());
+        }
+        self.trace = Some(Mutex::new(Trace {
+            out,
+            failed: header.is_err(),
+        }));
         self
     }
 
@@ -175,11 +185,10 @@ impl MeteredBackend {
             return;
         }
         let line = format!("{start:.6}\t{secs:.6}\t{op}\t{bytes}\t{result}\t{name}\n");
-        t.failed = t
-            .out
-            .write_all(line.as_bytes())
-            .and_then(|_| t.out.flush())
-            .is_err();
+        if let Err(e) = t.out.write_all(line.as_bytes()).and_then(|_| t.out.flush()) {
+            t.failed = true;
+            let _ = self.stats.trace_error.set(e.to_string());
+        }
     }
 }
 

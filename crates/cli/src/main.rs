@@ -234,6 +234,16 @@ fn main() -> ExitCode {
         Command::Estimate(a) => lab_cmd::estimate(&cli.global, &out, a),
         Command::Report(a) => lab_cmd::report(&cli.global, &out, a),
     };
+    // A trace that could not be written whole (a full disk, /dev/full)
+    // must not pass for a complete one.
+    if let (Some(path), Some(s)) = (&cli.global.trace_requests, settings::destination_stats()) {
+        if let Some(e) = s.trace_error.get() {
+            out.warn(format!(
+                "the request trace {} is incomplete: writing it failed ({e}), and it stops there",
+                path.display()
+            ));
+        }
+    }
     if std::env::var_os(settings::KILL_AT_CALL).is_some() {
         if let Some(s) = settings::destination_stats() {
             eprintln!("capsule-test: {} destination requests", s.requests());

@@ -313,3 +313,86 @@ fn quota_thinning_forgets_nothing_that_cannot_make_the_run_fit() {
     // All six snapshots are still there.
     assert_eq!(json(&repo, &["snapshots"]).as_array().unwrap().len(), 6);
 }
+
+/// Smaller: `check` reports a damaged forgotten snapshot (which `unforget`
+/// cannot bring back) and a damaged session object; the damaged session
+/// counts as held until its lease would end, so a prune does not sweep
+/// behind it (the old code counted it as renewed at the epoch: revoked at
+/// once).
+#[test]
+fn check_reports_damaged_forgotten_snapshots_and_sessions_and_prune_waits_for_the_session() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    init(&repo);
+    for i in 0..3u64 {
+        let _ = std::fs::remove_file(src.join(format!("f{}", i.wrapping_sub(1))));
+        std::fs::write(src.join(format!("f{i}")), noise(1 << 20, i + 3)).unwrap();
+        ok(&repo, &["backup", "-q", src.to_str().unwrap()]);
+    }
+    let list = json(&repo, &["snapshots"]);
+    let oldest = list[0]["id"].as_str().unwrap().to_string();
+    ok(&repo, &["forget", &oldest]);
+    let forgotten = walk(&repo.join("forgotten"));
+    assert_eq!(forgotten.len(), 1);
+    let mut b = std::fs::read(&forgotten[0]).unwrap();
+    b[40] ^= 1;
+    std::fs::write(&forgotten[0], &b).unwrap();
+    std::fs::create_dir_all(repo.join("sessions")).unwrap();
+    std::fs::write(
+        repo.join("sessions")
+            .join(format!("{}-0000000000", "ab".repeat(12))),
+        b"not a session",
+    )
+    .unwrap();
+    let o = capsule(&repo, &["check"]);
+    assert_eq!(o.status.code(), Some(12), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("forgotten snapshot cannot be read"), "{err}");
+    assert!(err.contains("unforget"), "{err}");
+    assert!(err.contains("session object cannot be read"), "{err}");
+
+    // Data of a second forgotten snapshot is marked, not swept: the
+    // damaged session may be a backup that saw it.
+    let second = list[1]["id"].as_str().unwrap().to_string();
+    let v = json(&repo, &["forget", &second, "--prune"]);
+    assert_eq!(v["prune"]["packs_deleted"], 0, "{v}");
+    assert!(v["prune"]["marks_waiting"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(v["prune"]["waiting_for"][0]["hostname"], "?", "{v}");
+}
+
+/// Smaller: a request trace that cannot be written whole (`/dev/full`) is
+/// reported once at the end of the run, which itself succeeds.
+#[test]
+fn a_request_trace_that_fails_is_reported_once() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    init(&repo);
+    let o = capsule(
+        &repo,
+        &[
+            "--trace-requests",
+            "/dev/full",
+            "backup",
+            src.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stderr(&o)
+            .matches("request trace /dev/full is incomplete")
+            .count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
+    let trace = t.path().join("trace.tsv");
+    let o = capsule(
+        &repo,
+        &["--trace-requests", trace.to_str().unwrap(), "snapshots"],
+    );
+    assert!(o.status.success());
+    assert!(!stderr(&o).contains("incomplete"), "{}", stderr(&o));
+}

@@ -212,6 +212,28 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
         let (obj, detail) = describe(&e);
         problems.add(obj, detail);
     }
+    // A forgotten snapshot that cannot be read cannot be brought back; a
+    // session object that cannot be read holds prunes back for a lease.
+    // Neither loses live data, but both are damage the user should hear of.
+    let (_, bad_forgotten) = crate::forget::list_forgotten(repo)?;
+    for e in bad_forgotten {
+        let (obj, detail) = describe(&e);
+        problems.add(
+            obj,
+            format!("forgotten snapshot cannot be read ({detail}): `capsule unforget` cannot bring it back; the next prune removes it"),
+        );
+    }
+    for (id, names, info) in crate::session::list_sessions(repo)? {
+        if info.damaged {
+            problems.add(
+                names.last().cloned().unwrap_or(id),
+                format!(
+                    "session object cannot be read: counted as a running backup until {} (its lease), then a prune removes it",
+                    crate::timefmt::rfc3339(info.heartbeat_unix + crate::session::LEASE_SECS)
+                ),
+            );
+        }
+    }
     // A snapshot forgotten while this check runs may have its data swept
     // by a prune (its trees may sit in a marked pack that waits for no one,
     // read here because a backup reused them): only snapshots still live

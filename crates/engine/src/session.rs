@@ -60,6 +60,10 @@ pub struct SessionInfo {
     /// the destination's clock; marks do not wait for it).
     #[serde(default = "backup_kind")]
     pub kind: String,
+    /// The session object could not be read (never stored: set by
+    /// [`list_sessions`]).
+    #[serde(skip)]
+    pub damaged: bool,
 }
 
 fn backup_kind() -> String {
@@ -105,6 +109,7 @@ impl Session {
             heartbeat_unix: now,
             seq: 0,
             kind: kind.into(),
+            damaged: false,
         };
         let name = object_name(&info.id, 0);
         store(repo, &name, &info)?;
@@ -233,8 +238,9 @@ fn renew(repo: &Repository, state: &Mutex<State>, revoked: &AtomicBool) -> bool 
 }
 
 /// Every session on the destination, by ID: its newest object's name and
-/// content. An unreadable session object counts as a session last renewed
-/// at the epoch (so it expires), never as no session.
+/// content. An unreadable session object counts as a backup's session last
+/// renewed when it was written (so it expires a lease later), never as no
+/// session.
 pub fn list_sessions(repo: &Repository) -> Result<Vec<(String, Vec<String>, SessionInfo)>> {
     let objs = match repo.backend().list(SESSIONS_PREFIX) {
         Ok(o) => o,
@@ -242,9 +248,13 @@ pub fn list_sessions(repo: &Repository) -> Result<Vec<(String, Vec<String>, Sess
         Err(e) => return Err(e.into()),
     };
     let mut by_id: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut modified: std::collections::HashMap<String, i64> = Default::default();
     for o in objs {
         let rest = o.name.trim_start_matches(SESSIONS_PREFIX);
         let id = rest.split('-').next().unwrap_or(rest).to_string();
+        if let Some(m) = o.modified {
+            modified.insert(o.name.clone(), m);
+        }
         by_id.entry(id).or_default().push(o.name);
     }
     let mut out = Vec::new();
@@ -255,14 +265,19 @@ pub fn list_sessions(repo: &Repository) -> Result<Vec<(String, Vec<String>, Sess
             Ok(i) => i,
             // Renewed (and the old object removed) between list and get.
             Err(EngineError::Backend(e)) if e.kind == ErrorKind::NotFound => continue,
+            // Damaged: held (as a backup's) until its lease would have run
+            // out, counted from when the destination last saw it written,
+            // or from now where the listing gives no time. Treating it as
+            // absent would let a prune delete what a running backup uses.
             Err(_) => SessionInfo {
                 id: id.clone(),
                 hostname: "?".into(),
                 pid: 0,
                 started_unix: 0,
-                heartbeat_unix: 0,
+                heartbeat_unix: modified.get(&newest).copied().unwrap_or_else(now_unix),
                 seq: 0,
                 kind: backup_kind(),
+                damaged: true,
             },
         };
         out.push((id, names, info));
