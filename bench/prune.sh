@@ -14,7 +14,8 @@
 # 50) and gives space back. Ground truth for "reclaimed": the same tool's
 # repository holding only the K kept states, made in the same run, so
 # reclaimed = (before − after) / (before − that).
-# capsule deletes in a second prune (the first marks): both are timed.
+# capsule's forget --prune marks and, with nothing else running, deletes in
+# the same run; any further prune it takes is timed and counted too.
 # Needs root for apt-get (restic, borgbackup).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -118,7 +119,11 @@ case_tool() { # DEST TOOL MAIN-REPO IDEAL-REPO MAIN-DIR IDEAL-DIR
   local before ideal_size
   before=$(size_of "$main_dir"); ideal_size=$(size_of "$ideal_dir")
   local out wall=0 rss=0 requests="—"
-  out=$("${tool}_prune" "$main") || { rows+=("$dest|$tool|failed|—|—|—|—|—"); return; }
+  rm -f "$work/runs"
+  out=$("${tool}_prune" "$main") || { rows+=("$dest|$tool|failed|—|—|—|—|—|—|—"); return; }
+  # Commands run until the space was back (capsule counts its prunes;
+  # restic's is one, borg's two: prune and compact).
+  local runs; runs=$(cat "$work/runs" 2>/dev/null || echo "$out" | wc -l)
   # One line per timed command: "wall rss [requests]".
   while read -r w r q; do
     wall=$(python3 -c "print(round($wall + $w, 2))")
@@ -127,7 +132,7 @@ case_tool() { # DEST TOOL MAIN-REPO IDEAL-REPO MAIN-DIR IDEAL-DIR
   done <<<"$out"
   local after; after=$(size_of "$main_dir")
   local pct; pct=$(python3 -c "b,a,i=$before,$after,$ideal_size; print(f'{100*(b-a)/max(b-i,1):.0f}%')")
-  rows+=("$dest|$tool|$wall|$((rss / 1024))|$requests|$((before / 1000000))|$((after / 1000000))|$((ideal_size / 1000000))|$pct")
+  rows+=("$dest|$tool|$wall|$runs|$((rss / 1024))|$requests|$((before / 1000000))|$((after / 1000000))|$((ideal_size / 1000000))|$pct")
   echo "  $tool $dest: $wall s, $((rss / 1024)) MiB, reclaimed $pct (before $before, after $after, ideal $ideal_size)" >&2
 }
 
@@ -136,12 +141,21 @@ case_tool() { # DEST TOOL MAIN-REPO IDEAL-REPO MAIN-DIR IDEAL-DIR
 export CAPSULE_CACHE_DIR=$work/capsule-cache
 capsule_init() { "$capsule" -r "$1" -q init; }
 capsule_backup() { "$capsule" -r "$1" -q backup "$src" >/dev/null; }
+# One `forget --prune` gives the space back when nothing else runs (it
+# sweeps its own marks); further prunes are run, and counted, only while
+# one still finds something to mark or delete (at most three).
 capsule_prune() {
-  local t
+  local t runs=1 changed
   t=$(measured forget "$capsule" -r "$1" --json forget --keep-last "$keep" --prune) || return 1
   echo "$t $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["destination"]["requests"])' "$work/last.log")"
-  t=$(measured prune "$capsule" -r "$1" --json prune) || return 1
-  echo "$t $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["destination"]["requests"])' "$work/last.log")"
+  for _ in 1 2 3; do
+    changed=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["prune"]; print(int(p["marks_waiting"] > 0 or p["packs_marked"] > p["packs_deleted"]))' "$work/last.log")
+    [ "$changed" = 1 ] || break
+    t=$(measured prune "$capsule" -r "$1" --json prune) || return 1
+    echo "$t $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["destination"]["requests"])' "$work/last.log")"
+    runs=$((runs + 1))
+  done
+  echo "$runs" >"$work/runs"
 }
 restic_opts=()
 restic_init() { restic "${restic_opts[@]}" -r "$1" init -q >/dev/null; }
@@ -185,9 +199,9 @@ rm -rf "$sftp_dir"/pb-"$tag"-*
   echo
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); capsule $("$capsule" --version | cut -d' ' -f2), $(restic version | cut -d' ' -f1-2), $(borg --version)${rustic:+, $("$rustic" --version)}. \`bench/prune.sh\`, $(date -u +%Y-%m-%d)."
   echo
-  echo "| destination | tool | forget+prune wall (s) | peak RSS (MiB) | requests | repo before (MB) | after (MB) | only the kept (MB) | reclaimed |"
-  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| destination | tool | forget+prune wall (s) | runs to reclaim | peak RSS (MiB) | requests | repo before (MB) | after (MB) | only the kept (MB) | reclaimed |"
+  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   for r in "${rows[@]}"; do echo "| ${r//|/ | } |"; done
   echo
-  echo "capsule's wall time is its two runs (mark, then delete); restic's is \`forget --prune\`; borg's \`prune\` + \`compact\`. Reclaimed = (before − after) / (before − a repository of only the kept states, made by the same tool in the same run)."
+  echo "capsule's wall time is its \`forget --prune\` (which deletes what it marks when nothing else runs) and any further prune it took; restic's is \`forget --prune\`; borg's \`prune\` + \`compact\`. Reclaimed = (before − after) / (before − a repository of only the kept states, made by the same tool in the same run)."
 } | tee "${output:-/dev/stdout}"

@@ -155,6 +155,7 @@ def year(a, mnt):
     now0 = int(time.time()) // D * D
     start = now0 - a.days * D
     rows, history, over, daily = [], {}, 0, []
+    reclaims = []
     runs = a.days * 24
     for i in range(runs):
         when = start + i * H
@@ -175,8 +176,14 @@ def year(a, mnt):
         forget_secs = 0.0
         if i % 24 == 23:
             t0 = time.monotonic()
-            run(["forget", "-q", "--policy", "timemachine", "--prune"], when)
+            out = run(["--json", "forget", "-q", "--policy", "timemachine", "--prune"], when)
             forget_secs = time.monotonic() - t0
+            # Did this one prune give back all it marked (nothing left for a
+            # later prune)? How many prunes each reclaim took.
+            p = json.loads(out.stdout).get("prune") or {}
+            if p.get("packs_marked"):
+                reclaims.append(1 if p.get("marks_waiting") == 0
+                                and p.get("packs_deleted", 0) >= p["packs_marked"] else 2)
         packs = dir_bytes(os.path.join(repo, "data")) + dir_bytes(os.path.join(repo, "tree"))
         over += packs > quota
         count = len(os.listdir(os.path.join(repo, "snapshots")))
@@ -252,6 +259,7 @@ def year(a, mnt):
 | `check --read-data` | {"clean" if check else "FAILED"} |
 | backup seconds: median, p95, max | {statistics.median(backups):.3f}, {sorted(backups)[int(len(backups) * .95)]:.3f}, {max(backups):.3f} |
 | forget --prune seconds: median, max | {statistics.median(prunes):.3f}, {max(prunes):.3f} |
+| prunes each reclaim took (of the daily runs that marked packs) | {sum(r == 1 for r in reclaims)} in one, {sum(r > 1 for r in reclaims)} in more |
 | backup seconds, first month vs last month (median) | {statistics.median(backups[:720]):.3f} vs {statistics.median(backups[-720:]):.3f} |
 | packs at the end | {rows[last][4] / 2**20:.1f} MiB |
 """

@@ -1,7 +1,8 @@
 //! Prune: giving back the space of packs no snapshot needs, safely while
 //! other clients back up, with no lock and no owner.
 //!
-//! Deletion takes two prunes (docs/DESIGN.md, "Prune", has the argument):
+//! Deletion takes two steps (docs/DESIGN.md, "Prune", has the argument),
+//! in one prune when no other session is held, else across prunes:
 //!
 //! 1. **Mark.** A prune finds indexed packs none of whose blobs a snapshot
 //!    references. It writes the index again without them (the new index
@@ -9,7 +10,7 @@
 //!    held, and writes a *mark*, `prune-marks/<id>`, naming the packs (with
 //!    their index entries) and those sessions. From then on no new backup
 //!    can reuse their blobs: it does not find them in the index.
-//! 2. **Sweep.** A later prune takes up each mark whose sessions have all
+//! 2. **Sweep.** A later pass takes up each mark whose sessions have all
 //!    ended (or were revoked: see [`crate::session`]). It lists the
 //!    snapshots *after* the sessions, so a backup that reused a marked blob
 //!    and committed is seen. A pack is deleted only when no snapshot uses
