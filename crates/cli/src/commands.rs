@@ -165,15 +165,15 @@ pub fn init(g: &GlobalArgs, out: &Output, a: InitArgs) -> Result<u8> {
 /// Arguments of `backup`.
 #[derive(Args, Debug)]
 pub struct BackupArgs {
-    /// Files and directories to back up.
-    #[arg(required = true)]
+    /// Files and directories to back up (default: the profile's sources).
     paths: Vec<PathBuf>,
     /// Exclude paths matching a pattern (gitignore syntax; repeatable).
     #[arg(short, long = "exclude", value_name = "PATTERN")]
     excludes: Vec<String>,
-    /// Per-directory ignore file name (gitignore syntax).
-    #[arg(long, default_value = ".capsuleignore", value_name = "NAME")]
-    ignore_file: String,
+    /// Per-directory ignore file name (gitignore syntax; default
+    /// .capsuleignore).
+    #[arg(long, value_name = "NAME")]
+    ignore_file: Option<String>,
     /// Do not read per-directory ignore files.
     #[arg(long)]
     no_ignore_files: bool,
@@ -194,9 +194,9 @@ pub struct BackupArgs {
     host: Option<String>,
     /// When the repository's quota would be exceeded or the destination is
     /// full: delete the oldest snapshots (never the newest of a source, nor
-    /// recent ones) and carry on, or fail.
-    #[arg(long, value_enum, default_value = "delete-oldest")]
-    when_full: WhenFull,
+    /// recent ones) and carry on, or fail (default: delete-oldest).
+    #[arg(long, value_enum)]
+    when_full: Option<WhenFull>,
     /// Reader threads (default: twice the cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -286,7 +286,39 @@ fn thin_when_full(repo: &Arc<Repository>, out: &Output, expected: u64) -> Result
     Ok(true)
 }
 
+/// A backup's arguments with the profile's settings filled in: a flag
+/// wins, lists add up, and with no paths the profile's sources are backed
+/// up.
+fn with_profile(g: &GlobalArgs, mut a: BackupArgs) -> Result<(BackupArgs, WhenFull)> {
+    let p = g.profile_settings.clone().unwrap_or_default();
+    if a.paths.is_empty() {
+        if p.sources.is_empty() {
+            return Err(settings::UsageError(match &g.profile {
+                Some(name) => {
+                    format!("nothing to back up: give paths, or list `sources` in profile {name:?}")
+                }
+                None => "nothing to back up: give paths, or --profile NAME with sources".into(),
+            })
+            .into());
+        }
+        a.paths = p.sources.clone();
+    }
+    a.excludes.splice(0..0, p.excludes.iter().cloned());
+    a.tags.splice(0..0, p.tags.iter().cloned());
+    a.one_file_system |= p.one_file_system.unwrap_or(false);
+    a.no_ignore_files |= p.no_ignore_files.unwrap_or(false);
+    if a.ignore_file.is_none() {
+        a.ignore_file = p.ignore_file.clone();
+    }
+    let when_full = a.when_full.unwrap_or(match p.when_full.as_deref() {
+        Some("fail") => WhenFull::Fail,
+        _ => WhenFull::DeleteOldest,
+    });
+    Ok((a, when_full))
+}
+
 pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
+    let (a, when_full) = with_profile(g, a)?;
     let loc = settings::location(g)?;
     let new_default =
         loc.is_default && loc.local_path().is_some_and(|p| !p.join("config").exists());
@@ -321,7 +353,11 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     let opts = BackupOptions {
         paths: a.paths,
         excludes: a.excludes,
-        ignore_file: (!a.no_ignore_files).then_some(a.ignore_file),
+        ignore_file: (!a.no_ignore_files).then(|| {
+            a.ignore_file
+                .clone()
+                .unwrap_or_else(|| ".capsuleignore".into())
+        }),
         one_file_system: a.one_file_system,
         parent: a.parent,
         force: a.force,
@@ -367,10 +403,10 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
             .unwrap_or(0),
         None => 0,
     };
-    let thinned = thin_before_backup(&repo, out, a.when_full, quota, expected)?;
+    let thinned = thin_before_backup(&repo, out, when_full, quota, expected)?;
     let mut report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
     let full = matches!(&report, Err(e) if is_full(e));
-    if a.when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, out, expected)? {
+    if when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, out, expected)? {
         report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
     }
     let series = recorder.finish();
@@ -378,7 +414,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
     let report = report?;
     // A run larger than expected may have gone over: thin now, so the
     // repository is within its quota between runs.
-    let after = thin_before_backup(&repo, out, a.when_full, quota, 0).unwrap_or_else(|e| {
+    let after = thin_before_backup(&repo, out, when_full, quota, 0).unwrap_or_else(|e| {
         out.warn(format!("could not thin to the quota after the run: {e}"));
         None
     });

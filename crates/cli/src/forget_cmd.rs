@@ -185,8 +185,45 @@ fn local_zone() -> TimeZone {
     TimeZone::try_system().unwrap_or(TimeZone::UTC)
 }
 
+/// The profile's retention as a policy (empty without one).
+pub fn profile_policy(r: &crate::config::Retention) -> Result<Policy> {
+    let mut p = match r.policy.as_deref() {
+        Some("timemachine") => Policy::timemachine(),
+        _ => Policy::default(),
+    };
+    if r.keep_last.is_some() {
+        p.last = r.keep_last;
+    }
+    let counts = [
+        r.keep_hourly,
+        r.keep_daily,
+        r.keep_weekly,
+        r.keep_monthly,
+        r.keep_yearly,
+    ];
+    for (period, n) in Period::ALL.into_iter().zip(counts) {
+        if let Some(n) = n {
+            p.buckets.push((period, Limit::Count(n)));
+        }
+    }
+    if let Some(w) = &r.keep_within {
+        p.within = Some(retention::parse_span(w).map_err(UsageError)?);
+    }
+    Ok(p)
+}
+
 pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
-    let policy = a.policy();
+    let mut policy = a.policy();
+    // No rule and no ID on the command line: the profile's retention.
+    if a.ids.is_empty() && policy.is_empty() {
+        if let Some(r) = g
+            .profile_settings
+            .as_ref()
+            .and_then(|p| p.retention.as_ref())
+        {
+            policy = profile_policy(r)?;
+        }
+    }
     if a.ids.is_empty() && policy.is_empty() {
         return Err(UsageError(
             "say what to forget: snapshot IDs, or a policy (--policy timemachine, --keep-last N, --keep-daily N, --keep-within 30d, ...)".into(),

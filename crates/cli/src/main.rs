@@ -3,6 +3,8 @@
 //! Everything of substance lives in `capsule-engine`.
 
 mod commands;
+mod config;
+mod config_cmd;
 mod forget_cmd;
 mod lab_cmd;
 mod output;
@@ -101,6 +103,18 @@ pub struct GlobalArgs {
     /// see where a slow run waits.
     #[arg(long, global = true, value_name = "FILE")]
     trace_requests: Option<std::path::PathBuf>,
+    /// Configuration file (default: capsule.toml in your configuration
+    /// directory, e.g. ~/.config/capsule/capsule.toml).
+    #[arg(long, env = config::CONFIG_ENV, global = true, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
+    /// Take settings from this profile of the configuration file. A flag or
+    /// an environment variable wins over the profile, the profile over
+    /// capsule's default; lists (excludes, tags) add up.
+    #[arg(long, env = "CAPSULE_PROFILE", global = true, value_name = "NAME")]
+    profile: Option<String>,
+    /// The profile's settings, once read (see `config::apply`).
+    #[arg(skip)]
+    profile_settings: Option<config::Profile>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -145,6 +159,9 @@ enum Command {
     Estimate(lab_cmd::EstimateArgs),
     /// Show a recorded backup or lab run; write it as HTML or SVG charts.
     Report(lab_cmd::ReportArgs),
+    /// Show or check the configuration file and its profiles.
+    #[command(subcommand)]
+    Config(config_cmd::ConfigCommand),
 }
 
 /// glibc's allocator, tuned for this pipeline: at most two malloc arenas
@@ -212,10 +229,22 @@ fn private_umask() {
 fn main() -> ExitCode {
     STARTED.get_or_init(std::time::Instant::now);
     private_umask();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     tune_allocator(matches!(cli.command, Command::Restore(_)));
     let out = output::Output::new(cli.global.json, cli.global.quiet);
+    // `config check` reads the file itself (its mistakes are its result).
+    if !matches!(
+        cli.command,
+        Command::Config(config_cmd::ConfigCommand::Check)
+    ) {
+        if let Err(e) = config_cmd::apply_profile(&mut cli.global, &out) {
+            let code = output::exit_code_for(&e);
+            out.error(&e);
+            return ExitCode::from(code);
+        }
+    }
     let result = match cli.command {
+        Command::Config(c) => config_cmd::config(&cli.global, &out, c),
         Command::Init(a) => commands::init(&cli.global, &out, a),
         Command::Backup(a) => commands::backup(&cli.global, &out, a),
         Command::Snapshots(a) => commands::snapshots(&cli.global, &out, a),

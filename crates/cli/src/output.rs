@@ -215,10 +215,14 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<MissingPassword>().is_some()
         || e.downcast_ref::<crate::settings::PasswordFileError>()
             .is_some()
+        || e.downcast_ref::<crate::config_cmd::PasswordCommandError>()
+            .is_some()
     {
         return exit::PASSWORD;
     }
-    if e.downcast_ref::<crate::settings::UsageError>().is_some() {
+    if e.downcast_ref::<crate::settings::UsageError>().is_some()
+        || e.downcast_ref::<crate::config::ConfigError>().is_some()
+    {
         return exit::USAGE;
     }
     if e.downcast_ref::<crate::forget_cmd::KeepsNothing>()

@@ -525,6 +525,16 @@ impl std::error::Error for PasswordFileError {}
 /// script's `--password-file` is never silently overridden by an exported
 /// `CAPSULE_PASSWORD`.
 fn from_env_or_file(g: &GlobalArgs) -> Result<Option<Vec<u8>>> {
+    let found = from_flag_or_env(g)?;
+    if found.is_some() {
+        return Ok(found);
+    }
+    // Then the profile (its password file is already `g.password_file`
+    // when neither a flag nor the environment gave one).
+    crate::config_cmd::profile_password(g)
+}
+
+fn from_flag_or_env(g: &GlobalArgs) -> Result<Option<Vec<u8>>> {
     if let Some(f) = &g.password_file {
         let mut s = std::fs::read(f).map_err(|e| {
             PasswordFileError(format!("cannot read password file {}: {e}", f.display()))

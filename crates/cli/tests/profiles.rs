@@ -1,0 +1,241 @@
+//! Profiles (`capsule.toml`): precedence, mistakes, secrets.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use common::*;
+
+/// Runs capsule with only `env` set of capsule's variables (no
+/// `CAPSULE_PASSWORD` unless given), the config file at `config`.
+fn run(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+    c.args(args);
+    for k in [
+        "CAPSULE_PASSWORD",
+        "CAPSULE_PASSWORD_FILE",
+        "CAPSULE_REPO",
+        "CAPSULE_PROFILE",
+        "CAPSULE_CONNECTIONS",
+        "CAPSULE_CACHE_DIR",
+    ] {
+        c.env_remove(k);
+    }
+    c.env("CAPSULE_CONFIG", config)
+        .env("CAPSULE_STATE_DIR", config.with_extension("state"))
+        .env("XDG_CACHE_HOME", config.with_extension("cache"));
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn err(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn setting(o: &Output, key: &str) -> (String, String) {
+    assert!(o.status.success(), "{}", err(o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let s = &v["settings"][key];
+    (
+        s["value"].as_str().unwrap().to_string(),
+        s["from"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn a_profile_backs_up_its_sources_with_its_repository_and_password_command() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(src.join("skip")).unwrap();
+    std::fs::write(src.join("a"), b"a").unwrap();
+    std::fs::write(src.join("skip/b"), b"b").unwrap();
+    let config = t.path().join("capsule.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[profiles.docs]\nsources = [{src:?}]\nexcludes = [\"skip\"]\nrepository = {repo:?}\npassword-command = \"echo {PASSWORD}\"\ntags = [\"daily\"]\n\n[profiles.docs.retention]\nkeep-last = 1\n",
+            src = src.display().to_string(),
+            repo = repo.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let o = run(&config, &["--profile", "docs", "init"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = run(&config, &["--profile", "docs", "--json", "backup"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = run(
+        &config,
+        &["--json", "snapshots"],
+        &[("CAPSULE_PROFILE", "docs")],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["snapshot"]["paths"][0], src.display().to_string());
+    assert_eq!(v[0]["snapshot"]["tags"][0], "daily");
+    assert_eq!(
+        v[0]["snapshot"]["summary"]["files"], 1,
+        "excluded skip/: {v}"
+    );
+    // A second backup, then the profile's retention (keep-last 1).
+    std::fs::write(src.join("a"), b"a2").unwrap();
+    assert!(run(&config, &["--profile", "docs", "backup"], &[])
+        .status
+        .success());
+    let o = run(&config, &["--profile", "docs", "--json", "forget"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = run(&config, &["--profile", "docs", "--json", "snapshots"], &[]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+}
+
+#[test]
+fn flag_then_environment_then_profile_then_default() {
+    let t = tempfile::tempdir().unwrap();
+    let config = t.path().join("capsule.toml");
+    std::fs::write(
+        &config,
+        "[profiles.p]\nrepository = \"/from/profile\"\nconnections = 3\n",
+    )
+    .unwrap();
+    let show = |args: &[&str], env: &[(&str, &str)]| {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["config", "show"]);
+        run(&config, &a, env)
+    };
+    assert_eq!(setting(&show(&[], &[]), "repository").1, "default");
+    assert_eq!(
+        setting(&show(&["--profile", "p"], &[]), "repository"),
+        ("/from/profile".into(), "profile".into())
+    );
+    assert_eq!(
+        setting(
+            &show(&["--profile", "p"], &[("CAPSULE_REPO", "/from/env")]),
+            "repository"
+        ),
+        ("/from/env".into(), "environment".into())
+    );
+    assert_eq!(
+        setting(
+            &show(
+                &["--profile", "p", "--repo", "/from/flag"],
+                &[("CAPSULE_REPO", "/from/env")]
+            ),
+            "repository"
+        ),
+        ("/from/flag".into(), "flag".into())
+    );
+    assert_eq!(
+        setting(&show(&["--profile", "p"], &[]), "connections"),
+        ("3".into(), "profile".into())
+    );
+    assert_eq!(
+        setting(
+            &show(&["--profile", "p", "--connections", "5"], &[]),
+            "connections"
+        ),
+        ("5".into(), "flag".into())
+    );
+}
+
+#[test]
+fn config_mistakes_name_the_file_the_line_and_the_key() {
+    let t = tempfile::tempdir().unwrap();
+    let config = t.path().join("capsule.toml");
+    let cases = [
+        (
+            "[profiles.p]\nsources = [\"/x\"]\nrepositry = \"/r\"\n",
+            ":3",
+            "repositry",
+        ),
+        (
+            "[profiles.p]\n[profiles.p.schedule]\nbackup = \"sometimes\"\n",
+            ":3",
+            "backup",
+        ),
+        ("[profiles.p]\nwhen-full = \"panic\"\n", ":2", "when-full"),
+        ("[profiles.p]\nconnections = -1\n", ":2", "connections"),
+    ];
+    for (text, line, key) in cases {
+        std::fs::write(&config, text).unwrap();
+        for args in [
+            &["config", "check"][..],
+            &["--profile", "p", "snapshots"][..],
+        ] {
+            let o = run(&config, args, &[]);
+            assert_eq!(o.status.code(), Some(2), "{text}: {}", err(&o));
+            let e = err(&o);
+            assert!(
+                e.contains(&format!("{}{line}", config.display())) && e.contains(key),
+                "{text}: {e}"
+            );
+        }
+    }
+    std::fs::write(&config, "[profiles.laptop]\n[profiles.nas]\n").unwrap();
+    let o = run(&config, &["--profile", "lapton", "snapshots"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err(&o).contains("laptop, nas"), "{}", err(&o));
+    let o = run(&config, &["config", "check"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    // A named file that does not exist is a mistake too.
+    let o = run(
+        &t.path().join("none.toml"),
+        &["--profile", "p", "snapshots"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+}
+
+#[test]
+fn secrets_are_masked_and_an_inline_one_in_a_readable_file_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let config = t.path().join("capsule.toml");
+    std::fs::write(
+        &config,
+        "[profiles.p]\nrepository = \"/r\"\npassword = \"hunter2\"\ncredentials = { password = \"swordfish\" }\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = run(&config, &["--profile", "p", "config", "show"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), err(&o));
+    assert!(
+        !all.contains("hunter2") && !all.contains("swordfish"),
+        "{all}"
+    );
+    assert!(all.contains("********"), "{all}");
+    assert!(err(&o).contains("other users may read it"), "{}", err(&o));
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let o = run(&config, &["--profile", "p", "config", "show"], &[]);
+    assert!(!err(&o).contains("other users"), "{}", err(&o));
+}
+
+#[test]
+fn a_password_command_that_fails_or_prints_nothing_names_the_profile() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    init(&repo);
+    let config = t.path().join("capsule.toml");
+    for cmd in ["false", "true"] {
+        std::fs::write(
+            &config,
+            format!(
+                "[profiles.p]\nrepository = {:?}\npassword-command = \"{cmd}\"\n",
+                repo.display().to_string()
+            ),
+        )
+        .unwrap();
+        let o = run(&config, &["--profile", "p", "snapshots"], &[]);
+        assert_eq!(o.status.code(), Some(10), "{cmd}: {}", err(&o));
+        assert!(
+            err(&o).contains("profile \"p\": password-command"),
+            "{}",
+            err(&o)
+        );
+    }
+}
