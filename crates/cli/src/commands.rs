@@ -317,7 +317,12 @@ fn with_profile(g: &GlobalArgs, mut a: BackupArgs) -> Result<(BackupArgs, WhenFu
     Ok((a, when_full))
 }
 
-pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
+/// Runs `backup`; also returns its report, for the profile's record.
+pub fn backup(
+    g: &GlobalArgs,
+    out: &Output,
+    a: BackupArgs,
+) -> Result<(u8, Option<capsule_engine::backup::BackupReport>)> {
     let (a, when_full) = with_profile(g, a)?;
     let loc = settings::location(g)?;
     let new_default =
@@ -520,14 +525,14 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<u8> {
         }
     }
     if report.warnings.is_empty() {
-        Ok(exit::OK)
+        Ok((exit::OK, Some(report)))
     } else {
         eprintln!(
             "capsule: snapshot {} is incomplete: {} entries could not be backed up (listed above)",
             &report.snapshot_id[..8],
             report.warnings.len()
         );
-        Ok(exit::INCOMPLETE)
+        Ok((exit::INCOMPLETE, Some(report)))
     }
 }
 

@@ -9,6 +9,7 @@ mod forget_cmd;
 mod lab_cmd;
 mod output;
 mod settings;
+mod status_cmd;
 
 use std::process::ExitCode;
 
@@ -46,6 +47,11 @@ pub mod exit {
     pub const KEEPS_NOTHING: u8 = 18;
     /// A quota cannot hold the snapshots that must stay.
     pub const QUOTA_TOO_SMALL: u8 = 19;
+    /// `status`: a profile's backups have gone stale (no success within
+    /// its `stale-after`, twice its interval by default, or never).
+    pub const STALE: u8 = 20;
+    /// `status`: nothing is stale, but a profile's last run failed.
+    pub const FAILING: u8 = 21;
     /// Interrupted by a signal.
     pub const INTERRUPTED: u8 = 130;
 }
@@ -162,6 +168,10 @@ enum Command {
     /// Show or check the configuration file and its profiles.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
+    /// Per profile: the last run, the last successful backup, staleness
+    /// (exit 20 when a profile is stale, 21 when a last run failed), from
+    /// this machine's records only.
+    Status(status_cmd::StatusArgs),
 }
 
 /// glibc's allocator, tuned for this pipeline: at most two malloc arenas
@@ -246,7 +256,19 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Config(c) => config_cmd::config(&cli.global, &out, c),
         Command::Init(a) => commands::init(&cli.global, &out, a),
-        Command::Backup(a) => commands::backup(&cli.global, &out, a),
+        Command::Backup(a) => {
+            let started = capsule_engine::timefmt::now_precise();
+            let t = std::time::Instant::now();
+            let r = commands::backup(&cli.global, &out, a);
+            if let Some(name) = &cli.global.profile {
+                status_cmd::record(
+                    name,
+                    status_cmd::outcome(started.0, t.elapsed().as_secs_f64(), &r),
+                );
+            }
+            r.map(|(code, _)| code)
+        }
+        Command::Status(a) => status_cmd::status(&cli.global, &out, a),
         Command::Snapshots(a) => commands::snapshots(&cli.global, &out, a),
         Command::Forget(a) => forget_cmd::forget(&cli.global, &out, *a),
         Command::Unforget(a) => forget_cmd::unforget(&cli.global, &out, a),

@@ -239,3 +239,71 @@ fn a_password_command_that_fails_or_prints_nothing_names_the_profile() {
         );
     }
 }
+
+/// `status` from local records only: stale before any backup (no daemon
+/// ever ran), fresh after one, stale again once twice the interval has
+/// passed with no success, and "failing" (its own code) when the last run
+/// failed while the last success is still fresh.
+#[test]
+fn status_reports_staleness_and_failures_with_its_own_exit_codes() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let config = t.path().join("capsule.toml");
+    let write = |cmd: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "[profiles.p]\nsources = [{:?}]\nrepository = {:?}\npassword-command = \"{cmd}\"\nschedule = {{ backup = \"hourly\" }}\n",
+                src.display().to_string(),
+                repo.display().to_string()
+            ),
+        )
+        .unwrap();
+    };
+    write(&format!("echo {PASSWORD}"));
+    let status = |env: &[(&str, &str)]| {
+        let o = run(&config, &["--json", "status"], env);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        (o.status.code(), v)
+    };
+    let (code, v) = status(&[]);
+    assert_eq!(code, Some(20), "never backed up: {v}");
+    assert!(v["profiles"][0]["last_success"].is_null());
+    assert!(run(&config, &["--profile", "p", "init"], &[])
+        .status
+        .success());
+    let o = run(&config, &["--profile", "p", "backup"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let (code, v) = status(&[]);
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["profiles"][0]["last_run"]["result"], "ok");
+    assert_eq!(v["profiles"][0]["last_run"]["files"], 1);
+    // Three hours on, with no success since: stale (hourly: after 2 h).
+    let later = (capsule_now() + 3 * 3600).to_string();
+    let (code, v) = status(&[("CAPSULE_TEST_NOW", &later)]);
+    assert_eq!(code, Some(20), "{v}");
+    // A failed run with the last success still fresh: failing.
+    write("false");
+    let o = run(&config, &["--profile", "p", "backup"], &[]);
+    assert_eq!(o.status.code(), Some(10));
+    let (code, v) = status(&[]);
+    assert_eq!(code, Some(21), "{v}");
+    assert!(v["profiles"][0]["last_run"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("password-command"));
+    let text = String::from_utf8_lossy(&run(&config, &["status"], &[]).stdout).into_owned();
+    assert!(
+        text.contains("p: ok: last backup") && text.contains("failed"),
+        "{text}"
+    );
+}
+
+fn capsule_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}

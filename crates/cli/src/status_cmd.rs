@@ -1,0 +1,254 @@
+//! `capsule status`: per profile, the last run, the last success and
+//! whether backups have gone stale, from this machine's local state only,
+//! so it answers at once and with the destination away.
+//!
+//! Every `backup --profile NAME` records its outcome in
+//! `<state>/profiles/NAME.json` (success or failure). Staleness is judged
+//! from the last success against the profile's `stale-after`, else twice
+//! its backup interval (hourly by default): a profile that never succeeded
+//! is stale too, so staleness shows even when nothing ever ran (no daemon,
+//! a broken schedule).
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{self, Schedule};
+use crate::output::Output;
+use crate::{exit, GlobalArgs};
+
+/// Arguments of `status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {}
+
+/// One run of a profile, as recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunOutcome {
+    /// When it started, Unix seconds.
+    pub started_unix: i64,
+    /// How long it took.
+    pub duration_secs: f64,
+    /// "ok", "incomplete" (some files could not be read) or "failed".
+    pub result: String,
+    /// The snapshot written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Files in it.
+    #[serde(default)]
+    pub files: u64,
+    /// Bytes it added to the repository.
+    #[serde(default)]
+    pub bytes_added: u64,
+    /// Why it failed, in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// What this machine knows of a profile's runs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProfileState {
+    /// The last run, whatever its result.
+    pub last_run: Option<RunOutcome>,
+    /// The last run that saved a snapshot.
+    pub last_success: Option<RunOutcome>,
+}
+
+fn state_file(profile: &str) -> Option<PathBuf> {
+    // Profile names are TOML keys: anything; keep the file name plain.
+    let safe: String = profile
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let id = &capsule_format::ObjectId::of(profile.as_bytes()).to_hex()[..8];
+    capsule_lab::history::state_dir().map(|d| d.join("profiles").join(format!("{safe}-{id}.json")))
+}
+
+/// The recorded state of `profile` (empty when none, or unreadable).
+pub fn load_state(profile: &str) -> ProfileState {
+    state_file(profile)
+        .and_then(|p| crate::settings::read_own_file(&p, 1 << 20))
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Records a run of `profile`. Best effort: a run is not failed for want
+/// of its record.
+pub fn record(profile: &str, run: RunOutcome) {
+    let Some(path) = state_file(profile) else {
+        return;
+    };
+    let mut st = load_state(profile);
+    if run.result != "failed" {
+        st.last_success = Some(run.clone());
+    }
+    st.last_run = Some(run);
+    let Some(dir) = path.parent() else { return };
+    let tmp = dir.join(format!(".tmp-{}", std::process::id()));
+    let ok = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, serde_json::to_vec_pretty(&st).unwrap_or_default()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = ok {
+        let _ = std::fs::remove_file(&tmp);
+        eprintln!(
+            "warning: the run of profile {profile:?} was not recorded in {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// What a backup's result records: its snapshot and counts, or its error.
+pub fn outcome(
+    started_unix: i64,
+    duration_secs: f64,
+    r: &Result<(u8, Option<capsule_engine::backup::BackupReport>)>,
+) -> RunOutcome {
+    match r {
+        Ok((code, report)) => RunOutcome {
+            started_unix,
+            duration_secs,
+            result: if *code == exit::OK {
+                "ok"
+            } else {
+                "incomplete"
+            }
+            .into(),
+            snapshot: report.as_ref().map(|b| b.snapshot_id.clone()),
+            files: report.as_ref().map_or(0, |b| b.summary.files),
+            bytes_added: report.as_ref().map_or(0, |b| b.summary.bytes_added),
+            error: None,
+        },
+        Err(e) => RunOutcome {
+            started_unix,
+            duration_secs,
+            result: "failed".into(),
+            snapshot: None,
+            files: 0,
+            bytes_added: 0,
+            error: Some(format!("{e:#}").lines().next().unwrap_or("").to_string()),
+        },
+    }
+}
+
+/// How old the last success may be before `p` is stale, in seconds.
+fn stale_after(p: &config::Profile) -> u64 {
+    let s = p.schedule.clone().unwrap_or_default();
+    if let Some(d) = s.stale_after.as_deref().and_then(config::parse_duration) {
+        return d;
+    }
+    match s.backup.as_deref().map(Schedule::parse) {
+        Some(Ok(Schedule::Every(n))) => 2 * n,
+        Some(Ok(Schedule::DailyAt(..))) => 2 * 86_400,
+        // No schedule: judged as hourly, the default.
+        _ => 2 * 3600,
+    }
+}
+
+/// `capsule status`.
+pub fn status(g: &GlobalArgs, out: &Output, _a: StatusArgs) -> Result<u8> {
+    let Some((path, named)) = config::config_path(g.config.as_deref()) else {
+        anyhow::bail!(config::ConfigError(
+            "no configuration directory: give --config".into()
+        ));
+    };
+    if !named && !path.exists() {
+        return Err(config::ConfigError(format!(
+            "no configuration file ({}): status reports on profiles; see `capsule config`",
+            path.display()
+        ))
+        .into());
+    }
+    let cfg = config::Config::load(&path)?;
+    let names: Vec<String> = match &g.profile {
+        Some(n) => {
+            cfg.profile(n)?;
+            vec![n.clone()]
+        }
+        None => cfg.file.profiles.keys().cloned().collect(),
+    };
+    let now = capsule_engine::timefmt::now_unix();
+    let (mut any_stale, mut any_failing) = (false, false);
+    let mut rows = Vec::new();
+    for name in &names {
+        let p = &cfg.file.profiles[name];
+        let st = load_state(name);
+        let limit = stale_after(p);
+        let age = st
+            .last_success
+            .as_ref()
+            .map(|r| now.saturating_sub(r.started_unix));
+        let stale = age.is_none_or(|a| a > limit as i64);
+        let failing = st.last_run.as_ref().is_some_and(|r| r.result == "failed");
+        any_stale |= stale;
+        any_failing |= failing;
+        rows.push(serde_json::json!({
+            "profile": name,
+            "stale": stale,
+            "stale_after_secs": limit,
+            "last_success_age_secs": age,
+            "failing": failing,
+            "last_run": st.last_run,
+            "last_success": st.last_success,
+        }));
+        if !out.json {
+            let when = |r: &RunOutcome| capsule_engine::timefmt::rfc3339(r.started_unix);
+            out.result(format!(
+                "{name}: {}",
+                match (&st.last_success, stale) {
+                    (None, _) => "STALE: never backed up".to_string(),
+                    (Some(r), true) => format!(
+                        "STALE: last backup {} ({} ago; stale after {})",
+                        when(r),
+                        span(age.unwrap_or(0)),
+                        span(limit as i64)
+                    ),
+                    (Some(r), false) => format!(
+                        "ok: last backup {} ({} ago)",
+                        when(r),
+                        span(age.unwrap_or(0))
+                    ),
+                }
+            ));
+            if let Some(r) = &st.last_run {
+                out.result(format!(
+                    "  last run {}: {}, {:.1} s, {} files, {} added{}",
+                    when(r),
+                    r.result,
+                    r.duration_secs,
+                    r.files,
+                    crate::output::bytes(r.bytes_added),
+                    r.error
+                        .as_ref()
+                        .map(|e| format!("; {e}"))
+                        .unwrap_or_default()
+                ));
+            }
+        }
+    }
+    out.json(&serde_json::json!({ "profiles": rows }));
+    Ok(if any_stale {
+        exit::STALE
+    } else if any_failing {
+        exit::FAILING
+    } else {
+        exit::OK
+    })
+}
+
+/// "3h", "2d 4h", "12 min".
+fn span(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{} min", s / 60),
+        7200..=172_799 => format!("{} h", s / 3600),
+        _ => format!("{} d", s / 86_400),
+    }
+}
