@@ -5,6 +5,7 @@
 mod commands;
 mod config;
 mod config_cmd;
+mod daemon;
 mod forget_cmd;
 mod lab_cmd;
 mod output;
@@ -52,6 +53,9 @@ pub mod exit {
     pub const STALE: u8 = 20;
     /// `status`: nothing is stale, but a profile's last run failed.
     pub const FAILING: u8 = 21;
+    /// Another run of the profile holds its lock (a backup), or another
+    /// daemon runs the profile: nothing was done.
+    pub const BUSY: u8 = 22;
     /// Interrupted by a signal.
     pub const INTERRUPTED: u8 = 130;
 }
@@ -172,6 +176,9 @@ enum Command {
     /// (exit 20 when a profile is stale, 21 when a last run failed), from
     /// this machine's records only.
     Status(status_cmd::StatusArgs),
+    /// Run the profiles' backups, forget, prune and check on their
+    /// schedules, in the foreground (as a service manager expects).
+    Daemon(daemon::DaemonArgs),
 }
 
 /// glibc's allocator, tuned for this pipeline: at most two malloc arenas
@@ -259,6 +266,16 @@ fn main() -> ExitCode {
         Command::Backup(a) => {
             let started = capsule_engine::timefmt::now_precise();
             let t = std::time::Instant::now();
+            // A profile's backups never overlap, across processes: the lock
+            // goes with this process, however it ends.
+            let lock = match &cli.global.profile {
+                Some(name) => daemon::ProfileLock::acquire(name, "run"),
+                None => Ok(None),
+            };
+            if let Err(e) = lock {
+                out.error(&e);
+                return ExitCode::from(exit::BUSY);
+            }
             let r = commands::backup(&cli.global, &out, a);
             if let Some(name) = &cli.global.profile {
                 status_cmd::record(
@@ -269,6 +286,7 @@ fn main() -> ExitCode {
             r.map(|(code, _)| code)
         }
         Command::Status(a) => status_cmd::status(&cli.global, &out, a),
+        Command::Daemon(a) => daemon::daemon(&cli.global, &out, a),
         Command::Snapshots(a) => commands::snapshots(&cli.global, &out, a),
         Command::Forget(a) => forget_cmd::forget(&cli.global, &out, *a),
         Command::Unforget(a) => forget_cmd::unforget(&cli.global, &out, a),

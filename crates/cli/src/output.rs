@@ -225,6 +225,9 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     {
         return exit::USAGE;
     }
+    if e.downcast_ref::<crate::daemon::Busy>().is_some() {
+        return exit::BUSY;
+    }
     if e.downcast_ref::<crate::forget_cmd::KeepsNothing>()
         .is_some()
     {

@@ -55,6 +55,51 @@ pub struct ProfileState {
     pub last_success: Option<RunOutcome>,
 }
 
+/// What a running daemon says of a profile (`<state>/profiles/*.daemon`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DaemonView {
+    /// The daemon's process ID.
+    pub pid: u32,
+    /// When the next backup is due (Unix seconds); now or earlier: due.
+    pub next_backup_unix: i64,
+    /// Why it waits beyond its schedule ("the destination cannot be
+    /// reached", "the last run failed"), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+}
+
+fn daemon_file(profile: &str) -> Option<PathBuf> {
+    state_file(profile).map(|p| p.with_extension("daemon"))
+}
+
+/// Keeps what the daemon says of `profile`, when it changed.
+pub fn save_daemon_view(profile: &str, v: &DaemonView) {
+    let Some(path) = daemon_file(profile) else {
+        return;
+    };
+    let Some(dir) = path.parent() else { return };
+    let tmp = dir.join(format!(".tmp-d-{}", std::process::id()));
+    let ok = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, serde_json::to_vec(v).unwrap_or_default()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if ok.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// What the daemon last said of `profile`, if its process still runs.
+pub fn load_daemon_view(profile: &str) -> Option<DaemonView> {
+    let v: DaemonView = daemon_file(profile)
+        .and_then(|p| crate::settings::read_own_file(&p, 1 << 16))
+        .and_then(|b| serde_json::from_slice(&b).ok())?;
+    let pid = rustix::process::Pid::from_raw(v.pid as i32)?;
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) => Some(v),
+        Err(e) if e == rustix::io::Errno::PERM => Some(v),
+        Err(_) => None,
+    }
+}
+
 fn state_file(profile: &str) -> Option<PathBuf> {
     // Profile names are TOML keys: anything; keep the file name plain.
     let safe: String = profile
@@ -86,7 +131,7 @@ pub fn record(profile: &str, run: RunOutcome) {
         return;
     };
     let mut st = load_state(profile);
-    if run.result != "failed" {
+    if run.result == "ok" || run.result == "incomplete" {
         st.last_success = Some(run.clone());
     }
     st.last_run = Some(run);
@@ -128,13 +173,26 @@ pub fn outcome(
         Err(e) => RunOutcome {
             started_unix,
             duration_secs,
-            result: "failed".into(),
+            // A destination away (a NAS asleep, a laptop off the home
+            // network) skips the run; it is not the profile failing.
+            result: if crate::output::exit_code_for(e) == exit::UNREACHABLE {
+                "skipped"
+            } else {
+                "failed"
+            }
+            .into(),
             snapshot: None,
             files: 0,
             bytes_added: 0,
             error: Some(format!("{e:#}").lines().next().unwrap_or("").to_string()),
         },
     }
+}
+
+/// Whether `p`, whose last successful backup started at `last`, is stale
+/// at `now`.
+pub fn is_stale(p: &config::Profile, last: Option<i64>, now: i64) -> bool {
+    last.is_none_or(|t| now.saturating_sub(t) > stale_after(p) as i64)
 }
 
 /// How old the last success may be before `p` is stale, in seconds.
@@ -184,12 +242,16 @@ pub fn status(g: &GlobalArgs, out: &Output, _a: StatusArgs) -> Result<u8> {
             .last_success
             .as_ref()
             .map(|r| now.saturating_sub(r.started_unix));
-        let stale = age.is_none_or(|a| a > limit as i64);
+        let stale = is_stale(p, st.last_success.as_ref().map(|r| r.started_unix), now);
         let failing = st.last_run.as_ref().is_some_and(|r| r.result == "failed");
         any_stale |= stale;
         any_failing |= failing;
+        let daemon = load_daemon_view(name);
         rows.push(serde_json::json!({
             "profile": name,
+            "next_backup_unix": daemon.as_ref().map(|d| d.next_backup_unix),
+            "waiting_for": daemon.as_ref().and_then(|d| d.waiting_for.clone()),
+            "daemon": daemon.is_some(),
             "stale": stale,
             "stale_after_secs": limit,
             "last_success_age_secs": age,
@@ -216,6 +278,17 @@ pub fn status(g: &GlobalArgs, out: &Output, _a: StatusArgs) -> Result<u8> {
                     ),
                 }
             ));
+            match &daemon {
+                Some(d) => out.result(format!(
+                    "  next backup {}{}",
+                    capsule_engine::timefmt::rfc3339(d.next_backup_unix.max(now)),
+                    d.waiting_for
+                        .as_ref()
+                        .map(|w| format!(" (waiting: {w})"))
+                        .unwrap_or_default()
+                )),
+                None => out.result("  no daemon runs this profile (`capsule daemon`)"),
+            }
             if let Some(r) = &st.last_run {
                 out.result(format!(
                     "  last run {}: {}, {:.1} s, {} files, {} added{}",

@@ -1,0 +1,318 @@
+//! `capsule daemon` with real processes and the test clock
+//! (`CAPSULE_TEST_NOW=@FILE`, moved by the test): every wait is bounded,
+//! and nothing is asserted on elapsed time.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Monday 2026-11-23 12:00 UTC.
+const T0: i64 = 1_795_435_200;
+const H: i64 = 3600;
+
+struct World {
+    _t: tempfile::TempDir,
+    dir: PathBuf,
+    config: PathBuf,
+    clock: PathBuf,
+}
+
+impl World {
+    fn new() -> World {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().to_path_buf();
+        let src = dir.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("f"), b"x").unwrap();
+        let config = dir.join("capsule.toml");
+        let w = World {
+            clock: dir.join("clock"),
+            _t: t,
+            dir,
+            config,
+        };
+        w.write_config(&format!("echo {PASSWORD}"));
+        w.set_clock(T0);
+        let o = w.cmd(&["--profile", "p", "init"]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        w
+    }
+
+    fn write_config(&self, password_command: &str) {
+        std::fs::write(
+            &self.config,
+            format!(
+                "[profiles.p]\nsources = [{:?}]\nrepository = {:?}\npassword-command = \"{password_command}\"\nschedule = {{ backup = \"hourly\" }}\n",
+                self.dir.join("src").display().to_string(),
+                self.dir.join("repo").display().to_string()
+            ),
+        )
+        .unwrap();
+    }
+
+    fn set_clock(&self, t: i64) {
+        let tmp = self.clock.with_extension("tmp");
+        std::fs::write(&tmp, t.to_string()).unwrap();
+        std::fs::rename(&tmp, &self.clock).unwrap();
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+        c.args(args);
+        for k in [
+            "CAPSULE_PASSWORD",
+            "CAPSULE_PASSWORD_FILE",
+            "CAPSULE_REPO",
+            "CAPSULE_PROFILE",
+        ] {
+            c.env_remove(k);
+        }
+        c.env("CAPSULE_CONFIG", &self.config)
+            .env("CAPSULE_STATE_DIR", self.dir.join("state"))
+            .env("CAPSULE_CACHE_DIR", self.dir.join("cache"))
+            .env("CAPSULE_TEST_NOW", format!("@{}", self.clock.display()))
+            .env("CAPSULE_DAEMON_TICK_MS", "50");
+        c
+    }
+
+    fn daemon(&self, log: &str) -> Child {
+        let f = std::fs::File::create(self.dir.join(log)).unwrap();
+        self.cmd(&["daemon"])
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .unwrap()
+    }
+
+    fn log(&self, log: &str) -> String {
+        std::fs::read_to_string(self.dir.join(log)).unwrap_or_default()
+    }
+
+    /// The start of the last successful backup `status` knows of.
+    fn last_success(&self) -> Option<i64> {
+        let o = self.cmd(&["--json", "status"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
+        v["profiles"][0]["last_success"]["started_unix"].as_i64()
+    }
+
+    /// Waits (bounded) until the last success started at `t`.
+    fn wait_for_run_at(&self, t: i64, daemon: &mut Child, log: &str) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while Instant::now() < deadline {
+            if self.last_success() == Some(t) {
+                return;
+            }
+            if let Some(st) = daemon.try_wait().unwrap() {
+                panic!("the daemon ended ({st}): {}", self.log(log));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("no run at {t}: {}", self.log(log));
+    }
+
+    fn snapshot_times(&self) -> Vec<i64> {
+        let o = self
+            .cmd(&["--profile", "p", "--json", "snapshots"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["snapshot"]["time_unix"].as_i64().unwrap())
+            .collect()
+    }
+}
+
+fn stop(mut child: Child) -> Option<i32> {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st.code();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("the daemon did not stop on SIGTERM");
+}
+
+/// Hourly runs, a 10-hour suspend (one catch-up run, not ten), half an
+/// hour with nothing due, then a stopped daemon and six hours later a new
+/// one (one catch-up run): exactly the expected snapshots.
+#[test]
+fn hourly_runs_with_gaps_give_one_catch_up_run_per_gap() {
+    let w = World::new();
+    let mut d = w.daemon("d1.log");
+    let mut expected = vec![T0];
+    w.wait_for_run_at(T0, &mut d, "d1.log");
+    for h in 1..=3 {
+        w.set_clock(T0 + h * H);
+        w.wait_for_run_at(T0 + h * H, &mut d, "d1.log");
+        expected.push(T0 + h * H);
+    }
+    // Suspended for ten hours.
+    let t = T0 + 13 * H;
+    w.set_clock(t);
+    w.wait_for_run_at(t, &mut d, "d1.log");
+    expected.push(t);
+    // Half an hour later nothing is due; an hour after the run, one is.
+    w.set_clock(t + H / 2);
+    std::thread::sleep(Duration::from_millis(500));
+    w.set_clock(t + H);
+    w.wait_for_run_at(t + H, &mut d, "d1.log");
+    expected.push(t + H);
+    assert_eq!(stop(d), Some(0), "{}", w.log("d1.log"));
+    assert!(w.log("d1.log").contains("daemon stopped"));
+    // The daemon was not running for six hours: one run when it is back.
+    let t = t + 7 * H;
+    w.set_clock(t);
+    let mut d = w.daemon("d2.log");
+    w.wait_for_run_at(t, &mut d, "d2.log");
+    expected.push(t);
+    assert_eq!(stop(d), Some(0));
+    assert_eq!(w.snapshot_times(), expected);
+}
+
+/// A second daemon for the same profile refuses; one killed with SIGKILL
+/// leaves nothing that stops the next.
+#[test]
+fn a_second_daemon_refuses_and_a_killed_one_leaves_no_lock() {
+    let w = World::new();
+    let mut d = w.daemon("a.log");
+    w.wait_for_run_at(T0, &mut d, "a.log");
+    let o = w.cmd(&["daemon"]).output().unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(22),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("another daemon"));
+    // A backup by hand while the daemon idles: the run lock is free.
+    let o = w.cmd(&["--profile", "p", "backup"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    d.kill().unwrap();
+    d.wait().unwrap();
+    w.set_clock(T0 + H);
+    let mut d = w.daemon("b.log");
+    w.wait_for_run_at(T0 + H, &mut d, "b.log");
+    assert_eq!(stop(d), Some(0));
+}
+
+/// SIGHUP with a broken configuration keeps the old one (and says so);
+/// the next run happens as before.
+#[test]
+fn sighup_with_a_broken_config_keeps_the_old_one() {
+    let w = World::new();
+    let mut d = w.daemon("h.log");
+    w.wait_for_run_at(T0, &mut d, "h.log");
+    let good = std::fs::read(&w.config).unwrap();
+    std::fs::write(&w.config, "[profiles.p]\nrepostory = 1\n").unwrap();
+    let pid = rustix::process::Pid::from_raw(d.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.log("h.log").contains("configuration not reread") {
+        assert!(Instant::now() < deadline, "{}", w.log("h.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(w.log("h.log").contains("repostory"), "{}", w.log("h.log"));
+    // The run itself reads the file too: put it back before it is due.
+    std::fs::write(&w.config, good).unwrap();
+    w.set_clock(T0 + H);
+    w.wait_for_run_at(T0 + H, &mut d, "h.log");
+    assert_eq!(stop(d), Some(0));
+}
+
+/// A destination that cannot be reached: the backup is "skipped,
+/// retrying", said once however many retries fail; once it answers again
+/// (here: the profile points at a reachable repository, reread on
+/// SIGHUP), exactly one run, at the next retry.
+#[test]
+fn an_unreachable_destination_is_skipped_and_retried_then_run_once() {
+    let w = World::new();
+    let good = std::fs::read_to_string(&w.config).unwrap();
+    let away = good.replace(
+        &format!("{:?}", w.dir.join("repo").display().to_string()),
+        "\"smb://nobody@127.0.0.1:1/share/away\"",
+    );
+    assert_ne!(away, good);
+    std::fs::write(&w.config, &away).unwrap();
+    let f = std::fs::File::create(w.dir.join("u.log")).unwrap();
+    let mut d = w
+        .cmd(&["daemon"])
+        .env("CAPSULE_SMB_PASSWORD", "x")
+        .stdout(Stdio::null())
+        .stderr(f)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !w.log("u.log").contains("cannot be reached; retrying") {
+        assert!(Instant::now() < deadline, "{}", w.log("u.log"));
+        assert!(d.try_wait().unwrap().is_none(), "{}", w.log("u.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Retries after 1, 2, 4 minutes fail quietly. Each is waited for until
+    // the daemon says when it retries next (in `status`), so the clock
+    // moves on only then.
+    let next = || {
+        let o = w.cmd(&["--json", "status"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        let p = &v["profiles"][0];
+        (
+            p["next_backup_unix"].as_i64(),
+            p["waiting_for"].as_str().map(String::from),
+        )
+    };
+    let mut planned = T0;
+    for m in [0, 2, 4, 8] {
+        let clock = T0 + m * 60;
+        w.set_clock(clock);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            // A retry planned after this run: later than the last one.
+            let (at, why) = next();
+            if let (Some(at), Some(why)) = (at, why) {
+                if at > clock && at > planned {
+                    assert!(why.contains("cannot be reached"), "{why}");
+                    planned = at;
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "{}", w.log("u.log"));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        w.log("u.log").matches("cannot be reached").count(),
+        1,
+        "{}",
+        w.log("u.log")
+    );
+    let o = w.cmd(&["--json", "status"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["profiles"][0]["last_run"]["result"], "skipped", "{v}");
+    // Back: one run at the next retry (the backoff is at most 15 min; an
+    // hour on, whatever the last retry left, the run is due).
+    std::fs::write(&w.config, &good).unwrap();
+    let pid = rustix::process::Pid::from_raw(d.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    let t = T0 + 60 * 60;
+    w.set_clock(t);
+    w.wait_for_run_at(t, &mut d, "u.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.log("u.log").contains("answers again") {
+        assert!(Instant::now() < deadline, "{}", w.log("u.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(stop(d), Some(0));
+    assert_eq!(w.snapshot_times(), vec![t]);
+}
