@@ -11,6 +11,11 @@ if ! command -v setpriv >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux
 fi
 
+# systemd-analyze checks the unit `capsule schedule install` writes.
+if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || true
+fi
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -q -- -D warnings

@@ -9,6 +9,7 @@ mod daemon;
 mod forget_cmd;
 mod lab_cmd;
 mod output;
+mod schedule_cmd;
 mod settings;
 mod status_cmd;
 
@@ -179,6 +180,10 @@ enum Command {
     /// Run the profiles' backups, forget, prune and check on their
     /// schedules, in the foreground (as a service manager expects).
     Daemon(daemon::DaemonArgs),
+    /// Install, remove or inspect the service (systemd, launchd) that runs
+    /// the daemon at login or boot.
+    #[command(subcommand)]
+    Schedule(schedule_cmd::ScheduleCommand),
 }
 
 /// glibc's allocator, tuned for this pipeline: at most two malloc arenas
@@ -287,6 +292,7 @@ fn main() -> ExitCode {
         }
         Command::Status(a) => status_cmd::status(&cli.global, &out, a),
         Command::Daemon(a) => daemon::daemon(&cli.global, &out, a),
+        Command::Schedule(c) => schedule_cmd::schedule(&cli.global, &out, c),
         Command::Snapshots(a) => commands::snapshots(&cli.global, &out, a),
         Command::Forget(a) => forget_cmd::forget(&cli.global, &out, *a),
         Command::Unforget(a) => forget_cmd::unforget(&cli.global, &out, a),

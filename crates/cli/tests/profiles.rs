@@ -307,3 +307,121 @@ fn capsule_now() -> i64 {
         .unwrap()
         .as_secs() as i64
 }
+
+/// `schedule install` writes a systemd unit that `systemd-analyze verify`
+/// accepts and a launchd plist that parses with the expected keys, both
+/// running `capsule --config FILE daemon`; `remove` takes them away.
+#[test]
+fn schedule_writes_a_valid_systemd_unit_and_launchd_plist() {
+    let t = tempfile::tempdir().unwrap();
+    let config = t.path().join("capsule.toml");
+    std::fs::write(&config, "[profiles.p]\nsources = [\"/tmp\"]\n").unwrap();
+    let units = t.path().join("units");
+    let dir = units.to_str().unwrap();
+    let o = run(
+        &config,
+        &[
+            "schedule",
+            "install",
+            "--dir",
+            dir,
+            "--no-start",
+            "--manager",
+            "systemd",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    let unit = units.join("capsule.service");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    assert!(
+        text.contains(&format!(
+            "--config {} daemon",
+            config.canonicalize().unwrap().display()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("Restart=on-failure") && text.contains("WantedBy=default.target"));
+    // systemd-analyze is installed by scripts/test.sh; without it the unit
+    // is still checked for its keys above.
+    match std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+    {
+        Ok(v) => assert!(v.status.success(), "{}", String::from_utf8_lossy(&v.stderr)),
+        Err(e) => eprintln!("systemd-analyze not run: {e}"),
+    }
+    let o = run(
+        &config,
+        &[
+            "schedule",
+            "install",
+            "--dir",
+            dir,
+            "--no-start",
+            "--manager",
+            "launchd",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    let plist = units.join("org.capsule.daemon.plist");
+    let check = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import plistlib,sys; d=plistlib.load(open(sys.argv[1],'rb')); \
+             assert d['Label']=='org.capsule.daemon'; assert d['ProgramArguments'][-1]=='daemon'; \
+             assert d['ProgramArguments'][1]=='--config'; assert d['RunAtLoad'] is True; \
+             assert d['KeepAlive']=={'SuccessfulExit': False}",
+        )
+        .arg(&plist)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let o = run(
+        &config,
+        &[
+            "--json",
+            "schedule",
+            "status",
+            "--dir",
+            dir,
+            "--manager",
+            "systemd",
+        ],
+        &[],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["installed"], true, "{v}");
+    for m in ["systemd", "launchd"] {
+        let o = run(
+            &config,
+            &[
+                "schedule",
+                "remove",
+                "--dir",
+                dir,
+                "--no-start",
+                "--manager",
+                m,
+            ],
+            &[],
+        );
+        assert!(o.status.success(), "{}", err(&o));
+    }
+    assert!(!unit.exists() && !plist.exists());
+    // A broken configuration is refused before anything is written.
+    std::fs::write(&config, "[profiles.p]\nsorces = []\n").unwrap();
+    let o = run(
+        &config,
+        &["schedule", "install", "--dir", dir, "--no-start"],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(!unit.exists());
+}
