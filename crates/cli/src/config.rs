@@ -98,6 +98,21 @@ pub struct Profile {
     /// Commands run around runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hooks: Option<Hooks>,
+    /// When the daemon holds a due backup back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Conditions>,
+}
+
+/// When the daemon holds a due backup back (re-checked until they pass).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Conditions {
+    /// Wait while on battery below this charge (percent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_battery: Option<u32>,
+    /// Wait while the network is metered (as NetworkManager marks it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skip_metered: Option<bool>,
 }
 
 /// Destination credentials: never required inline.
@@ -379,6 +394,13 @@ impl Config {
                 if let Some(w) = &r.keep_within {
                     capsule_engine::retention::parse_span(w).map_err(|e| bad("keep-within", e))?;
                 }
+            }
+            if p.conditions
+                .as_ref()
+                .and_then(|c| c.min_battery)
+                .is_some_and(|b| b > 100)
+            {
+                return Err(bad("min-battery", "give a percentage, 0 to 100".into()));
             }
             if p.connections == Some(0) || p.connections.is_some_and(|n| n > 256) {
                 return Err(bad("connections", "give 1 to 256".into()));

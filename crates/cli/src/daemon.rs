@@ -26,9 +26,13 @@
 //! cheap), SIGHUP rereads the configuration (a broken file keeps the old
 //! one, and says why).
 //!
+//! A due backup waits while its profile's conditions hold it back (on
+//! battery below `min-battery`, a metered network with `skip-metered`),
+//! shown in `status` as what it waits for.
+//!
 //! Not built yet (see the issue): holding the opened repository and its
 //! key between runs (each run derives the key, started early from its key
-//! hint), and the battery and metered-network conditions.
+//! hint).
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
@@ -217,6 +221,8 @@ struct Track {
     away: bool,
     /// What `status` was last told (written only when it changes).
     view: Option<status_cmd::DaemonView>,
+    /// The condition a due backup waits for, if any.
+    held_back: Option<String>,
     /// The staleness hook ran for this last success (start time; 0: none).
     stale_notified: Option<i64>,
 }
@@ -366,21 +372,44 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                     },
                     t => t,
                 };
+                // A due backup waits for its conditions (battery,
+                // metered network), re-checked at every wake.
+                let held_back = match (job, due, &p.conditions) {
+                    (Job::Backup, None, Some(c)) => crate::conditions::waiting_for(c),
+                    _ => None,
+                };
                 if job == Job::Backup {
+                    if held_back != track.held_back {
+                        match &held_back {
+                            Some(w) => log("info", name, &format!("backup due, waiting for {w}")),
+                            None if track.held_back.is_some() => {
+                                log("info", name, "conditions met")
+                            }
+                            None => {}
+                        }
+                        track.held_back = held_back.clone();
+                    }
+                    // What `status` shows; written only when it changes
+                    // (0: due now).
                     let view = status_cmd::DaemonView {
                         pid: std::process::id(),
-                        next_backup_unix: due.unwrap_or(now),
-                        waiting_for: track.retry_at.filter(|&t| t > now).map(|_| {
-                            if track.away {
-                                "the destination cannot be reached; retrying".to_string()
-                            } else {
-                                "the last run failed; retrying".to_string()
-                            }
+                        next_backup_unix: due.unwrap_or(0),
+                        waiting_for: held_back.clone().or_else(|| {
+                            track.retry_at.filter(|&t| t > now).map(|_| {
+                                if track.away {
+                                    "the destination cannot be reached; retrying".to_string()
+                                } else {
+                                    "the last run failed; retrying".to_string()
+                                }
+                            })
                         }),
                     };
                     if track.view.as_ref() != Some(&view) {
                         status_cmd::save_daemon_view(name, &view);
                         track.view = Some(view);
+                    }
+                    if held_back.is_some() {
+                        continue;
                     }
                 }
                 match due {

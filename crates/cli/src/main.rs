@@ -3,6 +3,7 @@
 //! Everything of substance lives in `capsule-engine`.
 
 mod commands;
+mod conditions;
 mod config;
 mod config_cmd;
 mod daemon;

@@ -60,7 +60,8 @@ pub struct ProfileState {
 pub struct DaemonView {
     /// The daemon's process ID.
     pub pid: u32,
-    /// When the next backup is due (Unix seconds); now or earlier: due.
+    /// When the next backup is due (Unix seconds); 0 or earlier than now:
+    /// due now (running, or waiting for a condition).
     pub next_backup_unix: i64,
     /// Why it waits beyond its schedule ("the destination cannot be
     /// reached", "the last run failed"), if it does.

@@ -316,3 +316,64 @@ fn an_unreachable_destination_is_skipped_and_retried_then_run_once() {
     assert_eq!(stop(d), Some(0));
     assert_eq!(w.snapshot_times(), vec![t]);
 }
+
+/// A due backup waits while on battery below the profile's level, and on a
+/// metered network (both from faked providers), says so in `status`, and
+/// runs once the condition passes.
+#[test]
+fn a_due_backup_waits_for_battery_and_an_unmetered_network() {
+    let w = World::new();
+    let mut text = std::fs::read_to_string(&w.config).unwrap();
+    text.push_str("conditions = { min-battery = 20, skip-metered = true }\n");
+    std::fs::write(&w.config, text).unwrap();
+    let power = w.dir.join("power");
+    let bat = power.join("BAT0");
+    std::fs::create_dir_all(&bat).unwrap();
+    std::fs::write(bat.join("type"), "Battery\n").unwrap();
+    std::fs::write(bat.join("status"), "Discharging\n").unwrap();
+    std::fs::write(bat.join("capacity"), "12\n").unwrap();
+    let metered = w.dir.join("metered");
+    std::fs::write(&metered, "u 2\n").unwrap();
+    let f = std::fs::File::create(w.dir.join("c.log")).unwrap();
+    let mut d = w
+        .cmd(&["daemon"])
+        .env("CAPSULE_POWER_SUPPLY_DIR", &power)
+        .env(
+            "CAPSULE_METERED_COMMAND",
+            format!("cat {}", metered.display()),
+        )
+        .stdout(Stdio::null())
+        .stderr(f)
+        .spawn()
+        .unwrap();
+    let waiting = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let o = w.cmd(&["--json", "status"]).output().unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            if v["profiles"][0]["waiting_for"]
+                .as_str()
+                .is_some_and(|s| s.contains(what))
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{v}: {}", w.log("c.log"));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    waiting("battery");
+    assert_eq!(w.last_success(), None);
+    // Charging now, but the network is metered.
+    std::fs::write(bat.join("status"), "Charging\n").unwrap();
+    std::fs::write(&metered, "u 1\n").unwrap();
+    waiting("metered");
+    assert_eq!(w.last_success(), None);
+    std::fs::write(&metered, "u 4\n").unwrap();
+    w.wait_for_run_at(T0, &mut d, "c.log");
+    assert!(
+        w.log("c.log").contains("conditions met"),
+        "{}",
+        w.log("c.log")
+    );
+    assert_eq!(stop(d), Some(0));
+}
