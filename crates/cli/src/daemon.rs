@@ -211,8 +211,6 @@ fn next_due(schedule: Schedule, last: Option<i64>, now: i64) -> Option<i64> {
 /// What the daemon knows of one profile between jobs.
 #[derive(Default)]
 struct Track {
-    /// Start of the last attempt of each maintenance job.
-    last_attempt: BTreeMap<Job, i64>,
     /// The backup is "skipped, retrying" until this time.
     retry_at: Option<i64>,
     /// The current backoff, seconds.
@@ -223,8 +221,6 @@ struct Track {
     view: Option<status_cmd::DaemonView>,
     /// The condition a due backup waits for, if any.
     held_back: Option<String>,
-    /// The staleness hook ran for this last success (start time; 0: none).
-    stale_notified: Option<i64>,
 }
 
 struct Running {
@@ -348,7 +344,7 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
         for name in &profiles {
             let Ok(p) = cfg.profile(name) else { continue };
             let track = tracks.entry(name.clone()).or_default();
-            staleness(name, p, track, now);
+            staleness(name, p, now);
             for job in JOBS {
                 let Some(schedule) = job.schedule(p) else {
                     continue;
@@ -363,7 +359,11 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                     Job::Backup => status_cmd::load_state(name)
                         .last_success
                         .map(|r| r.started_unix),
-                    _ => track.last_attempt.get(&job).copied().or(Some(now)),
+                    // Never run: due now (a daily time: once it passes).
+                    _ => status_cmd::load_state(name)
+                        .maintenance
+                        .get(job.name())
+                        .copied(),
                 };
                 let due = match next_due(schedule, last, now) {
                     None => match (job, track.retry_at) {
@@ -416,7 +416,11 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                     Some(t) => wake = wake.min(t),
                     None => {
                         if let Some(r) = start(&exe, &path, name, job, p) {
-                            track.last_attempt.insert(job, now);
+                            if job != Job::Backup {
+                                status_cmd::update(name, |st| {
+                                    st.maintenance.insert(job.name().to_string(), now);
+                                });
+                            }
                             running.push(r);
                         }
                     }
@@ -615,19 +619,19 @@ fn hook(command: &str, profile: &str, which: &str, result: Option<&str>) -> bool
     }
 }
 
-/// Runs the staleness hook once when `p` becomes stale.
-fn staleness(name: &str, p: &Profile, track: &mut Track, now: i64) {
+/// Runs the staleness hook once when `p` becomes stale (once per stale
+/// period, across restarts: recorded in the profile's state).
+fn staleness(name: &str, p: &Profile, now: i64) {
     let st = status_cmd::load_state(name);
     let last = st.last_success.as_ref().map(|r| r.started_unix);
     if !status_cmd::is_stale(p, last, now) {
-        track.stale_notified = None;
         return;
     }
     let key = last.unwrap_or(0);
-    if track.stale_notified == Some(key) {
+    if st.stale_notified == Some(key) {
         return;
     }
-    track.stale_notified = Some(key);
+    status_cmd::update(name, |st| st.stale_notified = Some(key));
     log(
         "warning",
         name,

@@ -53,6 +53,16 @@ pub struct ProfileState {
     pub last_run: Option<RunOutcome>,
     /// The last run that saved a snapshot.
     pub last_success: Option<RunOutcome>,
+    /// When the daemon last started each maintenance job ("forget",
+    /// "prune", "check", "check --read-data"), Unix seconds: kept here so a
+    /// restarted daemon does not start their intervals again.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub maintenance: std::collections::BTreeMap<String, i64>,
+    /// The staleness hook ran for the stale period that began after this
+    /// last success (its start; 0: never backed up), so it runs once per
+    /// period, across daemon restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_notified: Option<i64>,
 }
 
 /// What a running daemon says of a profile (`<state>/profiles/*.daemon`).
@@ -128,14 +138,22 @@ pub fn load_state(profile: &str) -> ProfileState {
 /// Records a run of `profile`. Best effort: a run is not failed for want
 /// of its record.
 pub fn record(profile: &str, run: RunOutcome) {
+    update(profile, |st| {
+        if run.result == "ok" || run.result == "incomplete" {
+            st.last_success = Some(run.clone());
+        }
+        st.last_run = Some(run);
+    });
+}
+
+/// Changes `profile`'s recorded state (read, change, replace atomically).
+/// Best effort, as `record`.
+pub fn update(profile: &str, change: impl FnOnce(&mut ProfileState)) {
     let Some(path) = state_file(profile) else {
         return;
     };
     let mut st = load_state(profile);
-    if run.result == "ok" || run.result == "incomplete" {
-        st.last_success = Some(run.clone());
-    }
-    st.last_run = Some(run);
+    change(&mut st);
     let Some(dir) = path.parent() else { return };
     let tmp = dir.join(format!(".tmp-{}", std::process::id()));
     let ok = std::fs::create_dir_all(dir)

@@ -377,3 +377,85 @@ fn a_due_backup_waits_for_battery_and_an_unmetered_network() {
     );
     assert_eq!(stop(d), Some(0));
 }
+
+/// SIGTERM while a backup runs (held at its commit, every pack uploaded):
+/// the daemon stops within its bound, and the next run sends none of what
+/// had landed. Also: the staleness hook
+/// runs once, and forget runs on its own schedule by the profile's
+/// retention.
+#[test]
+fn sigterm_mid_run_then_the_next_run_resumes_and_maintenance_runs_on_schedule() {
+    let w = World::new();
+    std::fs::write(w.dir.join("src/big"), noise(6 << 20, 5)).unwrap();
+    let mut text = std::fs::read_to_string(&w.config).unwrap();
+    let marker = w.dir.join("stale-hook-ran");
+    text = text.replace(
+        "schedule = { backup = \"hourly\" }",
+        "schedule = { backup = \"hourly\", forget = \"daily\" }\nretention = { keep-last = 1 }",
+    );
+    text.push_str(&format!(
+        "hooks = {{ on-stale = \"echo x >> {}\" }}\n",
+        marker.display()
+    ));
+    std::fs::write(&w.config, text).unwrap();
+    let gate = w.dir.join("gate");
+    let f = std::fs::File::create(w.dir.join("t.log")).unwrap();
+    let d = w
+        .cmd(&["daemon"])
+        .env("CAPSULE_TEST_PAUSE", format!("commit:{}", gate.display()))
+        .stdout(Stdio::null())
+        .stderr(f)
+        .spawn()
+        .unwrap();
+    let waiting = gate.with_extension("waiting");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !waiting.exists() {
+        assert!(Instant::now() < deadline, "{}", w.log("t.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(stop(d), Some(0), "{}", w.log("t.log"));
+    assert!(
+        w.log("t.log").contains("backup stopped with the daemon"),
+        "{}",
+        w.log("t.log")
+    );
+    assert_eq!(w.last_success(), None);
+    // Never backed up: the staleness hook ran, once.
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1);
+    // The next run (by hand, as the daemon would) sends none of the 6 MiB
+    // that had landed (held at its commit, the stopped run had indexed
+    // its packs; cut earlier, the resume journal indexes them).
+    let o = w
+        .cmd(&["--profile", "p", "--json", "backup"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["destination"]["bytes_up"].as_u64().unwrap() < 1 << 20,
+        "{v}"
+    );
+    // A backup by hand a day later; half an hour after it a new daemon:
+    // no backup is due, forget (daily, last run when the first daemon
+    // started) is, and keeps the last snapshot by the profile's retention.
+    let t = T0 + 86_400 + H / 2;
+    w.set_clock(t);
+    let o = w.cmd(&["--profile", "p", "backup"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    w.set_clock(t + H / 2);
+    let d = w.daemon("t2.log");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !w.log("t2.log").contains("forget ok") {
+        assert!(Instant::now() < deadline, "{}", w.log("t2.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(stop(d), Some(0));
+    assert!(
+        !w.log("t2.log").contains("backup started"),
+        "{}",
+        w.log("t2.log")
+    );
+    assert_eq!(w.snapshot_times(), vec![t]);
+    // Not stale then: the hook ran once in all.
+    assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1);
+}
