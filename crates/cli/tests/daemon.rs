@@ -80,13 +80,15 @@ impl World {
         c
     }
 
-    fn daemon(&self, log: &str) -> Child {
+    fn daemon(&self, log: &str) -> Daemon {
         let f = std::fs::File::create(self.dir.join(log)).unwrap();
-        self.cmd(&["daemon"])
-            .stdout(Stdio::null())
-            .stderr(f)
-            .spawn()
-            .unwrap()
+        Daemon(Some(
+            self.cmd(&["daemon"])
+                .stdout(Stdio::null())
+                .stderr(f)
+                .spawn()
+                .unwrap(),
+        ))
     }
 
     fn log(&self, log: &str) -> String {
@@ -101,7 +103,7 @@ impl World {
     }
 
     /// Waits (bounded) until the last success started at `t`.
-    fn wait_for_run_at(&self, t: i64, daemon: &mut Child, log: &str) {
+    fn wait_for_run_at(&self, t: i64, daemon: &mut Daemon, log: &str) {
         let deadline = Instant::now() + Duration::from_secs(90);
         while Instant::now() < deadline {
             if self.last_success() == Some(t) {
@@ -130,17 +132,44 @@ impl World {
     }
 }
 
-fn stop(mut child: Child) -> Option<i32> {
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+/// A daemon the test started: killed when dropped, so a failing test
+/// leaves no daemon running.
+struct Daemon(Option<Child>);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().unwrap()
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().unwrap()
+    }
+}
+
+/// SIGTERM, then its exit code (bounded; past the bound the guard kills
+/// it).
+fn stop(mut d: Daemon) -> Option<i32> {
+    let pid = rustix::process::Pid::from_raw(d.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        if let Some(st) = child.try_wait().unwrap() {
+        if let Some(st) = d.try_wait().unwrap() {
             return st.code();
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let _ = child.kill();
     panic!("the daemon did not stop on SIGTERM");
 }
 
@@ -246,13 +275,14 @@ fn an_unreachable_destination_is_skipped_and_retried_then_run_once() {
     assert_ne!(away, good);
     std::fs::write(&w.config, &away).unwrap();
     let f = std::fs::File::create(w.dir.join("u.log")).unwrap();
-    let mut d = w
-        .cmd(&["daemon"])
-        .env("CAPSULE_SMB_PASSWORD", "x")
-        .stdout(Stdio::null())
-        .stderr(f)
-        .spawn()
-        .unwrap();
+    let mut d = Daemon(Some(
+        w.cmd(&["daemon"])
+            .env("CAPSULE_SMB_PASSWORD", "x")
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .unwrap(),
+    ));
     let deadline = Instant::now() + Duration::from_secs(60);
     while !w.log("u.log").contains("cannot be reached; retrying") {
         assert!(Instant::now() < deadline, "{}", w.log("u.log"));
@@ -335,17 +365,18 @@ fn a_due_backup_waits_for_battery_and_an_unmetered_network() {
     let metered = w.dir.join("metered");
     std::fs::write(&metered, "u 2\n").unwrap();
     let f = std::fs::File::create(w.dir.join("c.log")).unwrap();
-    let mut d = w
-        .cmd(&["daemon"])
-        .env("CAPSULE_POWER_SUPPLY_DIR", &power)
-        .env(
-            "CAPSULE_METERED_COMMAND",
-            format!("cat {}", metered.display()),
-        )
-        .stdout(Stdio::null())
-        .stderr(f)
-        .spawn()
-        .unwrap();
+    let mut d = Daemon(Some(
+        w.cmd(&["daemon"])
+            .env("CAPSULE_POWER_SUPPLY_DIR", &power)
+            .env(
+                "CAPSULE_METERED_COMMAND",
+                format!("cat {}", metered.display()),
+            )
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .unwrap(),
+    ));
     let waiting = |what: &str| {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -400,13 +431,14 @@ fn sigterm_mid_run_then_the_next_run_resumes_and_maintenance_runs_on_schedule() 
     std::fs::write(&w.config, text).unwrap();
     let gate = w.dir.join("gate");
     let f = std::fs::File::create(w.dir.join("t.log")).unwrap();
-    let d = w
-        .cmd(&["daemon"])
-        .env("CAPSULE_TEST_PAUSE", format!("commit:{}", gate.display()))
-        .stdout(Stdio::null())
-        .stderr(f)
-        .spawn()
-        .unwrap();
+    let d = Daemon(Some(
+        w.cmd(&["daemon"])
+            .env("CAPSULE_TEST_PAUSE", format!("commit:{}", gate.display()))
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .unwrap(),
+    ));
     let waiting = gate.with_extension("waiting");
     let deadline = Instant::now() + Duration::from_secs(90);
     while !waiting.exists() {
