@@ -217,6 +217,8 @@ struct Track {
     backoff: i64,
     /// The last backup found the destination away.
     away: bool,
+    /// Why the backup waits for `retry_at`.
+    retry_why: &'static str,
     /// What `status` was last told (written only when it changes).
     view: Option<status_cmd::DaemonView>,
     /// The condition a due backup waits for, if any.
@@ -245,12 +247,25 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                 cfg.profile(n)?;
                 vec![n.clone()]
             }
-            None => cfg.file.profiles.keys().cloned().collect(),
+            // Without --profile, only profiles with a `schedule` table: a
+            // profile kept for commands by hand is not backed up hourly
+            // behind its owner's back.
+            None => cfg
+                .file
+                .profiles
+                .iter()
+                .filter(|(_, p)| p.schedule.is_some())
+                .map(|(n, _)| n.clone())
+                .collect(),
         })
     };
     let mut profiles = names(&cfg)?;
     if profiles.is_empty() {
-        return Err(config::ConfigError(format!("{}: no profiles to run", path.display())).into());
+        return Err(config::ConfigError(format!(
+            "{}: no profile has a `schedule`; add one (schedule = {{ backup = \"hourly\" }}) or name a profile with --profile",
+            path.display()
+        ))
+        .into());
     }
     // One daemon per profile, across processes.
     let mut held = BTreeMap::new();
@@ -395,13 +410,10 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                         pid: std::process::id(),
                         next_backup_unix: due.unwrap_or(0),
                         waiting_for: held_back.clone().or_else(|| {
-                            track.retry_at.filter(|&t| t > now).map(|_| {
-                                if track.away {
-                                    "the destination cannot be reached; retrying".to_string()
-                                } else {
-                                    "the last run failed; retrying".to_string()
-                                }
-                            })
+                            track
+                                .retry_at
+                                .filter(|&t| t > now)
+                                .map(|_| track.retry_why.to_string())
                         }),
                     };
                     if track.view.as_ref() != Some(&view) {
@@ -534,6 +546,7 @@ fn finished(cfg: &Config, r: &Running, code: Option<i32>, track: &mut Track) {
                     (track.backoff * 2).min(900)
                 };
                 track.retry_at = Some(capsule_engine::timefmt::now_unix() + track.backoff);
+                track.retry_why = "the destination cannot be reached; retrying";
                 if first {
                     log(
                         "warning",
@@ -543,6 +556,12 @@ fn finished(cfg: &Config, r: &Running, code: Option<i32>, track: &mut Track) {
                 }
                 // The run recorded itself as skipped (status_cmd::outcome).
                 return;
+            }
+            "busy" => {
+                // A backup by hand (or another process) holds the profile:
+                // try again in a minute, not at every wake.
+                track.retry_at = Some(capsule_engine::timefmt::now_unix() + 60);
+                track.retry_why = "another run of the profile holds it; retrying";
             }
             "failed" => {
                 // Not retried at once: a wrong password, a missing
@@ -556,6 +575,7 @@ fn finished(cfg: &Config, r: &Running, code: Option<i32>, track: &mut Track) {
                 };
                 track.away = false;
                 track.retry_at = Some(capsule_engine::timefmt::now_unix() + track.backoff);
+                track.retry_why = "the last run failed; retrying";
             }
             _ => {
                 if std::mem::take(&mut track.away) {

@@ -491,3 +491,57 @@ fn sigterm_mid_run_then_the_next_run_resumes_and_maintenance_runs_on_schedule() 
     // Not stale then: the hook ran once in all.
     assert_eq!(std::fs::read_to_string(&marker).unwrap().lines().count(), 1);
 }
+
+/// A backup by hand holding the profile when the daemon's is due: the
+/// daemon's run finds it busy and waits a minute (said in `status`), not a
+/// retry at every wake. A profile without a `schedule` is not run.
+#[test]
+fn a_busy_profile_is_retried_later_and_an_unscheduled_one_is_not_run() {
+    let w = World::new();
+    let mut text = std::fs::read_to_string(&w.config).unwrap();
+    text.push_str("\n[profiles.q]\nsources = [\"/nonexistent\"]\n");
+    std::fs::write(&w.config, text).unwrap();
+    let gate = w.dir.join("gate");
+    let mut by_hand = w
+        .cmd(&["--profile", "p", "backup"])
+        .env("CAPSULE_TEST_PAUSE", format!("commit:{}", gate.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let waiting = gate.with_extension("waiting");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !waiting.exists() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let d = w.daemon("b.log");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let o = w
+            .cmd(&["--json", "status", "--profile", "p"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if v["profiles"][0]["waiting_for"]
+            .as_str()
+            .is_some_and(|s| s.contains("another run"))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{v}: {}", w.log("b.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The clock does not move: no retry before a minute of it has passed.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        w.log("b.log").matches("backup started").count(),
+        1,
+        "{}",
+        w.log("b.log")
+    );
+    assert!(!w.log("b.log").contains("profile q"), "{}", w.log("b.log"));
+    std::fs::write(&gate, b"").unwrap();
+    assert!(by_hand.wait().unwrap().success());
+    assert_eq!(stop(d), Some(0));
+}
