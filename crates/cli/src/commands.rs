@@ -17,59 +17,50 @@ use clap::{Args, Subcommand};
 use crate::output::{bytes, Output};
 use crate::settings::{self, RepoLocation};
 use crate::{exit, GlobalArgs};
+use capsule_access::Opened;
 
 pub(crate) fn open(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
     let loc = settings::location(g)?;
-    let (repo, backend) = connect_and_open(g, &loc, out, &mut 0.0)?;
-    let (repo, _) = settings::with_cache(g, repo, backend)?;
-    Ok((repo, loc))
+    let opened = connect_and_open(g, &loc, out, false)?;
+    Ok((opened.repo, loc))
 }
 
-/// Opens without the cache: for `check`, which must read the destination.
-fn open_uncached(g: &GlobalArgs, out: &Output) -> Result<(Repository, RepoLocation)> {
+/// Opens without the cache: for `check` and `repair`, which must read the
+/// destination.
+fn open_uncached(g: &GlobalArgs, out: &Output) -> Result<Opened> {
     let loc = settings::location(g)?;
-    let (repo, _) = connect_and_open(g, &loc, out, &mut 0.0)?;
-    Ok((repo, loc))
+    connect_and_open(g, &loc, out, true)
 }
 
-/// Connects and opens with the password; `connect_secs` gets the time the
-/// connection took. The key derivation starts first, from the last run's
-/// hint, so that on a network destination it runs while the connection
-/// is made and the key files are read.
+/// Connects and opens with the password, through the library's one way in
+/// ([`capsule_access`]). The key derivation starts first, from the last
+/// run's hint (or is the daemon's, already done), so that on a network
+/// destination it runs while the connection is made and the key files are
+/// read. A password that must be asked for is asked once connected.
 fn connect_and_open(
     g: &GlobalArgs,
     loc: &RepoLocation,
     out: &Output,
-    connect_secs: &mut f64,
-) -> Result<(Repository, Arc<dyn capsule_backend::LabBackend>)> {
-    let (pw, early) = settings::start_key(g, loc);
-    let t = std::time::Instant::now();
-    let backend = settings::backend(g, loc, false)?;
-    *connect_secs = t.elapsed().as_secs_f64();
+    direct: bool,
+) -> Result<Opened> {
+    let access = settings::access(g, loc);
+    let (pw, early) = settings::start_key(g, &access);
+    let stack = settings::connect(&access, false)?;
     let pw = match pw {
         Some(pw) => pw,
         None => settings::password(g)?,
     };
-    let repo = open_with(backend.clone(), &pw, early, out)?;
-    settings::remember_key(g, loc, &repo);
-    Ok((repo, backend))
-}
-
-/// Opens with a password, and warns of damaged or stray key files (which
-/// did not stop this key from opening it).
-fn open_with(
-    backend: Arc<dyn capsule_backend::LabBackend>,
-    pw: &[u8],
-    early: Option<capsule_engine::EarlyKey>,
-    out: &Output,
-) -> Result<Repository> {
-    let repo = Repository::open_with_early_key(backend, pw, early)?;
-    for w in repo.open_warnings() {
+    let opened = if direct {
+        stack.open_direct(&access, &pw, early)?
+    } else {
+        stack.open(&access, &pw, early)?
+    };
+    for w in &opened.warnings {
         out.warn(format!(
             "{w}; another key opened the repository (remove the damaged file with `capsule key remove`, or restore it from a copy)"
         ));
     }
-    Ok(repo)
+    Ok(opened)
 }
 
 /// Resolves a snapshot argument. When some snapshots cannot be read,
@@ -139,15 +130,15 @@ pub struct InitArgs {
 
 pub fn init(g: &GlobalArgs, out: &Output, a: InitArgs) -> Result<u8> {
     let loc = settings::location(g)?;
-    let backend = settings::backend(g, &loc, true)?;
+    let access = settings::access(g, &loc);
+    let stack = settings::connect(&access, true)?;
     let pw = settings::new_password(g, "new repository password")?;
     let opts = InitOptions {
         compression: a.compression,
         pack_size: a.pack_size_mib << 20,
         ..InitOptions::default()
     };
-    let repo = Repository::init(backend, &pw, &opts)?;
-    settings::remember_key(g, &loc, &repo);
+    let repo = stack.init(&access, &pw, &opts)?.repo;
     if let Some(q) = a.quota.filter(|q| *q > 0) {
         capsule_engine::quota::set(&repo, q, 3600)?;
         out.say(format!("quota {}", bytes(q)));
@@ -211,79 +202,13 @@ pub enum WhenFull {
     Fail,
 }
 
-/// Before a backup: with a quota, thin so that the run's expected new data
-/// (what the last run of these paths added) fits. Says so when it will not.
-fn thin_before_backup(
-    repo: &Arc<Repository>,
-    out: &Output,
-    when_full: WhenFull,
-    quota: Option<capsule_engine::quota::Quota>,
-    expected: u64,
-) -> Result<Option<capsule_engine::quota::ThinReport>> {
-    let Some(q) = quota else {
-        return Ok(None);
-    };
-    let stored = capsule_engine::quota::stored_bytes(repo)?;
-    if stored.saturating_add(expected) <= q.bytes {
-        return Ok(None);
-    }
-    // Pack headers and index files take a little beyond the blobs.
-    let target = (q.bytes as f64 * 0.98) as u64;
-    let target = target.saturating_sub(expected);
-    let plan = capsule_engine::quota::plan(repo, target, q.min_age_secs)?;
-    if when_full == WhenFull::Fail {
-        return Err(EngineError::Invalid(format!(
-            "the repository holds {} of its {} quota and this run is expected to add {}; deleting old snapshots would make room (--when-full delete-oldest)",
-            bytes(stored),
-            bytes(q.bytes),
-            bytes(expected)
-        ))
-        .into());
-    }
-    let plan = if plan.fits {
-        plan
-    } else {
-        // Forgetting history that cannot make the run fit buys nothing the
-        // user asked for: forget none of it. Space no snapshot uses (what
-        // earlier forgets left) still comes back below.
-        out.warn(format!(
-            "the {} quota is too small for this run by {}: the snapshots that must stay (the newest of each source and those younger than the minimum age) use {}, and this run may add {} (what the last run of these paths added). Nothing was forgotten for it; backing up anyway. Raise the quota with `capsule quota set SIZE`",
-            bytes(q.bytes),
-            bytes(plan.used_after.saturating_add(expected).saturating_sub(q.bytes)),
-            bytes(plan.used_after),
-            bytes(expected)
-        ));
-        capsule_engine::quota::ThinPlan {
-            remove: Vec::new(),
-            used_after: plan.used,
-            ..plan
+impl From<WhenFull> for capsule_access::WhenFull {
+    fn from(w: WhenFull) -> Self {
+        match w {
+            WhenFull::DeleteOldest => capsule_access::WhenFull::DeleteOldest,
+            WhenFull::Fail => capsule_access::WhenFull::Fail,
         }
-    };
-    if !plan.needed(q.bytes.saturating_sub(expected)) {
-        return Ok(None);
     }
-    crate::forget_cmd::report_plan(out, &plan, false);
-    Ok(Some(capsule_engine::quota::thin(repo, plan)?))
-}
-
-/// After a destination reported itself full: frees, oldest first, what the
-/// last run added with a fifth to spare, and at least a fifth of what the
-/// snapshots use, so that the run can be tried again.
-fn thin_when_full(repo: &Arc<Repository>, out: &Output, expected: u64) -> Result<bool> {
-    let min_age = capsule_engine::quota::load(repo)?.map_or(3600, |q| q.min_age_secs);
-    let probe = capsule_engine::quota::plan(repo, u64::MAX, min_age)?;
-    let free = (probe.used / 5).max(expected / 5 * 6);
-    let plan = capsule_engine::quota::plan(repo, probe.used.saturating_sub(free), min_age)?;
-    if plan.remove.is_empty() {
-        return Ok(false);
-    }
-    out.warn(format!(
-        "the destination is full: deleting the {} oldest snapshot(s) to make room, then trying again",
-        plan.remove.len()
-    ));
-    crate::forget_cmd::report_plan(out, &plan, false);
-    capsule_engine::quota::thin(repo, plan)?;
-    Ok(true)
 }
 
 /// A backup's arguments with the profile's settings filled in: a flag
@@ -317,42 +242,45 @@ fn with_profile(g: &GlobalArgs, mut a: BackupArgs) -> Result<(BackupArgs, WhenFu
     Ok((a, when_full))
 }
 
-/// Runs `backup`; also returns its report, for the profile's record.
-pub fn backup(
-    g: &GlobalArgs,
-    out: &Output,
-    a: BackupArgs,
-) -> Result<(u8, Option<capsule_engine::backup::BackupReport>)> {
+/// What a backup leaves for the profile's record.
+#[derive(Debug)]
+pub struct BackupDone {
+    /// The engine's report.
+    pub report: capsule_engine::backup::BackupReport,
+    /// How the key was had (`held`: from the daemon, nothing derived).
+    pub key: capsule_engine::KeySource,
+    /// The repository's quota, if any, and the bytes stored after the run.
+    pub quota: Option<u64>,
+    /// Bytes of packs stored (measured when there is a quota).
+    pub stored: Option<u64>,
+}
+
+/// Runs `backup`; also returns what the profile's record keeps.
+pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<(u8, Option<BackupDone>)> {
     let (a, when_full) = with_profile(g, a)?;
     let loc = settings::location(g)?;
     let new_default =
         loc.is_default && loc.local_path().is_some_and(|p| !p.join("config").exists());
-    let t_connect = std::time::Instant::now();
-    let mut connect_secs = 0.0;
-    let (repo, backend) = if new_default {
-        let backend = settings::backend(g, &loc, true)?;
+    let opened = if new_default {
         // The embedded default: created on first use.
+        let access = settings::access(g, &loc);
+        let stack = settings::connect(&access, true)?;
         let pw = settings::new_password(g, "password for the new default repository")?;
-        let r = Repository::init(backend.clone(), &pw, &InitOptions::default())?;
-        settings::remember_key(g, &loc, &r);
+        let opened = stack.init(&access, &pw, &InitOptions::default())?;
         if !out.json {
             eprintln!("created a new repository at {}", loc.display());
         }
-        (r, backend)
+        opened
     } else {
-        connect_and_open(g, &loc, out, &mut connect_secs)?
+        connect_and_open(g, &loc, out, false)?
     };
-    let (repo, cache) = settings::with_cache(g, repo, backend)?;
-    let open_secs = t_connect.elapsed().as_secs_f64() - connect_secs;
-    let repo_id = repo.config().id.clone();
-    let mut skip_dirs: Vec<PathBuf> = loc.local_path().map(PathBuf::from).into_iter().collect();
-    if let Some((_, dir)) = &cache {
-        skip_dirs.push(dir.clone());
-    }
+    let connect_secs = opened.stack.connect_secs;
+    let open_secs = opened.open_secs;
+    let repo_id = opened.repo.config().id.clone();
+    let key_source = opened.repo.key_source();
+    let cache = opened.cache.clone();
     // Run records change with every run; backing them up would too.
-    if let Some(state) = capsule_lab::history::state_dir() {
-        skip_dirs.push(state);
-    }
+    let skip_dirs: Vec<PathBuf> = capsule_lab::history::state_dir().into_iter().collect();
     let progress = Arc::new(Progress::default());
     let bar = out.progress(&progress, "backup");
     let opts = BackupOptions {
@@ -369,65 +297,37 @@ pub fn backup(
         tags: a.tags,
         hostname: a.host,
         threads: a.threads,
-        // A repository or cache inside a source would back itself up,
-        // growing with every run (the defaults live under $HOME).
         skip_dirs,
         estimate: bar.is_some(),
-        journal: cache.as_ref().map(|(_, dir)| dir.join("unindexed-packs")),
         // --force trusts nothing: it also checks that every indexed pack is
         // still there (one listing), so lost data is uploaded again.
         verify_packs: a.force,
-        damaged_packs: cache
-            .as_ref()
-            .map(|(_, dir)| settings::read_damaged_packs(dir))
-            .unwrap_or_default(),
+        ..BackupOptions::default()
     };
-    let requests = settings::destination_stats();
-    let before = requests
-        .as_ref()
-        .map(|r| capsule_lab::record::DestCounters::read(r))
-        .unwrap_or_default();
+    let requests = opened.stack.requests.clone();
+    let before = capsule_lab::record::DestCounters::read(&requests);
     let recorder = capsule_lab::series::Recorder::start(
         capsule_lab::series::Sources {
             progress: Some(progress.clone()),
-            requests: requests.clone(),
+            requests: Some(requests.clone()),
         },
         std::time::Duration::from_millis(250),
     );
     let start_unix = capsule_engine::timefmt::now_unix();
     let paths: Vec<String> = opts.paths.iter().map(|p| p.display().to_string()).collect();
-    let repo = Arc::new(repo);
-    // One listing when there is no quota; with one, what the last run
-    // added is what this one is expected to add.
-    let quota = capsule_engine::quota::load(&repo)?;
-    let expected = match quota {
-        Some(_) => repo
-            .list_snapshots()
-            .ok()
-            .and_then(|(s, _)| s.last().map(|(_, s)| s.summary.bytes_added))
-            .unwrap_or(0),
-        None => 0,
-    };
-    let thinned = thin_before_backup(&repo, out, when_full, quota, expected)?;
-    let mut report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
-    let full = matches!(&report, Err(e) if is_full(e));
-    if when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, out, expected)? {
-        report = capsule_engine::backup::backup(repo.clone(), &opts, &progress);
-    }
+    let run = opened.backup(opts, when_full.into(), &progress, &mut |n| match n {
+        capsule_access::Notice::Warning(w) => out.warn(w),
+        capsule_access::Notice::Thinning(plan) => crate::forget_cmd::report_plan(out, plan, false),
+    });
     let series = recorder.finish();
     drop(bar);
-    let report = report?;
-    // A run larger than expected may have gone over: thin now, so the
-    // repository is within its quota between runs.
-    let after = thin_before_backup(&repo, out, when_full, quota, 0).unwrap_or_else(|e| {
-        out.warn(format!("could not thin to the quota after the run: {e}"));
-        None
-    });
-    let thinned: Vec<_> = thinned.into_iter().chain(after).collect();
-    let counters = requests
-        .as_ref()
-        .map(|r| capsule_lab::record::DestCounters::read(r).since(&before))
-        .unwrap_or_default();
+    let capsule_access::BackupRun {
+        report,
+        thinned,
+        quota,
+        stored,
+    } = run?;
+    let counters = capsule_lab::record::DestCounters::read(&requests).since(&before);
     let mut record = capsule_lab::record::from_backup(
         &report,
         start_unix,
@@ -457,7 +357,7 @@ pub fn backup(
     if let Some(w) = &report.clock_warning {
         out.warn(w);
     }
-    let cache_stats = cache.as_ref().map(|(c, _)| settings::cache_json(c));
+    let cache_stats = cache.as_ref().map(|c| settings::cache_json(&c.stats));
     if out.json {
         let mut v = serde_json::to_value(&report)?;
         v["thinned"] = serde_json::to_value(&thinned)?;
@@ -466,6 +366,9 @@ pub fn backup(
         v["bound"] = serde_json::to_value(&record.bound)?;
         v["connect_secs"] = serde_json::json!(connect_secs);
         v["open_secs"] = serde_json::json!(open_secs);
+        v["key"] = serde_json::to_value(key_source)?;
+        v["quota"] = serde_json::json!(quota.map(|q| q.bytes));
+        v["stored"] = serde_json::json!(stored);
         out.json(&v);
     }
     let s = &report.summary;
@@ -524,16 +427,25 @@ pub fn backup(
             out.say("  the local cache was missing or behind the repository; it has been brought up to date");
         }
     }
-    if report.warnings.is_empty() {
-        Ok((exit::OK, Some(report)))
+    let code = if report.warnings.is_empty() {
+        exit::OK
     } else {
         eprintln!(
             "capsule: snapshot {} is incomplete: {} entries could not be backed up (listed above)",
             &report.snapshot_id[..8],
             report.warnings.len()
         );
-        Ok((exit::INCOMPLETE, Some(report)))
-    }
+        exit::INCOMPLETE
+    };
+    Ok((
+        code,
+        Some(BackupDone {
+            report,
+            key: key_source,
+            quota: quota.map(|q| q.bytes),
+            stored,
+        }),
+    ))
 }
 
 /// Arguments of `snapshots`.
@@ -886,8 +798,9 @@ pub struct CheckArgs {
 }
 
 pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
-    let (repo, _) = open_uncached(g, out)?;
-    let repo = Arc::new(repo);
+    let opened = open_uncached(g, out)?;
+    let cache_dir = opened.cache_dir().map(PathBuf::from);
+    let repo = Arc::new(opened.repo);
     // Held like a backup's, so that a prune running meanwhile does not
     // delete packs this check is about to read. A destination this user may
     // only read gets none, and a prune could then race the check.
@@ -911,8 +824,8 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
     drop(session);
     let r = r?;
     // The next backup must not reuse what this check found lost.
-    if let Some(dir) = settings::cache_dir(g, &repo) {
-        if let Err(e) = settings::write_damaged_packs(&dir, &r.damaged_packs) {
+    if let Some(dir) = cache_dir {
+        if let Err(e) = capsule_access::open::write_damaged_packs(&dir, &r.damaged_packs) {
             out.warn(format!(
                 "cannot record the damaged packs in {}: {e}; run the next backup with --force so it does not reuse them",
                 dir.display()
@@ -1134,7 +1047,7 @@ pub fn key(g: &GlobalArgs, out: &Output, k: KeyCommand) -> Result<u8> {
         KeyCommand::Passwd { new_password_file } => {
             let pw = read_new_password(&new_password_file)?;
             let id = repo.change_password(&pw, KdfParams::default())?;
-            settings::remember_key(g, &loc, &repo);
+            settings::access(g, &loc).remember_key(&repo);
             out.json(&serde_json::json!({ "key": id.to_hex() }));
             out.say(format!("password changed (new key {})", id.short()));
         }
@@ -1168,7 +1081,7 @@ pub fn repair(g: &GlobalArgs, out: &Output, r: RepairCommand) -> Result<u8> {
         RepairCommand::Snapshots { dry_run } => return repair_snapshots(g, out, dry_run),
     };
     // The destination's truth, not the cache's.
-    let (repo, _) = open_uncached(g, out)?;
+    let repo = open_uncached(g, out)?.repo;
     let rep = capsule_engine::repair::repair_index(&repo, dry_run)?;
     if out.json {
         let mut v = serde_json::to_value(&rep)?;
@@ -1205,7 +1118,7 @@ pub fn repair(g: &GlobalArgs, out: &Output, r: RepairCommand) -> Result<u8> {
 }
 
 fn repair_snapshots(g: &GlobalArgs, out: &Output, dry_run: bool) -> Result<u8> {
-    let (repo, _) = open_uncached(g, out)?;
+    let repo = open_uncached(g, out)?.repo;
     let rep = capsule_engine::repair::repair_snapshots(&Arc::new(repo), dry_run)?;
     if out.json {
         let mut v = serde_json::to_value(&rep)?;
@@ -1241,17 +1154,4 @@ fn repair_snapshots(g: &GlobalArgs, out: &Output, dry_run: bool) -> Result<u8> {
         }
     ));
     Ok(exit::OK)
-}
-
-/// Whether an engine error means the destination (or a spill directory)
-/// is full.
-fn is_full(e: &EngineError) -> bool {
-    match e {
-        EngineError::Backend(b) => b.kind == capsule_backend::ErrorKind::NoSpace,
-        EngineError::Io { source, .. } => matches!(
-            source.kind(),
-            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
-        ),
-        _ => false,
-    }
 }

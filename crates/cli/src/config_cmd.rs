@@ -64,6 +64,16 @@ pub fn apply_profile(g: &mut GlobalArgs, out: &Output) -> Result<()> {
         out.warn(w);
     }
     let p = cfg.profile(&name)?.clone();
+    if let Some(c) = &p.credentials {
+        set_default_env(c, &name)?;
+    }
+    fill_from_profile(g, p);
+    Ok(())
+}
+
+/// Fills in from profile `p` every setting of `g` that neither a flag nor
+/// the environment gave (credentials aside: see [`apply_profile`]).
+pub fn fill_from_profile(g: &mut GlobalArgs, p: Profile) {
     if g.repo.is_none() {
         g.repo = p.repository.clone();
     }
@@ -76,11 +86,7 @@ pub fn apply_profile(g: &mut GlobalArgs, out: &Output) -> Result<()> {
     if g.cache_dir.is_none() {
         g.cache_dir = p.cache_dir.clone();
     }
-    if let Some(c) = &p.credentials {
-        set_default_env(c, &name)?;
-    }
     g.profile_settings = Some(p);
-    Ok(())
 }
 
 /// The destination credentials of a profile, as the connectors read them,
@@ -145,15 +151,21 @@ pub fn profile_password(g: &GlobalArgs) -> Result<Option<Vec<u8>>> {
         return Ok(None);
     };
     let name = g.profile.as_deref().unwrap_or("?");
-    let r = ONCE.get_or_init(|| match (&p.password_command, &p.password) {
+    let r = ONCE.get_or_init(|| run_profile_password(name, p));
+    r.clone().map_err(|e| PasswordCommandError(e).into())
+}
+
+/// The profile's `password-command` output or inline `password`, every
+/// time it is called (the daemon asks once per profile, to hold its key).
+pub fn run_profile_password(name: &str, p: &Profile) -> Result<Option<Vec<u8>>, String> {
+    match (&p.password_command, &p.password) {
         (Some(cmd), _) => {
             config::run_secret_command(cmd, &format!("profile {name:?}: password-command"))
                 .map(Some)
         }
         (None, Some(pw)) => Ok(Some(pw.clone().into_bytes())),
         (None, None) => Ok(None),
-    });
-    r.clone().map_err(|e| PasswordCommandError(e).into())
+    }
 }
 
 /// `capsule config show | check`.

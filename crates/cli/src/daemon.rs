@@ -293,6 +293,24 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis);
     let exe = std::env::current_exe()?;
+    // Each profile's derived key, held between runs and handed to each
+    // run, so that a scheduled run derives none (see `held_key`).
+    crate::held_key::forbid_dumps();
+    let mut keys: BTreeMap<String, (capsule_access::Access, crate::held_key::HeldKey)> =
+        BTreeMap::new();
+    let hold = |keys: &mut BTreeMap<_, _>, cfg: &Config, name: &str| {
+        if keys.contains_key(name) {
+            return;
+        }
+        let Ok(p) = cfg.profile(name) else { return };
+        if let Some(k) = crate::held_key::for_profile(g, name, p) {
+            log("info", name, "key derived; held for the next runs");
+            keys.insert(name.to_string(), k);
+        }
+    };
+    for name in &profiles {
+        hold(&mut keys, &cfg, name);
+    }
     let mut tracks: BTreeMap<String, Track> = BTreeMap::new();
     let mut running: Vec<Running> = Vec::new();
     for name in &profiles {
@@ -325,6 +343,11 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                         }
                         profiles = new.into_iter().filter(|n| held.contains_key(n)).collect();
                         cfg = c;
+                        // A password or repository may have changed.
+                        keys.clear();
+                        for name in &profiles {
+                            hold(&mut keys, &cfg, name);
+                        }
                         log(
                             "info",
                             "*",
@@ -350,6 +373,11 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                     st.code(),
                     tracks.entry(r.profile.clone()).or_default(),
                 );
+                // The first run on this machine wrote the key hint: derive
+                // now, between runs, not in the next one.
+                if matches!(st.code(), Some(0 | 3)) {
+                    hold(&mut keys, &cfg, &r.profile);
+                }
                 false
             }
             Err(_) => false,
@@ -427,7 +455,13 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                 match due {
                     Some(t) => wake = wake.min(t),
                     None => {
-                        if let Some(r) = start(&exe, &path, name, job, p) {
+                        // A key file changed since (a new password): the
+                        // run derives the new key, and the daemon after it.
+                        if keys.get(name).is_some_and(|(a, k)| !k.matches(a)) {
+                            keys.remove(name);
+                        }
+                        let key = keys.get(name).map(|(_, k)| k);
+                        if let Some(r) = start(&exe, &path, name, job, p, key) {
                             if job != Job::Backup {
                                 status_cmd::update(name, |st| {
                                     st.maintenance.insert(job.name().to_string(), now);
@@ -482,7 +516,14 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
 
 /// Starts `job` of profile `name` as a child process, after its `before`
 /// hook (a failing hook skips the job).
-fn start(exe: &Path, config: &Path, name: &str, job: Job, p: &Profile) -> Option<Running> {
+fn start(
+    exe: &Path,
+    config: &Path,
+    name: &str,
+    job: Job,
+    p: &Profile,
+    key: Option<&crate::held_key::HeldKey>,
+) -> Option<Running> {
     if job == Job::Backup {
         if let Some(h) = p.hooks.as_ref().and_then(|h| h.before.as_ref()) {
             if !hook(h, name, "before", None) {
@@ -500,8 +541,16 @@ fn start(exe: &Path, config: &Path, name: &str, job: Job, p: &Profile) -> Option
         .args(job.args())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());
+    if key.is_some() {
+        c.env(crate::held_key::HELD_KEY, "stdin")
+            .stdin(std::process::Stdio::piped());
+    }
     match c.spawn() {
-        Ok(child) => {
+        Ok(mut child) => {
+            if let (Some(k), Some(stdin)) = (key, child.stdin.take()) {
+                // A child that cannot take it derives the key itself.
+                let _ = k.hand_over(stdin);
+            }
             log("info", name, &format!("{} started", job.name()));
             Some(Running {
                 child,

@@ -8,6 +8,7 @@ mod config;
 mod config_cmd;
 mod daemon;
 mod forget_cmd;
+mod held_key;
 mod lab_cmd;
 mod output;
 mod schedule_cmd;
@@ -320,7 +321,7 @@ fn main() -> ExitCode {
             ));
         }
     }
-    if std::env::var_os(settings::KILL_AT_CALL).is_some() {
+    if std::env::var_os(capsule_access::stack::KILL_AT_CALL).is_some() {
         if let Some(s) = settings::destination_stats() {
             eprintln!("capsule-test: {} destination requests", s.requests());
         }

@@ -346,16 +346,5 @@ fn hint(e: &anyhow::Error) -> Option<&'static str> {
 
 /// Human-readable byte count.
 pub fn bytes(n: u64) -> String {
-    const U: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i < U.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.1} {}", U[i])
-    }
+    capsule_access::backup::human_bytes(n)
 }

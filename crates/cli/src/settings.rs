@@ -7,9 +7,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
-use capsule_backend::{
-    LabBackend, LocalBackend, MeteredBackend, RequestStats, RetryBackend, RetryPolicy, SyncPolicy,
-};
+use capsule_access::{Access, CachePolicy, Stack};
+use capsule_backend::RequestStats;
 use capsule_net::Destination;
 
 use crate::GlobalArgs;
@@ -78,191 +77,46 @@ struct DestinationStats {
     requests: Arc<RequestStats>,
     retries: Arc<AtomicU64>,
     remote: bool,
+    layers: Vec<&'static str>,
 }
 
 static STATS: OnceLock<DestinationStats> = OnceLock::new();
 
-/// Opens the backend for a location. With `create`, makes the directory
-/// (and, on SMB and SFTP, the base directory on the server).
-///
-/// The stack, bottom up: the destination, request accounting (each attempt
-/// on the wire counts), retries of transient failures. The cache goes on
-/// top in [`with_cache`].
-pub fn backend(g: &GlobalArgs, loc: &RepoLocation, create: bool) -> Result<Arc<dyn LabBackend>> {
-    let raw: Arc<dyn LabBackend> = match &loc.dest {
-        Destination::Local(path) => {
-            let sync = if g.no_fsync {
-                SyncPolicy::NoSync
-            } else {
-                SyncPolicy::Sync
-            };
-            if path.exists() && !path.is_dir() {
-                return Err(anyhow::Error::new(
-                    capsule_engine::EngineError::NotARepository {
-                        location: format!("{} (a file, not a directory)", path.display()),
-                    },
-                ));
-            }
-            let b = if create {
-                LocalBackend::create(path, sync)?
-            } else {
-                LocalBackend::open(path, sync).map_err(|e| match e.kind {
-                    capsule_backend::ErrorKind::NotFound => {
-                        anyhow::Error::new(capsule_engine::EngineError::NotARepository {
-                            location: path.display().to_string(),
-                        })
-                    }
-                    _ => e.into(),
-                })?
-            };
-            Arc::new(b)
-        }
-        remote => {
-            let mut opts = capsule_net::Options::from_env(remote);
-            if let Some(n) = g.connections {
-                opts.concurrency = Some(n as usize);
-            }
-            opts.create = create;
-            capsule_net::connect(remote, &opts)?
+/// How this command reaches the repository at `loc`: the flags (and the
+/// profile behind them) turned into the library's [`Access`], the one way
+/// in that the lab and the daemon use too.
+pub fn access(g: &GlobalArgs, loc: &RepoLocation) -> Access {
+    let mut connect = capsule_access::Connect::from_env(&loc.dest);
+    if let Some(n) = g.connections {
+        connect.net.concurrency = Some(n as usize);
+    }
+    connect.no_fsync = g.no_fsync;
+    connect.trace = g.trace_requests.clone();
+    let cache = if g.no_cache {
+        CachePolicy::Off
+    } else {
+        match &g.cache_dir {
+            Some(d) => CachePolicy::In(d.clone()),
+            None => CachePolicy::user_default(),
         }
     };
-    let raw = KillAtCall::wrap_if_asked(raw);
-    let mut metered = MeteredBackend::new(raw);
-    if let Some(path) = &g.trace_requests {
-        let file = std::fs::File::create(path)
-            .with_context(|| format!("cannot create the request trace {}", path.display()))?;
-        metered = metered.with_trace(Box::new(file));
+    Access {
+        dest: loc.dest.clone(),
+        connect,
+        cache,
     }
-    let requests = metered.stats();
-    let retry = RetryBackend::new(Arc::new(metered), RetryPolicy::default());
+}
+
+/// Connects, and keeps the stack's counters for `--json` and the summary.
+pub fn connect(access: &Access, create: bool) -> Result<Stack> {
+    let stack = access.connect(create)?;
     let _ = STATS.set(DestinationStats {
-        requests,
-        retries: retry.retries(),
-        remote: loc.dest.is_remote(),
+        requests: stack.requests.clone(),
+        retries: stack.retries.clone(),
+        remote: stack.remote,
+        layers: stack.layers.clone(),
     });
-    Ok(Arc::new(retry))
-}
-
-/// The reliability suite's crash points by call count: with
-/// `CAPSULE_TEST_KILL_AT_CALL=N` this process kills itself with SIGKILL as
-/// its Nth request reaches the destination, and with `N+` as the Nth
-/// returns (the request landed, but nothing that follows it happened).
-/// Requests are counted on the wire, as `destination.requests` counts them;
-/// with the variable set, the count is printed to stderr at exit so a test
-/// can measure an uncut run's. Only tests set it.
-#[derive(Debug)]
-struct KillAtCall {
-    inner: Arc<dyn LabBackend>,
-    at: u64,
-    after: bool,
-    calls: std::sync::atomic::AtomicU64,
-}
-
-/// The variable [`KillAtCall`] reads.
-pub const KILL_AT_CALL: &str = "CAPSULE_TEST_KILL_AT_CALL";
-
-impl KillAtCall {
-    /// `raw` with the hook on top when the variable asks for it.
-    fn wrap_if_asked(raw: Arc<dyn LabBackend>) -> Arc<dyn LabBackend> {
-        let Ok(v) = std::env::var(KILL_AT_CALL) else {
-            return raw;
-        };
-        let (n, after) = match v.strip_suffix('+') {
-            Some(n) => (n, true),
-            None => (v.as_str(), false),
-        };
-        Arc::new(KillAtCall {
-            inner: raw,
-            // Unparsable: count (for the exit line) and never kill.
-            at: n.trim().parse().unwrap_or(0),
-            after,
-            calls: Default::default(),
-        })
-    }
-
-    fn count<T>(&self, f: impl FnOnce() -> T) -> T {
-        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-        if n == self.at && !self.after {
-            sigkill_self();
-        }
-        let r = f();
-        if n == self.at && self.after {
-            sigkill_self();
-        }
-        r
-    }
-}
-
-#[allow(unsafe_code)]
-fn sigkill_self() -> ! {
-    // SAFETY: kill(2) on our own pid with a constant signal has no memory
-    // effects; SIGKILL cannot be caught, so nothing runs after it.
-    unsafe {
-        libc::kill(libc::getpid(), libc::SIGKILL);
-    }
-    std::process::abort()
-}
-
-impl capsule_backend::Layer for KillAtCall {
-    fn inner(&self) -> &dyn LabBackend {
-        &*self.inner
-    }
-    fn put(&self, name: &str, data: &[u8]) -> Result<(), capsule_backend::BackendError> {
-        self.count(|| self.inner.put(name, data))
-    }
-    fn get(
-        &self,
-        name: &str,
-        range: Option<std::ops::Range<u64>>,
-    ) -> Result<Vec<u8>, capsule_backend::BackendError> {
-        self.count(|| self.inner.get(name, range))
-    }
-    fn stat(
-        &self,
-        name: &str,
-    ) -> Result<capsule_backend::ObjectInfo, capsule_backend::BackendError> {
-        self.count(|| self.inner.stat(name))
-    }
-    fn list(
-        &self,
-        prefix: &str,
-    ) -> Result<Vec<capsule_backend::ObjectInfo>, capsule_backend::BackendError> {
-        self.count(|| self.inner.list(prefix))
-    }
-    fn delete(&self, name: &str) -> Result<(), capsule_backend::BackendError> {
-        self.count(|| self.inner.delete(name))
-    }
-    fn put_stream(
-        &self,
-        name: &str,
-        size: u64,
-        data: &mut dyn std::io::Read,
-    ) -> Result<(), capsule_backend::BackendError> {
-        self.count(|| self.inner.put_stream(name, size, data))
-    }
-    fn put_owned(
-        &self,
-        name: &str,
-        data: Vec<u8>,
-    ) -> (Result<(), capsule_backend::BackendError>, Option<Vec<u8>>) {
-        self.count(|| self.inner.put_owned(name, data))
-    }
-    fn put_file(
-        &self,
-        name: &str,
-        file: &std::fs::File,
-        size: u64,
-    ) -> Result<(), capsule_backend::BackendError> {
-        self.count(|| self.inner.put_file(name, file, size))
-    }
-    fn get_stream(
-        &self,
-        name: &str,
-        range: Option<std::ops::Range<u64>>,
-        out: &mut dyn std::io::Write,
-    ) -> Result<u64, capsule_backend::BackendError> {
-        self.count(|| self.inner.get_stream(name, range, out))
-    }
+    Ok(stack)
 }
 
 /// The destination's request counters, once a backend is open.
@@ -280,6 +134,7 @@ pub fn destination_json() -> serde_json::Value {
     let s = &d.requests;
     serde_json::json!({
         "remote": d.remote,
+        "layers": d.layers,
         "requests": s.requests(),
         "puts": s.puts.load(Relaxed),
         "gets": s.gets.load(Relaxed),
@@ -296,156 +151,30 @@ pub fn destination_json() -> serde_json::Value {
     })
 }
 
-/// Where this machine keeps the salt and cost of the key that last opened
-/// the repository at `loc` (a [`capsule_engine::KeyHint`]), unless
-/// `--no-cache`. Keyed by the location, since the repository's ID is only
-/// known once it is open.
-fn key_hint_path(g: &GlobalArgs, loc: &RepoLocation) -> Option<PathBuf> {
-    if g.no_cache {
-        return None;
-    }
-    let base = match &g.cache_dir {
-        Some(d) => d.clone(),
-        None => dirs::cache_dir()?.join("capsule"),
-    };
-    let id = capsule_format::ObjectId::of(loc.display().as_bytes()).to_hex();
-    Some(base.join("key-hints").join(&id[..32]))
-}
-
-/// The password, when flags or the environment give it without asking,
-/// and the key derivation started with it from the last run's hint
-/// (`None` without either). Called before connecting, so the derivation
-/// and the connection overlap. A password that cannot be read here is
-/// asked for, or reported, later by [`password`], as before.
+/// The password when flags, the environment or the profile give it without
+/// asking, and the key derivation to open with: the daemon's held key when
+/// it handed one over (no derivation at all), else one started from this
+/// machine's hint. Called before connecting, so the derivation and the
+/// connection overlap. A password that cannot be read here is asked for,
+/// or reported, later by [`password`], as before.
 pub fn start_key(
     g: &GlobalArgs,
-    loc: &RepoLocation,
+    access: &Access,
 ) -> (Option<Vec<u8>>, Option<capsule_engine::EarlyKey>) {
+    let held = crate::held_key::receive();
     let Ok(Some(pw)) = from_env_or_file(g) else {
-        return (None, None);
+        return (None, held);
     };
-    let early = key_hint_path(g, loc)
-        .and_then(|p| read_own_file(&p, KEY_HINT_MAX))
-        .and_then(|text| capsule_engine::KeyHint::parse(&String::from_utf8_lossy(&text)))
-        .filter(|hint| hint.costs_at_most(capsule_crypto::KdfParams::default()))
-        .map(|hint| capsule_engine::EarlyKey::start(&pw, hint));
+    let early = held.or_else(|| access.start_key(&pw));
     (Some(pw), early)
 }
 
-/// The most a key hint file holds (one line of about 100 bytes).
-const KEY_HINT_MAX: u64 = 512;
-
 /// Reads a file capsule keeps for itself (cache or state directory), at
-/// most `max` bytes, regular files only
-/// ([`capsule_backend::ownfile::read_bounded`]). Nothing there is `None`;
-/// anything else that cannot be read is `None` with a warning, since such a
-/// file only ever saves work.
-pub fn read_own_file(path: &std::path::Path, max: u64) -> Option<Vec<u8>> {
-    match capsule_backend::ownfile::read_bounded(path, max) {
-        Ok(b) => Some(b),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            eprintln!(
-                "warning: {}: ignored ({e}); capsule keeps this file only to save work, and will write it again",
-                path.display()
-            );
-            None
-        }
-    }
-}
-
-/// Keeps the opened key's salt and cost for the next run's
-/// [`start_key`]. Best effort: without it the next run derives the key
-/// after reading the key file, as it would anyway.
-pub fn remember_key(g: &GlobalArgs, loc: &RepoLocation, repo: &capsule_engine::Repository) {
-    let Some(path) = key_hint_path(g, loc) else {
-        return;
-    };
-    let text = repo.key_hint().to_text();
-    if capsule_backend::ownfile::read_bounded(&path, KEY_HINT_MAX)
-        .is_ok_and(|old| old == text.as_bytes())
-    {
-        return;
-    }
-    let Some(dir) = path.parent() else { return };
-    let tmp = dir.join(format!(".tmp-{}", std::process::id()));
-    let stored = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&tmp, &text))
-        .and_then(|()| std::fs::rename(&tmp, &path));
-    if stored.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-}
-
-/// The repository's cache directory, unless `--no-cache`.
-pub fn cache_dir(g: &GlobalArgs, repo: &capsule_engine::Repository) -> Option<PathBuf> {
-    if g.no_cache {
-        return None;
-    }
-    match &g.cache_dir {
-        Some(d) => Some(d.join(&repo.config().id)),
-        None => dirs::cache_dir().map(|d| d.join("capsule").join(&repo.config().id)),
-    }
-}
-
-/// Where `check` leaves the packs it found missing or damaged, for the
-/// next backup on this machine to stop relying on (one pack name a line).
-pub const DAMAGED_PACKS: &str = "damaged-packs";
-
-/// The packs the last `check` found missing or damaged.
-pub fn read_damaged_packs(dir: &Path) -> Vec<capsule_format::ObjectId> {
-    // A line a pack (about 80 bytes): room for 200,000 of them.
-    let Some(text) = read_own_file(&dir.join(DAMAGED_PACKS), 16 << 20) else {
-        return Vec::new();
-    };
-    String::from_utf8_lossy(&text)
-        .lines()
-        .filter_map(|l| l.rsplit('/').next()?.parse().ok())
-        .collect()
-}
-
-/// Records what `check` found (an empty list removes the record).
-pub fn write_damaged_packs(dir: &Path, packs: &[String]) -> std::io::Result<()> {
-    let p = dir.join(DAMAGED_PACKS);
-    if packs.is_empty() {
-        return match std::fs::remove_file(&p) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        };
-    }
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{DAMAGED_PACKS}.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, packs.join("\n") + "\n")?;
-    std::fs::rename(&tmp, &p)
-}
-
-/// Statistics and directory of the cache in use.
-pub type CacheHandle = (Arc<capsule_backend::CacheStats>, PathBuf);
-
-/// Puts the local cache in front of an open repository's backend (the
-/// `backend` it was opened on), unless `--no-cache`. Returns the cache's
-/// statistics and directory.
-pub fn with_cache(
-    g: &GlobalArgs,
-    repo: capsule_engine::Repository,
-    backend: Arc<dyn LabBackend>,
-) -> Result<(capsule_engine::Repository, Option<CacheHandle>)> {
-    let Some(dir) = cache_dir(g, &repo) else {
-        return Ok((repo, None));
-    };
-    // The cache only saves time: if it cannot be created, work without it.
-    let cached = match capsule_backend::CachingBackend::new(backend, &dir) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!(
-                "warning: running without a local cache: cannot create {}: {e} (set CAPSULE_CACHE_DIR to a writable directory)",
-                dir.display()
-            );
-            return Ok((repo, None));
-        }
-    };
-    let stats = cached.stats();
-    Ok((repo.with_backend(Arc::new(cached)), Some((stats, dir))))
+/// most `max` bytes, regular files only. Nothing there is `None`; anything
+/// else that cannot be read is `None` with a warning, since such a file
+/// only ever saves work.
+pub fn read_own_file(path: &Path, max: u64) -> Option<Vec<u8>> {
+    capsule_access::open::read_own_file(path, max)
 }
 
 /// Cache statistics as JSON.
@@ -532,6 +261,20 @@ fn from_env_or_file(g: &GlobalArgs) -> Result<Option<Vec<u8>>> {
     // Then the profile (its password file is already `g.password_file`
     // when neither a flag nor the environment gave one).
     crate::config_cmd::profile_password(g)
+}
+
+/// The password of profile `name` (filled into `g`) as a run of it would
+/// read it without asking, read afresh: for the daemon, which holds the
+/// key of each of its profiles.
+pub fn profile_password_now(g: &GlobalArgs, name: &str) -> Result<Option<Vec<u8>>> {
+    if let Some(pw) = from_flag_or_env(g)? {
+        return Ok(Some(pw));
+    }
+    match &g.profile_settings {
+        Some(p) => crate::config_cmd::run_profile_password(name, p)
+            .map_err(|e| crate::config_cmd::PasswordCommandError(e).into()),
+        None => Ok(None),
+    }
 }
 
 fn from_flag_or_env(g: &GlobalArgs) -> Result<Option<Vec<u8>>> {

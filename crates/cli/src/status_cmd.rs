@@ -44,6 +44,16 @@ pub struct RunOutcome {
     /// Why it failed, in one line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// How the key was had: `held` (the daemon's: nothing derived),
+    /// `early`, `derived`, `new`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<capsule_engine::KeySource>,
+    /// The repository's quota, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<u64>,
+    /// Bytes stored after the run (measured when there is a quota).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored: Option<u64>,
 }
 
 /// What this machine knows of a profile's runs.
@@ -172,10 +182,10 @@ pub fn update(profile: &str, change: impl FnOnce(&mut ProfileState)) {
 pub fn outcome(
     started_unix: i64,
     duration_secs: f64,
-    r: &Result<(u8, Option<capsule_engine::backup::BackupReport>)>,
+    r: &Result<(u8, Option<crate::commands::BackupDone>)>,
 ) -> RunOutcome {
     match r {
-        Ok((code, report)) => RunOutcome {
+        Ok((code, done)) => RunOutcome {
             started_unix,
             duration_secs,
             result: if *code == exit::OK {
@@ -184,10 +194,13 @@ pub fn outcome(
                 "incomplete"
             }
             .into(),
-            snapshot: report.as_ref().map(|b| b.snapshot_id.clone()),
-            files: report.as_ref().map_or(0, |b| b.summary.files),
-            bytes_added: report.as_ref().map_or(0, |b| b.summary.bytes_added),
+            snapshot: done.as_ref().map(|d| d.report.snapshot_id.clone()),
+            files: done.as_ref().map_or(0, |d| d.report.summary.files),
+            bytes_added: done.as_ref().map_or(0, |d| d.report.summary.bytes_added),
             error: None,
+            key: done.as_ref().map(|d| d.key),
+            quota: done.as_ref().and_then(|d| d.quota),
+            stored: done.as_ref().and_then(|d| d.stored),
         },
         Err(e) => RunOutcome {
             started_unix,
@@ -204,6 +217,9 @@ pub fn outcome(
             files: 0,
             bytes_added: 0,
             error: Some(format!("{e:#}").lines().next().unwrap_or("").to_string()),
+            key: None,
+            quota: None,
+            stored: None,
         },
     }
 }

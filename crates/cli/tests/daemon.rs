@@ -545,3 +545,63 @@ fn a_busy_profile_is_retried_later_and_an_unscheduled_one_is_not_run() {
     assert!(by_hand.wait().unwrap().success());
     assert_eq!(stop(d), Some(0));
 }
+
+/// The daemon holds each profile's derived key and hands it to its runs:
+/// a scheduled run derives no key (`key: held`), a run by hand does. After
+/// a password change the held key no longer fits: the next run derives the
+/// new one itself, and the daemon holds that one from then on.
+#[test]
+fn scheduled_runs_use_the_key_the_daemon_holds() {
+    let w = World::new();
+    let key_of_last_run = || -> String {
+        let o = w.cmd(&["--json", "status"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["profiles"][0]["last_run"]["key"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut d = w.daemon("k.log");
+    w.wait_for_run_at(T0, &mut d, "k.log");
+    assert_eq!(key_of_last_run(), "held", "{}", w.log("k.log"));
+    assert!(
+        w.log("k.log").contains("key derived; held"),
+        "{}",
+        w.log("k.log")
+    );
+    w.set_clock(T0 + H);
+    w.wait_for_run_at(T0 + H, &mut d, "k.log");
+    assert_eq!(key_of_last_run(), "held");
+    // By hand: the hint starts a derivation, nothing is handed over.
+    let o = w
+        .cmd(&["--profile", "p", "--json", "backup"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["key"], "early");
+    // A new password: the config says it, the daemon rereads it.
+    let new_pw = w.dir.join("new-pw");
+    std::fs::write(&new_pw, "another password\n").unwrap();
+    let o = w
+        .cmd(&["--profile", "p", "key", "passwd", "--new-password-file"])
+        .arg(&new_pw)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    w.write_config("echo another password");
+    let pid = rustix::process::Pid::from_raw(d.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.log("k.log").contains("configuration reread") {
+        assert!(Instant::now() < deadline, "{}", w.log("k.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    w.set_clock(T0 + 2 * H);
+    w.wait_for_run_at(T0 + 2 * H, &mut d, "k.log");
+    assert_eq!(key_of_last_run(), "held", "{}", w.log("k.log"));
+    w.set_clock(T0 + 3 * H);
+    w.wait_for_run_at(T0 + 3 * H, &mut d, "k.log");
+    assert_eq!(key_of_last_run(), "held", "{}", w.log("k.log"));
+    assert_eq!(stop(d), Some(0));
+}

@@ -503,6 +503,11 @@ fn request_trace_matches_the_request_count() {
         .map(|r| r[3].parse::<u64>().unwrap())
         .sum();
     assert_eq!(up, b["destination"]["bytes_up"].as_u64().unwrap());
+    // The stack the command ran on is the library's one way in.
+    assert_eq!(
+        b["destination"]["layers"],
+        serde_json::json!(["retry", "metered", "local"])
+    );
     // A trace that cannot be created is an error before anything is done.
     let o = capsule(
         &repo,

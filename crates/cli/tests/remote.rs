@@ -325,6 +325,10 @@ fn roundtrip(kind: Kind) {
     r.ok(&["init"]);
     let first = r.json(&["backup", src.to_str().unwrap()]);
     assert!(first["destination"]["requests"].as_u64().unwrap() > 3);
+    assert_eq!(
+        first["destination"]["layers"][2].as_str(),
+        Some(format!("{kind:?}").to_lowercase().as_str())
+    );
     // Nothing changed: a handful of requests, whatever the tree's size:
     // opening, two listings, the snapshot, the session (put, delete, one
     // listing of prune marks), one listing of the quota; and when another

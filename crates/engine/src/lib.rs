@@ -25,7 +25,7 @@ pub mod timefmt;
 pub mod treewalk;
 
 pub use error::EngineError;
-pub use repo::{EarlyKey, KeyHint, Repository};
+pub use repo::{EarlyKey, KeyHint, KeySource, Repository};
 
 /// Result alias for engine operations.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -42,6 +42,8 @@ pub struct Repository {
     key_id: ObjectId,
     /// The salt and cost of that key file.
     key_hint: KeyHint,
+    /// How that key was had.
+    key_source: KeySource,
     /// Damaged or stray key files seen while opening.
     warnings: Vec<EngineError>,
 }
@@ -293,9 +295,29 @@ impl KeyHint {
 /// nothing else.
 pub struct EarlyKey {
     hint: KeyHint,
-    kek: std::thread::JoinHandle<
-        std::result::Result<zeroize::Zeroizing<[u8; 32]>, capsule_crypto::CryptoError>,
-    >,
+    kek: Kek,
+}
+
+/// An [`EarlyKey`]'s key-encryption key: still being derived, or handed
+/// over already derived (a daemon holds it between runs).
+enum Kek {
+    Deriving(
+        std::thread::JoinHandle<
+            std::result::Result<zeroize::Zeroizing<[u8; 32]>, capsule_crypto::CryptoError>,
+        >,
+    ),
+    Derived(zeroize::Zeroizing<[u8; 32]>),
+}
+
+impl Kek {
+    fn wait(self) -> Option<zeroize::Zeroizing<[u8; 32]>> {
+        match self {
+            // A derivation that failed or panicked is simply done again
+            // the usual way.
+            Kek::Deriving(t) => t.join().ok()?.ok(),
+            Kek::Derived(k) => Some(k),
+        }
+    }
 }
 
 impl std::fmt::Debug for EarlyKey {
@@ -313,29 +335,75 @@ impl EarlyKey {
         let password = zeroize::Zeroizing::new(password.to_vec());
         let (salt, kdf) = (hint.salt.clone(), hint.kdf);
         let kek = std::thread::spawn(move || capsule_crypto::derive_kek(&password, &salt, kdf));
-        EarlyKey { hint, kek }
+        EarlyKey {
+            hint,
+            kek: Kek::Deriving(kek),
+        }
     }
 
-    /// The derived key, if it is for this key file's salt and cost.
+    /// A key derived earlier for `hint` (by [`wait`](Self::wait)), so that
+    /// opening derives nothing. Used exactly like a derivation under way:
+    /// for a key file with another salt or cost it is ignored.
+    pub fn derived(hint: KeyHint, kek: zeroize::Zeroizing<[u8; 32]>) -> EarlyKey {
+        EarlyKey {
+            hint,
+            kek: Kek::Derived(kek),
+        }
+    }
+
+    /// Waits for the derivation: the hint and the key-encryption key, for
+    /// [`derived`](Self::derived) later (`None` if it failed).
+    pub fn wait(self) -> Option<(KeyHint, zeroize::Zeroizing<[u8; 32]>)> {
+        let hint = self.hint;
+        self.kek.wait().map(|k| (hint, k))
+    }
+
+    /// The hint this key was derived for.
+    pub fn hint(&self) -> &KeyHint {
+        &self.hint
+    }
+
+    /// The derived key, if it is for this key file's salt and cost, and
+    /// whether it was handed over already derived.
     fn take_for(
         slot: &mut Option<EarlyKey>,
         p: &ParsedKey,
-    ) -> Option<zeroize::Zeroizing<[u8; 32]>> {
+    ) -> Option<(zeroize::Zeroizing<[u8; 32]>, KeySource)> {
         if !slot
             .as_ref()
             .is_some_and(|e| e.hint.salt == p.salt && e.hint.kdf == p.kdf)
         {
             return None;
         }
-        // A derivation that failed or panicked is simply done again the
-        // usual way.
-        slot.take()?.kek.join().ok()?.ok()
+        let kek = slot.take()?.kek;
+        let source = match kek {
+            Kek::Derived(_) => KeySource::Held,
+            Kek::Deriving(_) => KeySource::Early,
+        };
+        Some((kek.wait()?, source))
     }
+}
+
+/// How the key that opened a repository was had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeySource {
+    /// Derived from the password after the key file was read.
+    Derived,
+    /// Derived from this machine's hint while the command connected.
+    Early,
+    /// Derived earlier and handed over ([`EarlyKey::derived`]): this
+    /// command derived nothing.
+    Held,
+    /// Created with the repository (or a new password).
+    New,
 }
 
 /// What opening with a password found among the key files.
 struct KeySearch {
     key: Option<(MasterKey, ObjectId, KeyHint)>,
+    /// How the key was had.
+    source: KeySource,
     /// Key files that parsed and did not open with the password.
     intact: usize,
     /// Key files that could not be read or parsed.
@@ -377,14 +445,27 @@ fn find_key(
     });
     let mut intact = 0;
     for p in parsed {
+        let mut source = KeySource::Derived;
         let opened = match EarlyKey::take_for(&mut early, &p) {
-            Some(kek) => capsule_crypto::unwrap_master_key_with_kek(&p.sealed, &kek),
+            Some((kek, how)) => {
+                source = how;
+                match capsule_crypto::unwrap_master_key_with_kek(&p.sealed, &kek) {
+                    // A key handed over was derived from a password this
+                    // command may not share (a changed profile): this
+                    // command's own password decides.
+                    Err(capsule_crypto::CryptoError::Auth) if how == KeySource::Held => {
+                        source = KeySource::Derived;
+                        capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf)
+                    }
+                    r => r,
+                }
+            }
             None => {
                 // An early derivation for no key file here (the hint was
                 // stale) is waited out before another starts: two at once
                 // would hold twice Argon2's 64 MiB.
                 if let Some(unused) = early.take() {
-                    let _ = unused.kek.join();
+                    let _ = unused.kek.wait();
                 }
                 capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf)
             }
@@ -392,6 +473,7 @@ fn find_key(
         match opened {
             Ok(k) => {
                 return Ok(KeySearch {
+                    source,
                     key: Some((
                         k,
                         p.id,
@@ -409,6 +491,7 @@ fn find_key(
         }
     }
     Ok(KeySearch {
+        source: KeySource::Derived,
         key: None,
         intact,
         damaged,
@@ -552,6 +635,7 @@ impl Repository {
             config,
             key_id,
             key_hint,
+            key_source: KeySource::New,
             warnings: Vec::new(),
         })
     }
@@ -637,6 +721,7 @@ impl Repository {
             config,
             key_id,
             key_hint,
+            key_source: search.source,
             warnings: search.damaged,
         })
     }
@@ -646,6 +731,12 @@ impl Repository {
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = backend;
         self
+    }
+
+    /// How the key that opened the repository was had (a daemon's run
+    /// reports `held`: it derived nothing).
+    pub fn key_source(&self) -> KeySource {
+        self.key_source
     }
 
     /// What opening found wrong without failing: damaged or stray key
@@ -1080,8 +1171,30 @@ mod tests {
     fn planted(hint: KeyHint, kek: [u8; 32]) -> EarlyKey {
         EarlyKey {
             hint,
-            kek: std::thread::spawn(move || Ok(zeroize::Zeroizing::new(kek))),
+            kek: Kek::Deriving(std::thread::spawn(move || Ok(zeroize::Zeroizing::new(kek)))),
         }
+    }
+
+    #[test]
+    fn a_held_key_opens_without_a_derivation_and_a_wrong_one_falls_back() {
+        let (store, hint) = repo();
+        let (h, kek) = EarlyKey::start(PW, hint.clone()).wait().unwrap();
+        assert_eq!(h, hint);
+        let r = Repository::open_with_early_key(
+            store.clone(),
+            PW,
+            Some(EarlyKey::derived(hint.clone(), kek)),
+        )
+        .unwrap();
+        assert_eq!(r.key_source(), KeySource::Held);
+        // Derived from another password (a profile changed since): this
+        // command's own password opens, derived the usual way.
+        let wrong = EarlyKey::derived(hint.clone(), zeroize::Zeroizing::new([7; 32]));
+        let r = Repository::open_with_early_key(store.clone(), PW, Some(wrong)).unwrap();
+        assert_eq!(r.key_source(), KeySource::Derived);
+        let wrong = EarlyKey::derived(hint, zeroize::Zeroizing::new([7; 32]));
+        let e = Repository::open_with_early_key(store, b"nope", Some(wrong)).unwrap_err();
+        assert!(matches!(e, EngineError::WrongPassword { .. }), "{e}");
     }
 
     #[test]

@@ -1,26 +1,18 @@
-//! Opening a destination the way a backup does: the destination, request
-//! accounting, retries of transient failures.
+//! Opening a destination the way a backup does, through the library's one
+//! way in ([`capsule_access`]): the lab measures the very stack a backup
+//! runs on, and builds none of its own.
 
-use std::sync::Arc;
-use std::time::Instant;
+use std::path::Path;
 
-use capsule_backend::{
-    LabBackend, LocalBackend, MeteredBackend, RequestStats, RetryBackend, RetryPolicy, SyncPolicy,
-};
+use capsule_access::{Access, CachePolicy, Connect, Stack};
+use capsule_backend::LabBackend;
+use capsule_engine::EngineError;
 use capsule_net::Destination;
 
-use crate::Result;
+use crate::{LabError, Result};
 
-/// An open destination with its counters.
-#[derive(Clone)]
-pub struct Opened {
-    /// The stack to use.
-    pub backend: Arc<dyn LabBackend>,
-    /// Its request counters.
-    pub stats: Arc<RequestStats>,
-    /// Seconds to connect (and log in).
-    pub connect_secs: f64,
-}
+/// An open destination with its counters: the library's [`Stack`].
+pub type Opened = Stack;
 
 /// How to open destinations.
 #[derive(Debug, Clone, Default)]
@@ -32,48 +24,37 @@ pub struct Connector {
 }
 
 impl Connector {
+    fn connect(&self) -> Connect {
+        Connect {
+            net: self.net.clone(),
+            no_fsync: self.no_fsync,
+            trace: None,
+        }
+    }
+
     /// Opens `dest`, creating its base directory if `create`.
     pub fn open(&self, dest: &Destination, create: bool) -> Result<Opened> {
-        let t = Instant::now();
-        let raw: Arc<dyn LabBackend> = match dest {
-            Destination::Local(p) => {
-                let sync = if self.no_fsync {
-                    SyncPolicy::NoSync
-                } else {
-                    SyncPolicy::Sync
-                };
-                Arc::new(if create {
-                    LocalBackend::create(p, sync)?
-                } else {
-                    LocalBackend::open(p, sync)?
-                })
-            }
-            remote => {
-                let mut o = self.net.clone();
-                o.create = create;
-                capsule_net::connect(remote, &o)?
-            }
-        };
-        let connect_secs = t.elapsed().as_secs_f64();
-        let metered = MeteredBackend::new(raw);
-        let stats = metered.stats();
-        let backend = Arc::new(RetryBackend::new(Arc::new(metered), RetryPolicy::default()));
-        Ok(Opened {
-            backend,
-            stats,
-            connect_secs,
+        Stack::connect(dest, &self.connect(), create).map_err(|e| match e {
+            // The lab reports what the destination said as such.
+            EngineError::Backend(b) => LabError::Destination(b),
+            e => LabError::Engine(e),
         })
+    }
+
+    /// The repository at `dest` as a backup opens it, with its cache (and
+    /// key hint) under `cache`.
+    pub fn access(&self, dest: &Destination, cache: &Path) -> Access {
+        Access {
+            dest: dest.clone(),
+            connect: self.connect(),
+            cache: CachePolicy::In(cache.to_path_buf()),
+        }
     }
 }
 
 /// The scheme of a destination, for reports.
 pub fn kind(dest: &Destination) -> &'static str {
-    match dest {
-        Destination::Local(_) => "local",
-        Destination::Smb(_) => "smb",
-        Destination::Sftp(_) => "sftp",
-        Destination::S3(_) => "s3",
-    }
+    capsule_access::stack::kind(dest)
 }
 
 /// Deletes every object under `prefix` with `threads` requests in flight,
@@ -105,4 +86,22 @@ pub fn delete_all(b: &dyn LabBackend, prefix: &str, threads: usize) -> Result<u6
         return Err(e.into());
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lab measures the stack a backup runs on: the library's, built
+    /// by the library.
+    #[test]
+    fn the_lab_opens_the_stack_a_backup_opens() {
+        let t = tempfile::tempdir().unwrap();
+        let dest = Destination::Local(t.path().join("r"));
+        let lab = Connector::default().open(&dest, true).unwrap();
+        let access = Connector::default().access(&dest, t.path());
+        let backup = access.connect(false).unwrap();
+        assert_eq!(lab.layers, backup.layers);
+        assert_eq!(lab.layers, ["retry", "metered", "local"]);
+    }
 }

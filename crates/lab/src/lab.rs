@@ -8,12 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use capsule_backend::{CachingBackend, LabBackend};
-use capsule_engine::backup::{backup, BackupOptions};
+use capsule_backend::LabBackend;
+use capsule_engine::backup::BackupOptions;
 use capsule_engine::progress::Progress;
 use capsule_engine::repo::InitOptions;
 use capsule_engine::timefmt::{now_unix, rfc3339};
-use capsule_engine::Repository;
 use capsule_net::Destination;
 use serde::{Deserialize, Serialize};
 
@@ -440,45 +439,46 @@ pub fn backup_step(
     cache: &Path,
     hints: Hints,
 ) -> Result<RunRecord> {
-    let opened = conn.open(dest, init)?;
-    let t = Instant::now();
-    let repo = if init {
-        Repository::init(opened.backend.clone(), password, &InitOptions::default())?
+    let access = conn.access(dest, cache);
+    let early = access.start_key(password);
+    let stack = conn.open(dest, init)?;
+    let stats = stack.requests.clone();
+    let connect_secs = stack.connect_secs;
+    let opened = if init {
+        stack.init(&access, password, &InitOptions::default())?
     } else {
-        Repository::open(opened.backend.clone(), password)?
+        stack.open(&access, password, early)?
     };
-    let dir = cache.join(&repo.config().id);
-    let cached = CachingBackend::new(opened.backend.clone(), &dir)
-        .map_err(|e| LabError::io("create the cache", &dir, e))?;
-    let repo_id = repo.config().id.clone();
-    let repo = repo.with_backend(Arc::new(cached));
-    let open_secs = t.elapsed().as_secs_f64();
+    let open_secs = opened.open_secs;
+    let repo_id = opened.repo.config().id.clone();
     let progress = Arc::new(Progress::default());
-    let before = DestCounters::read(&opened.stats);
-    opened
-        .stats
+    let before = DestCounters::read(&stats);
+    stats
         .max_in_flight
         .store(0, std::sync::atomic::Ordering::Relaxed);
     let rec = Recorder::start(
         Sources {
             progress: Some(progress.clone()),
-            requests: Some(opened.stats.clone()),
+            requests: Some(stats.clone()),
         },
         Duration::from_millis(100),
     );
     let start_unix = now_unix();
-    let report = backup(
-        Arc::new(repo),
-        &BackupOptions {
-            paths: paths.to_vec(),
-            ignore_file: None,
-            ..BackupOptions::default()
-        },
-        &progress,
-    );
+    let report = opened
+        .backup(
+            BackupOptions {
+                paths: paths.to_vec(),
+                ignore_file: None,
+                ..BackupOptions::default()
+            },
+            capsule_access::WhenFull::DeleteOldest,
+            &progress,
+            &mut |_| {},
+        )
+        .map(|run| run.report);
     let series = rec.finish();
     let report = report?;
-    let counters = DestCounters::read(&opened.stats).since(&before);
+    let counters = DestCounters::read(&stats).since(&before);
     Ok(from_backup(
         &report,
         start_unix,
@@ -486,7 +486,7 @@ pub fn backup_step(
             destination: dest.to_string(),
             repository: repo_id,
             paths: paths.iter().map(|p| p.display().to_string()).collect(),
-            connect_secs: opened.connect_secs,
+            connect_secs,
             open_secs,
             counters,
             series,
@@ -523,7 +523,7 @@ fn files_below(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 
 fn per_file_copy(opened: &Opened, dir: &Path, budget: Duration, hints: Hints) -> Result<PerFile> {
     let b = &opened.backend;
-    let stats = Some(opened.stats.clone());
+    let stats = Some(opened.requests.clone());
     let files = files_below(dir)?;
     let progress = Arc::new(Progress::default());
     let before = stats.as_ref().map(|s| DestCounters::read(s));
