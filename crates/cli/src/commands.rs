@@ -794,7 +794,7 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
 pub struct CheckArgs {
     /// Also read and authenticate every byte of every pack.
     #[arg(long)]
-    read_data: bool,
+    pub(crate) read_data: bool,
 }
 
 pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {

@@ -637,6 +637,16 @@ pub fn quota(g: &GlobalArgs, out: &Output, q: QuotaCommand) -> Result<u8> {
         QuotaCommand::Show => {
             let current = quota::load(&repo)?;
             let stored = quota::stored_bytes(&repo)?;
+            if let Some(name) = &g.profile {
+                crate::status_cmd::record_size(
+                    name,
+                    crate::status_cmd::RepoSize {
+                        stored,
+                        quota: current.map(|q| q.bytes),
+                        as_of_unix: capsule_engine::timefmt::now_unix(),
+                    },
+                );
+            }
             if out.json {
                 out.json(&serde_json::json!({ "quota": current, "stored": stored }));
             } else {

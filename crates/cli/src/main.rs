@@ -302,7 +302,31 @@ fn main() -> ExitCode {
         Command::Quota(q) => forget_cmd::quota(&cli.global, &out, q),
         Command::Ls(a) => commands::ls(&cli.global, &out, a),
         Command::Restore(a) => commands::restore(&cli.global, &out, a),
-        Command::Check(a) => commands::check(&cli.global, &out, a),
+        Command::Check(a) => {
+            let started = capsule_engine::timefmt::now_unix();
+            let read_data = a.read_data;
+            let r = commands::check(&cli.global, &out, a);
+            if let Some(name) = &cli.global.profile {
+                status_cmd::record_check(
+                    name,
+                    status_cmd::CheckOutcome {
+                        started_unix: started,
+                        read_data,
+                        result: match &r {
+                            Ok(0) => "ok",
+                            Ok(_) => "damaged",
+                            Err(_) => "failed",
+                        }
+                        .into(),
+                        error: r
+                            .as_ref()
+                            .err()
+                            .map(|e| format!("{e:#}").lines().next().unwrap_or("").to_string()),
+                    },
+                );
+            }
+            r
+        }
         Command::Diff(a) => commands::diff(&cli.global, &out, a),
         Command::Stats => commands::stats(&cli.global, &out),
         Command::Key(k) => commands::key(&cli.global, &out, k),

@@ -13,6 +13,8 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::Args;
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::{self, Schedule};
@@ -21,7 +23,40 @@ use crate::{exit, GlobalArgs};
 
 /// Arguments of `status`.
 #[derive(Args, Debug)]
-pub struct StatusArgs {}
+pub struct StatusArgs {
+    /// Ask each profile's destination first: its size against its quota
+    /// (the rest stays what this machine recorded). Bounded: a destination
+    /// that does not answer within a minute is reported, not waited for.
+    #[arg(long)]
+    refresh: bool,
+}
+
+/// What this machine last learnt of a profile's repository size.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RepoSize {
+    /// Bytes of packs on the destination.
+    pub stored: u64,
+    /// Its quota, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<u64>,
+    /// When it was measured, Unix seconds.
+    pub as_of_unix: i64,
+}
+
+/// The last `check` of a profile's repository.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CheckOutcome {
+    /// When it started, Unix seconds.
+    pub started_unix: i64,
+    /// Whether it read every pack (`--read-data`).
+    pub read_data: bool,
+    /// "ok", "damaged" (it found problems: see `capsule check`) or
+    /// "failed" (it could not run).
+    pub result: String,
+    /// Why it failed, in one line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
 
 /// One run of a profile, as recorded.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -73,6 +108,13 @@ pub struct ProfileState {
     /// period, across daemon restarts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_notified: Option<i64>,
+    /// The repository's size against its quota, as last measured (by a
+    /// backup when there is a quota, `quota show`, `status --refresh`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<RepoSize>,
+    /// The last check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check: Option<CheckOutcome>,
 }
 
 /// What a running daemon says of a profile (`<state>/profiles/*.daemon`).
@@ -149,6 +191,13 @@ pub fn load_state(profile: &str) -> ProfileState {
 /// of its record.
 pub fn record(profile: &str, run: RunOutcome) {
     update(profile, |st| {
+        if let Some(stored) = run.stored {
+            st.repository = Some(RepoSize {
+                stored,
+                quota: run.quota,
+                as_of_unix: run.started_unix,
+            });
+        }
         if run.result == "ok" || run.result == "incomplete" {
             st.last_success = Some(run.clone());
         }
@@ -245,7 +294,7 @@ fn stale_after(p: &config::Profile) -> u64 {
 }
 
 /// `capsule status`.
-pub fn status(g: &GlobalArgs, out: &Output, _a: StatusArgs) -> Result<u8> {
+pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
     let Some((path, named)) = config::config_path(g.config.as_deref()) else {
         anyhow::bail!(config::ConfigError(
             "no configuration directory: give --config".into()
@@ -266,12 +315,18 @@ pub fn status(g: &GlobalArgs, out: &Output, _a: StatusArgs) -> Result<u8> {
         }
         None => cfg.file.profiles.keys().cloned().collect(),
     };
+    let refreshed: BTreeMap<&String, Option<String>> = if a.refresh {
+        names.iter().map(|n| (n, refresh(&path, n))).collect()
+    } else {
+        BTreeMap::new()
+    };
     let now = capsule_engine::timefmt::now_unix();
     let (mut any_stale, mut any_failing) = (false, false);
     let mut rows = Vec::new();
     for name in &names {
         let p = &cfg.file.profiles[name];
         let st = load_state(name);
+        let refresh_error = refreshed.get(name).cloned().flatten();
         let limit = stale_after(p);
         let age = st
             .last_success
@@ -293,6 +348,9 @@ pub fn status(g: &GlobalArgs, out: &Output, _a: StatusArgs) -> Result<u8> {
             "failing": failing,
             "last_run": st.last_run,
             "last_success": st.last_success,
+            "repository": st.repository,
+            "last_check": st.last_check,
+            "refresh_error": refresh_error,
         }));
         if !out.json {
             let when = |r: &RunOutcome| capsule_engine::timefmt::rfc3339(r.started_unix);
@@ -338,6 +396,40 @@ pub fn status(g: &GlobalArgs, out: &Output, _a: StatusArgs) -> Result<u8> {
                         .unwrap_or_default()
                 ));
             }
+            if let Some(e) = &refresh_error {
+                out.result(format!("  refresh: {e}"));
+            }
+            out.result(match &st.repository {
+                Some(r) => format!(
+                    "  repository: {}{} (as of {})",
+                    crate::output::bytes(r.stored),
+                    match r.quota {
+                        Some(q) => format!(
+                            " of its {} quota ({:.0}%)",
+                            crate::output::bytes(q),
+                            r.stored as f64 * 100.0 / q.max(1) as f64
+                        ),
+                        None => ", no quota".into(),
+                    },
+                    capsule_engine::timefmt::rfc3339(r.as_of_unix)
+                ),
+                None => "  repository: size not measured yet (`capsule status --refresh`)".into(),
+            });
+            out.result(match &st.last_check {
+                Some(c) => format!(
+                    "  last check{} {}: {}{}",
+                    if c.read_data { " --read-data" } else { "" },
+                    capsule_engine::timefmt::rfc3339(c.started_unix),
+                    c.result,
+                    c.error
+                        .as_ref()
+                        .map(|e| format!("; {e}"))
+                        .unwrap_or_default()
+                ),
+                None => {
+                    "  never checked (`capsule check`, or `check` in the profile's schedule)".into()
+                }
+            });
         }
     }
     out.json(&serde_json::json!({ "profiles": rows }));
@@ -348,6 +440,70 @@ pub fn status(g: &GlobalArgs, out: &Output, _a: StatusArgs) -> Result<u8> {
     } else {
         exit::OK
     })
+}
+
+/// Asks `profile`'s destination for its size and quota, in a child
+/// process (`quota show`, which records what it finds), so that each
+/// profile's credentials stay its own. `None` when it answered; else why
+/// not, in one line. Bounded by a minute.
+fn refresh(config: &std::path::Path, profile: &str) -> Option<String> {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return Some(format!("cannot run capsule: {e}")),
+    };
+    let child = std::process::Command::new(exe)
+        .arg("--config")
+        .arg(config)
+        .args(["--profile", profile, "--quiet", "quota", "show"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => return Some(format!("cannot run capsule: {e}")),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match child.try_wait() {
+            Ok(Some(st)) if st.success() => return None,
+            Ok(Some(st)) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                let line = err
+                    .lines()
+                    .find(|l| l.starts_with("capsule:") || l.starts_with("error"))
+                    .or_else(|| err.lines().next())
+                    .unwrap_or("")
+                    .to_string();
+                return Some(format!(
+                    "the destination did not answer ({}): {line}",
+                    st.code().map_or("killed".into(), |c| format!("exit {c}"))
+                ));
+            }
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Some("the destination did not answer within a minute".into());
+            }
+        }
+    }
+}
+
+/// Records a check of `profile`.
+pub fn record_check(profile: &str, c: CheckOutcome) {
+    update(profile, |st| st.last_check = Some(c));
+}
+
+/// Records the repository's size of `profile`.
+pub fn record_size(profile: &str, r: RepoSize) {
+    update(profile, |st| st.repository = Some(r));
 }
 
 /// "3h", "2d 4h", "12 min".

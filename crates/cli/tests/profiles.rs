@@ -425,3 +425,89 @@ fn schedule_writes_a_valid_systemd_unit_and_launchd_plist() {
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
     assert!(!unit.exists());
 }
+
+/// `status` shows the repository's size against its quota and the last
+/// check, from this machine's records; `--refresh` asks the destination,
+/// and a destination that cannot answer is reported, not fatal.
+#[test]
+fn status_shows_the_size_against_the_quota_and_the_last_check() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), vec![7u8; 100_000]).unwrap();
+    let config = t.path().join("capsule.toml");
+    let write = |repo: &Path| {
+        std::fs::write(
+            &config,
+            format!(
+                "[profiles.p]\nsources = [{:?}]\nrepository = {:?}\npassword-command = \"echo {PASSWORD}\"\n",
+                src.display().to_string(),
+                repo.display().to_string(),
+            ),
+        )
+        .unwrap()
+    };
+    write(&repo);
+    let status = || {
+        let o = run(&config, &["--json", "status"], &[]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["profiles"][0].clone()
+    };
+    let o = run(&config, &["--profile", "p", "init"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let s = status();
+    assert!(
+        s["repository"].is_null() && s["last_check"].is_null(),
+        "{s}"
+    );
+    let o = run(&config, &["--profile", "p", "quota", "set", "1G"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let o = run(&config, &["--profile", "p", "backup"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    // The backup measured the size, since there is a quota.
+    let s = status();
+    assert_eq!(s["repository"]["quota"], 1u64 << 30, "{s}");
+    let stored = s["repository"]["stored"].as_u64().unwrap();
+    assert!(stored > 0, "{s}");
+    let o = run(&config, &["--profile", "p", "check"], &[]);
+    assert!(o.status.success(), "{}", err(&o));
+    let s = status();
+    assert_eq!(s["last_check"]["result"], "ok", "{s}");
+    assert_eq!(s["last_check"]["read_data"], false);
+    let text = run(&config, &["status"], &[]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.contains("of its 1.0 GiB quota"), "{text}");
+    assert!(text.contains("last check"), "{text}");
+    // --refresh asks the destination: more data is seen at once.
+    std::fs::write(
+        src.join("b"),
+        (0..200_000u32)
+            .map(|i| (i * 7919 % 251) as u8)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap();
+    // Backed up without the profile: nothing of it is recorded here.
+    let o = run(
+        &config,
+        &["-r", repo.to_str().unwrap(), "backup", src.to_str().unwrap()],
+        &[("CAPSULE_PASSWORD", PASSWORD)],
+    );
+    assert!(o.status.success(), "{}", err(&o));
+    assert_eq!(status()["repository"]["stored"].as_u64(), Some(stored));
+    let o = run(&config, &["--json", "status", "--refresh"], &[]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let s = &v["profiles"][0];
+    assert!(s["refresh_error"].is_null(), "{s}");
+    assert!(s["repository"]["stored"].as_u64().unwrap() > stored, "{s}");
+    // A repository that is not there: said, and status still answers.
+    write(&t.path().join("gone"));
+    let o = run(&config, &["--json", "status", "--refresh"], &[]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let e = v["profiles"][0]["refresh_error"].as_str().unwrap_or("");
+    assert!(e.contains("gone"), "{v}");
+    assert_eq!(o.status.code(), Some(0), "{}", err(&o));
+    // A check that cannot run is recorded as failed.
+    let o = run(&config, &["--profile", "p", "check"], &[]);
+    assert!(!o.status.success());
+    assert_eq!(status()["last_check"]["result"], "failed");
+}
