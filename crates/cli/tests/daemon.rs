@@ -605,3 +605,214 @@ fn scheduled_runs_use_the_key_the_daemon_holds() {
     assert_eq!(key_of_last_run(), "held", "{}", w.log("k.log"));
     assert_eq!(stop(d), Some(0));
 }
+
+/// The servers' variable `key`, or `None` (a skip) when the servers were
+/// not started; with `CAPSULE_REQUIRE_SERVERS=1` (the test command) their
+/// absence fails the test.
+fn server_env(key: &str) -> Option<String> {
+    match std::env::var(key) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => {
+            assert!(
+                std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
+                "{key} is not set; start the servers with scripts/servers.sh"
+            );
+            eprintln!("skipped: {key} not set (run scripts/test.sh to start the servers)");
+            None
+        }
+    }
+}
+
+/// A Samba server of this test's own (so that stopping it touches no other
+/// test): `smbd` in the foreground on a loopback port, its share in `dir`,
+/// stopped with SIGTERM and started again on the same port.
+struct Samba {
+    conf: PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Samba {
+    fn new(dir: &std::path::Path, user: &str, password: &str) -> Samba {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        for d in ["share", "private", "lock", "state", "cache", "pid"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        let conf = dir.join("smb.conf");
+        let d = dir.display();
+        std::fs::write(
+            &conf,
+            format!(
+                "[global]\n interfaces = lo\n bind interfaces only = yes\n smb ports = {port}\n disable netbios = yes\n server min protocol = SMB2\n server role = standalone server\n passdb backend = tdbsam:{d}/private/passdb.tdb\n pid directory = {d}/pid\n lock directory = {d}/lock\n state directory = {d}/state\n cache directory = {d}/cache\n private dir = {d}/private\n ncalrpc dir = {d}/state/ncalrpc\n log file = {d}/log.%m\n load printers = no\n printing = bsd\n printcap name = /dev/null\n map to guest = never\n[backup]\n path = {d}/share\n read only = no\n valid users = {user}\n force user = root\n"
+            ),
+        )
+        .unwrap();
+        let mut c = Command::new("smbpasswd")
+            .arg("-c")
+            .arg(&conf)
+            .args(["-s", "-a", user])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        write!(c.stdin.take().unwrap(), "{password}\n{password}\n").unwrap();
+        assert!(c.wait().unwrap().success());
+        let mut s = Samba {
+            conf,
+            port,
+            child: None,
+        };
+        s.start();
+        s
+    }
+
+    fn start(&mut self) {
+        let child = Command::new("smbd")
+            .args(["--foreground", "-s"])
+            .arg(&self.conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "smbd did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM, and waits (bounded) for it and its port to go.
+    fn stop(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let pid = rustix::process::Pid::from_raw(c.id() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = c.kill();
+        let _ = c.wait();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            assert!(Instant::now() < deadline, "smbd still listens");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Samba {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A real SMB server is stopped: the hourly backup is skipped and retried
+/// (said once), nothing piles up; when the server is started again, the
+/// next retry runs exactly once.
+#[test]
+fn a_stopped_smb_server_is_retried_and_once_back_backed_up_once() {
+    let (Some(url), Some(password)) = (
+        server_env("CAPSULE_TEST_SMB"),
+        server_env("CAPSULE_TEST_SMB_PASSWORD"),
+    ) else {
+        return;
+    };
+    let user = url
+        .strip_prefix("smb://")
+        .and_then(|u| u.split_once('@'))
+        .map(|(u, _)| u.to_string())
+        .unwrap();
+    let w = World::new();
+    let mut smb = Samba::new(&w.dir.join("samba"), &user, &password);
+    let text = std::fs::read_to_string(&w.config).unwrap().replace(
+        &format!("{:?}", w.dir.join("repo").display().to_string()),
+        &format!("\"smb://{user}@127.0.0.1:{}/backup/r\"", smb.port),
+    );
+    std::fs::write(&w.config, text).unwrap();
+    let with_smb = |mut c: Command| {
+        c.env("CAPSULE_SMB_PASSWORD", &password);
+        c
+    };
+    let o = with_smb(w.cmd(&["--profile", "p", "init"]))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let f = std::fs::File::create(w.dir.join("s.log")).unwrap();
+    let mut d = Daemon(Some(
+        with_smb(w.cmd(&["daemon"]))
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .unwrap(),
+    ));
+    w.wait_for_run_at(T0, &mut d, "s.log");
+    smb.stop();
+    // Due an hour later, with the server stopped: skipped, retried at
+    // growing intervals, said once.
+    let next = || {
+        let o = w.cmd(&["--json", "status"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        v["profiles"][0]["next_backup_unix"].as_i64()
+    };
+    let mut planned = 0;
+    for m in [60, 62, 64] {
+        let clock = T0 + m * 60;
+        w.set_clock(clock);
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some(at) = next() {
+                if at > clock && at > planned {
+                    planned = at;
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "{}", w.log("s.log"));
+            assert!(d.try_wait().unwrap().is_none(), "{}", w.log("s.log"));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    assert_eq!(
+        w.log("s.log").matches("cannot be reached").count(),
+        1,
+        "{}",
+        w.log("s.log")
+    );
+    // Started again: one run at the next retry (15 minutes at most).
+    smb.start();
+    let t = T0 + 90 * 60;
+    w.set_clock(t);
+    w.wait_for_run_at(t, &mut d, "s.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.log("s.log").contains("answers again") {
+        assert!(Instant::now() < deadline, "{}", w.log("s.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Nothing more is due until an hour after that run.
+    w.set_clock(t + 30 * 60);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stop(d), Some(0));
+    let snaps = with_smb(w.cmd(&["--profile", "p", "--json", "snapshots"]))
+        .output()
+        .unwrap();
+    assert!(
+        snaps.status.success(),
+        "{}",
+        String::from_utf8_lossy(&snaps.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&snaps.stdout).unwrap();
+    let times: Vec<i64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot"]["time_unix"].as_i64().unwrap())
+        .collect();
+    assert_eq!(times, vec![T0, t]);
+}

@@ -489,7 +489,12 @@ fn status_shows_the_size_against_the_quota_and_the_last_check() {
     // Backed up without the profile: nothing of it is recorded here.
     let o = run(
         &config,
-        &["-r", repo.to_str().unwrap(), "backup", src.to_str().unwrap()],
+        &[
+            "-r",
+            repo.to_str().unwrap(),
+            "backup",
+            src.to_str().unwrap(),
+        ],
         &[("CAPSULE_PASSWORD", PASSWORD)],
     );
     assert!(o.status.success(), "{}", err(&o));
