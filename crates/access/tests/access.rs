@@ -46,19 +46,6 @@ fn stack(store: &Arc<MemoryBackend>) -> Stack {
     .unwrap()
 }
 
-/// Incompressible bytes (xorshift), different for each seed.
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 #[test]
 fn the_stack_is_built_in_one_order() {
     let store = Arc::new(MemoryBackend::new());
@@ -133,7 +120,7 @@ fn a_backup_thins_to_its_quota_and_says_so() {
     std::fs::create_dir_all(&src).unwrap();
     drop(stack(&store).init(&a, PW, &cheap()).unwrap());
     let run = |seed: u64| {
-        std::fs::write(src.join("f"), noise(seed, 3 << 20)).unwrap();
+        std::fs::write(src.join("f"), capsule_testkit::noise(3 << 20, seed)).unwrap();
         let o = stack(&store).open(&a, PW, None).unwrap();
         let mut notices = Vec::new();
         let r = o
@@ -168,7 +155,7 @@ fn a_backup_thins_to_its_quota_and_says_so() {
     assert_eq!(r3.thinned[0].plan.remove[0].id, r1.report.snapshot_id);
     assert!(r3.stored.unwrap() <= 7 << 20, "{:?}", r3.stored);
     // With `fail`, a run that would need room fails and removes nothing.
-    std::fs::write(src.join("f"), noise(4, 3 << 20)).unwrap();
+    std::fs::write(src.join("f"), capsule_testkit::noise(3 << 20, 4)).unwrap();
     let o = stack(&store).open(&a, PW, None).unwrap();
     let before = o.repo.list_snapshots().unwrap().0.len();
     let e = o

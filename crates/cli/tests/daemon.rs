@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use capsule_testkit::server_env;
 use common::*;
 
 /// Monday 2026-11-23 12:00 UTC.
@@ -604,23 +605,6 @@ fn scheduled_runs_use_the_key_the_daemon_holds() {
     w.wait_for_run_at(T0 + 3 * H, &mut d, "k.log");
     assert_eq!(key_of_last_run(), "held", "{}", w.log("k.log"));
     assert_eq!(stop(d), Some(0));
-}
-
-/// The servers' variable `key`, or `None` (a skip) when the servers were
-/// not started; with `CAPSULE_REQUIRE_SERVERS=1` (the test command) their
-/// absence fails the test.
-fn server_env(key: &str) -> Option<String> {
-    match std::env::var(key) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "{key} is not set; start the servers with scripts/servers.sh"
-            );
-            eprintln!("skipped: {key} not set (run scripts/test.sh to start the servers)");
-            None
-        }
-    }
 }
 
 /// A Samba server of this test's own (so that stopping it touches no other

@@ -14,22 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use capsule_testkit::server_env as env;
 use capsule_testkit::toxiproxy::{Proxy, Toxiproxy};
 use common::*;
-
-fn env(key: &str) -> Option<String> {
-    match std::env::var(key) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "{key} is not set; start the servers with scripts/servers.sh"
-            );
-            eprintln!("skipped: {key} not set (run scripts/test.sh to start the servers)");
-            None
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {

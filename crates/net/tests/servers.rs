@@ -13,22 +13,8 @@ use std::sync::Arc;
 
 use capsule_backend::{conformance, Backend};
 use capsule_net::{Destination, Options};
+use capsule_testkit::server_env as env;
 use capsule_testkit::toxiproxy::Toxiproxy;
-
-/// Reads a variable set by the server script, or decides the test is off.
-fn env(key: &str) -> Option<String> {
-    match std::env::var(key) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
-                "{key} is not set; start the servers with scripts/servers.sh"
-            );
-            eprintln!("skipped: {key} not set (run scripts/test.sh to start the servers)");
-            None
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {

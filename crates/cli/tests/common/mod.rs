@@ -63,16 +63,7 @@ pub fn init(repo: &Path) {
 
 /// Deterministic pseudo-random bytes.
 pub fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(n);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
+    capsule_testkit::noise(n, seed)
 }
 
 pub fn set_times(p: &Path, atime: (i64, i64), mtime: (i64, i64)) {
