@@ -163,7 +163,8 @@ pub fn kind(dest: &Destination) -> &'static str {
     }
 }
 
-/// The variable [`KillAtCall`] reads.
+/// The variable the crash hook of the reliability suite reads (see
+/// [`Stack::over`]).
 pub const KILL_AT_CALL: &str = "CAPSULE_TEST_KILL_AT_CALL";
 
 /// The reliability suite's crash points by call count: with
