@@ -144,3 +144,29 @@ fn deleted_cache_is_rebuilt() {
     assert!(r["cache"]["repaired"].as_u64().unwrap() >= 1, "{r}");
     assert_eq!(r["summary"]["files_read"], 0, "{r}");
 }
+
+/// A run with nothing changed over many small files spends its time
+/// walking the source: the verdict says so ("scanning the source"), not
+/// "fixed costs" as it did while the scan was not counted.
+#[test]
+fn a_no_change_run_of_many_files_is_named_scan_bound() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    for d in 0..100 {
+        let dir = src.join(format!("d{d:03}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..300 {
+            std::fs::write(dir.join(format!("f{f:03}")), [d as u8, f as u8]).unwrap();
+        }
+    }
+    // Entries changed within a second of a snapshot are read again next
+    // time (the racy-entry guard): let the tree settle.
+    std::thread::sleep(Duration::from_millis(2100));
+    init(&repo);
+    json(&repo, &["backup", src.to_str().unwrap()]);
+    let b = json(&repo, &["backup", src.to_str().unwrap()]);
+    assert_eq!(b["files_unchanged"], 30_000, "{b}");
+    assert_eq!(b["bound"]["kind"], "scan", "{}", b["bound"]);
+    let summary = b["bound"]["summary"].as_str().unwrap();
+    assert!(summary.contains("30101 entries"), "{summary}");
+}

@@ -188,6 +188,7 @@ pub fn from_backup(r: &BackupReport, started_unix: i64, ctx: RunContext) -> RunR
         wall: r.duration_secs,
         cores: cores() as f64,
         scan: stages.scan,
+        entries: r.summary.files + r.summary.dirs,
         read: stages.read,
         chunk_hash: stages.chunk_hash,
         compress: stages.compress,
