@@ -1,14 +1,14 @@
 //! The layer stack between a repository and its destination, built in
 //! exactly one place ([`Stack::over`]).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use capsule_backend::{
     BackendError, LabBackend, LocalBackend, MeteredBackend, ObjectInfo, RequestStats, RetryBackend,
-    RetryPolicy, SyncPolicy,
+    RetryPolicy, SyncPolicy, TraceSink,
 };
 use capsule_engine::EngineError;
 use capsule_net::Destination;
@@ -23,8 +23,9 @@ pub struct Connect {
     pub net: capsule_net::Options,
     /// Local directories: skip fsync (`--no-fsync`).
     pub no_fsync: bool,
-    /// Write a line per request into this file (`--trace-requests`).
-    pub trace: Option<PathBuf>,
+    /// Write a line per request into this trace (`--trace-requests`);
+    /// every stack given a clone writes into the same one.
+    pub trace: Option<TraceSink>,
 }
 
 impl Connect {
@@ -36,6 +37,16 @@ impl Connect {
             ..Connect::default()
         }
     }
+}
+
+/// A request trace into a new file at `path` (`--trace-requests`).
+pub fn trace_file(path: &Path) -> Result<TraceSink> {
+    let file = std::fs::File::create(path).map_err(|source| EngineError::Io {
+        op: "create the request trace",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(TraceSink::new(Box::new(file)))
 }
 
 /// An open destination with its layers and counters.
@@ -129,13 +140,8 @@ impl Stack {
             Err(raw) => raw,
         };
         let mut metered = MeteredBackend::new(raw);
-        if let Some(path) = &how.trace {
-            let file = std::fs::File::create(path).map_err(|source| EngineError::Io {
-                op: "create the request trace",
-                path: path.clone(),
-                source,
-            })?;
-            metered = metered.with_trace(Box::new(file));
+        if let Some(sink) = &how.trace {
+            metered = metered.with_trace(sink.clone());
         }
         layers.push("metered");
         let requests = metered.stats();

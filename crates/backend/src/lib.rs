@@ -25,7 +25,7 @@ pub use cache::{CacheStats, CachingBackend};
 /// Prefix of incomplete writes, which no backend lists (see the format's layout).
 pub use capsule_format::layout::TEMP_PREFIX;
 pub use local::{LocalBackend, SyncPolicy};
-pub use metered::{MeteredBackend, RequestStats};
+pub use metered::{MeteredBackend, RequestStats, TraceSink};
 pub use retry::{RetryBackend, RetryPolicy};
 
 /// What went wrong, independent of transport.

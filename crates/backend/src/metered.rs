@@ -42,9 +42,6 @@ pub struct RequestStats {
     pub busy_micros: AtomicU64,
     busy_since: AtomicU64,
     epoch: std::sync::OnceLock<Instant>,
-    /// Why writing the request trace failed, if it did: the trace stops
-    /// there, and the run says so at its end.
-    pub trace_error: std::sync::OnceLock<String>,
 }
 
 impl RequestStats {
@@ -94,24 +91,69 @@ impl RequestStats {
 pub struct MeteredBackend {
     inner: Arc<dyn LabBackend>,
     stats: Arc<RequestStats>,
-    trace: Option<Mutex<Trace>>,
+    trace: Option<TraceSink>,
 }
 
 /// Where the request trace goes. A line per request, tab-separated: start
-/// and duration in seconds since the first request, the operation, bytes
+/// and duration in seconds since the trace began, the operation, bytes
 /// moved, `ok` or the error kind, and the object name. Lines are written
 /// as requests end, so they are ordered by end time; sort by the first
 /// column for a timeline.
+///
+/// Cheap to clone: every [`MeteredBackend`] given a clone writes into the
+/// same file on one timeline (the lab and the estimator open many
+/// destinations in one command).
+#[derive(Clone)]
+pub struct TraceSink(Arc<Mutex<Trace>>);
+
 struct Trace {
     out: Box<dyn Write + Send>,
+    /// When the trace began: every line's start is counted from here.
+    epoch: Instant,
     /// The first write error, after which tracing stops: a trace must never
     /// fail a backup.
-    failed: bool,
+    error: Option<String>,
 }
 
-impl std::fmt::Debug for Trace {
+impl std::fmt::Debug for TraceSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Trace")
+        f.write_str("TraceSink")
+    }
+}
+
+impl TraceSink {
+    /// A trace into `out`; the header line is written now.
+    pub fn new(mut out: Box<dyn Write + Send>) -> TraceSink {
+        let header =
+            writeln!(out, "start_s\tsecs\top\tbytes\tresult\tname").and_then(|_| out.flush());
+        TraceSink(Arc::new(Mutex::new(Trace {
+            out,
+            epoch: Instant::now(),
+            error: header.err().map(|e| e.to_string()),
+        })))
+    }
+
+    /// Why writing the trace failed, if it did: it stops there, and the
+    /// command should say so at its end.
+    pub fn error(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .error
+            .clone()
+    }
+
+    fn line(&self, started: Instant, op: &str, name: &str, bytes: u64, result: &str) {
+        let secs = started.elapsed().as_secs_f64();
+        let mut t = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if t.error.is_some() {
+            return;
+        }
+        let start = started.saturating_duration_since(t.epoch).as_secs_f64();
+        let line = format!("{start:.6}\t{secs:.6}\t{op}\t{bytes}\t{result}\t{name}\n");
+        if let Err(e) = t.out.write_all(line.as_bytes()).and_then(|_| t.out.flush()) {
+            t.error = Some(e.to_string());
+        }
     }
 }
 
@@ -125,18 +167,9 @@ impl MeteredBackend {
         }
     }
 
-    /// Also writes every request to `out` (see [`MeteredBackend`]'s trace
-    /// format). The header line is written now.
-    pub fn with_trace(mut self, mut out: Box<dyn Write + Send>) -> Self {
-        let header =
-            writeln!(out, "start_s\tsecs\top\tbytes\tresult\tname").and_then(|_| out.flush());
-        if let Err(e) = &header {
-            let _ = self.stats.trace_error.set(e.to_string());
-        }
-        self.trace = Some(Mutex::new(Trace {
-            out,
-            failed: header.is_err(),
-        }));
+    /// Also writes every request to `sink` (see [`TraceSink`]).
+    pub fn with_trace(mut self, sink: TraceSink) -> Self {
+        self.trace = Some(sink);
         self
     }
 
@@ -173,22 +206,11 @@ impl MeteredBackend {
         err: Option<&BackendError>,
     ) {
         let Some(trace) = &self.trace else { return };
-        let secs = started.elapsed().as_secs_f64();
-        let epoch = *self.stats.epoch.get_or_init(Instant::now);
-        let start = started.saturating_duration_since(epoch).as_secs_f64();
         let result = match err {
             None => "ok".to_string(),
             Some(e) => format!("{:?}", e.kind),
         };
-        let mut t = trace.lock().unwrap_or_else(|p| p.into_inner());
-        if t.failed {
-            return;
-        }
-        let line = format!("{start:.6}\t{secs:.6}\t{op}\t{bytes}\t{result}\t{name}\n");
-        if let Err(e) = t.out.write_all(line.as_bytes()).and_then(|_| t.out.flush()) {
-            t.failed = true;
-            let _ = self.stats.trace_error.set(e.to_string());
-        }
+        trace.line(started, op, name, bytes, &result);
     }
 }
 
@@ -419,7 +441,7 @@ mod tests {
         let m = MeteredBackend::new(Arc::new(
             LocalBackend::open(d.path(), SyncPolicy::NoSync).unwrap(),
         ))
-        .with_trace(Box::new(out.clone()));
+        .with_trace(TraceSink::new(Box::new(out.clone())));
         m.put("a/b", b"12345").unwrap();
         assert!(m.put("a/b", b"12345").is_err());
         assert_eq!(m.get("a/b", Some(1..3)).unwrap(), b"23");
@@ -445,7 +467,7 @@ mod tests {
                 ["list", "0", "ok", "a/"],
             ]
         );
-        // Times are seconds since the first request, each start no later
+        // Times are seconds since the trace began, each start no later
         // than the next one's (the calls ran one after another).
         let starts: Vec<f64> = lines[1..].iter().map(|f| f[0].parse().unwrap()).collect();
         assert!(starts.windows(2).all(|w| w[0] <= w[1]), "{starts:?}");

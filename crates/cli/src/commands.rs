@@ -43,7 +43,7 @@ fn connect_and_open(
     out: &Output,
     direct: bool,
 ) -> Result<Opened> {
-    let access = settings::access(g, loc);
+    let access = settings::access(g, loc)?;
     let (pw, early) = settings::start_key(g, &access);
     let stack = settings::connect(&access, false)?;
     let pw = match pw {
@@ -130,7 +130,7 @@ pub struct InitArgs {
 
 pub fn init(g: &GlobalArgs, out: &Output, a: InitArgs) -> Result<u8> {
     let loc = settings::location(g)?;
-    let access = settings::access(g, &loc);
+    let access = settings::access(g, &loc)?;
     let stack = settings::connect(&access, true)?;
     let pw = settings::new_password(g, "new repository password")?;
     let opts = InitOptions {
@@ -263,7 +263,7 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<(u8, Option
         loc.is_default && loc.local_path().is_some_and(|p| !p.join("config").exists());
     let opened = if new_default {
         // The embedded default: created on first use.
-        let access = settings::access(g, &loc);
+        let access = settings::access(g, &loc)?;
         let stack = settings::connect(&access, true)?;
         let pw = settings::new_password(g, "password for the new default repository")?;
         let opened = stack.init(&access, &pw, &InitOptions::default())?;
@@ -1047,7 +1047,7 @@ pub fn key(g: &GlobalArgs, out: &Output, k: KeyCommand) -> Result<u8> {
         KeyCommand::Passwd { new_password_file } => {
             let pw = read_new_password(&new_password_file)?;
             let id = repo.change_password(&pw, KdfParams::default())?;
-            settings::access(g, &loc).remember_key(&repo);
+            settings::access(g, &loc)?.remember_key(&repo);
             out.json(&serde_json::json!({ "key": id.to_hex() }));
             out.say(format!("password changed (new key {})", id.short()));
         }

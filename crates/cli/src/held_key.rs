@@ -100,7 +100,7 @@ pub fn for_profile(
     pg.profile = Some(name.to_string());
     crate::config_cmd::fill_from_profile(&mut pg, p.clone());
     let loc = crate::settings::location(&pg).ok()?;
-    let access = crate::settings::access(&pg, &loc);
+    let access = crate::settings::access(&pg, &loc).ok()?;
     let pw = Zeroizing::new(crate::settings::profile_password_now(&pg, name).ok()??);
     let key = HeldKey::derive(&access, &pw)?;
     Some((access, key))

@@ -97,15 +97,16 @@ pub struct LabArgs {
     svg: Option<PathBuf>,
 }
 
-pub(crate) fn connector(g: &GlobalArgs, dest: &Destination) -> Connector {
+pub(crate) fn connector(g: &GlobalArgs, dest: &Destination) -> Result<Connector> {
     let mut net = capsule_net::Options::from_env(dest);
     if let Some(n) = g.connections {
         net.concurrency = Some(n as usize);
     }
-    Connector {
+    Ok(Connector {
         net,
         no_fsync: g.no_fsync,
-    }
+        trace: crate::settings::trace(g)?,
+    })
 }
 
 /// Makes lab errors carry the types the exit-code mapping knows.
@@ -165,7 +166,7 @@ pub fn lab(g: &GlobalArgs, out: &Output, a: LabArgs) -> Result<u8> {
         fill_to: a.fill_to,
         work_dir: a.work_dir,
     };
-    let conn = connector(g, &dest);
+    let conn = connector(g, &dest)?;
     let chatty = !out.json && !out.quiet;
     let say = |s: &str| {
         if chatty {
@@ -299,7 +300,7 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
         }
     }
     stop_on_signal(out);
-    let conn = connector(g, &dest);
+    let conn = connector(g, &dest)?;
     let chatty = !out.json && !out.quiet;
     let say = |s: &str| {
         if chatty {

@@ -337,8 +337,11 @@ fn main() -> ExitCode {
     };
     // A trace that could not be written whole (a full disk, /dev/full)
     // must not pass for a complete one.
-    if let (Some(path), Some(s)) = (&cli.global.trace_requests, settings::destination_stats()) {
-        if let Some(e) = s.trace_error.get() {
+    if let (Some(path), Ok(Some(t))) = (
+        &cli.global.trace_requests,
+        settings::trace(&cli.global).map_err(|_| ()),
+    ) {
+        if let Some(e) = t.error() {
             out.warn(format!(
                 "the request trace {} is incomplete: writing it failed ({e}), and it stops there",
                 path.display()

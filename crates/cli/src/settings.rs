@@ -85,13 +85,13 @@ static STATS: OnceLock<DestinationStats> = OnceLock::new();
 /// How this command reaches the repository at `loc`: the flags (and the
 /// profile behind them) turned into the library's [`Access`], the one way
 /// in that the lab and the daemon use too.
-pub fn access(g: &GlobalArgs, loc: &RepoLocation) -> Access {
+pub fn access(g: &GlobalArgs, loc: &RepoLocation) -> Result<Access> {
     let mut connect = capsule_access::Connect::from_env(&loc.dest);
     if let Some(n) = g.connections {
         connect.net.concurrency = Some(n as usize);
     }
     connect.no_fsync = g.no_fsync;
-    connect.trace = g.trace_requests.clone();
+    connect.trace = trace(g)?;
     let cache = if g.no_cache {
         CachePolicy::Off
     } else {
@@ -100,11 +100,25 @@ pub fn access(g: &GlobalArgs, loc: &RepoLocation) -> Access {
             None => CachePolicy::user_default(),
         }
     };
-    Access {
+    Ok(Access {
         dest: loc.dest.clone(),
         connect,
         cache,
+    })
+}
+
+/// This process's request trace (`--trace-requests FILE`), created on
+/// first use: every destination the command opens writes into it.
+pub fn trace(g: &GlobalArgs) -> Result<Option<capsule_backend::TraceSink>> {
+    static TRACE: OnceLock<capsule_backend::TraceSink> = OnceLock::new();
+    let Some(path) = &g.trace_requests else {
+        return Ok(None);
+    };
+    if let Some(t) = TRACE.get() {
+        return Ok(Some(t.clone()));
     }
+    let t = capsule_access::stack::trace_file(path)?;
+    Ok(Some(TRACE.get_or_init(|| t).clone()))
 }
 
 /// Connects, and keeps the stack's counters for `--json` and the summary.

@@ -27,17 +27,7 @@ fn required() -> bool {
 }
 
 fn env(key: &str) -> Option<String> {
-    match std::env::var(key) {
-        Ok(v) if !v.is_empty() => Some(v),
-        _ => {
-            assert!(
-                !required(),
-                "{key} is not set; start the servers with scripts/servers.sh"
-            );
-            eprintln!("skipped: {key} not set (run scripts/test.sh to start the servers)");
-            None
-        }
-    }
+    capsule_testkit::server_env(key)
 }
 
 /// A destination as the lab sees it: URL (through a private proxy with
@@ -315,8 +305,28 @@ fn lab_local_directory() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let d = Dest::local(dir.path());
-    let r = d.lab(&SEED);
+    let trace_dir = tempfile::tempdir().unwrap();
+    let trace = trace_dir.path().join("trace.tsv");
+    let mut args = SEED.to_vec();
+    args.extend(["--trace-requests", trace.to_str().unwrap()]);
+    let r = d.lab(&args);
     check_reality("LOCAL", &r, 0, 0.0, 0.0);
+    // Every destination the lab opened wrote into one trace: the probes'
+    // objects and the seed backup's snapshot alike, under one header.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(text.matches("start_s").count(), 1, "{text}");
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').collect())
+        .collect();
+    assert!(rows.iter().all(|r| r.len() == 6), "{text}");
+    assert!(
+        rows.iter()
+            .any(|r| r[2] == "put" && r[5].starts_with("snapshots/")),
+        "{text}"
+    );
+    assert!(rows.len() > 40, "{} rows", rows.len());
     assert!(r["probe"]["space"]["total"].as_u64().unwrap() > 0);
     // Nothing left behind.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -606,4 +616,52 @@ fn interrupted_lab_cleans_up() {
     assert!(err.contains("stopping"), "{err}");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// `estimate` to a local directory: a prediction for each run, and with
+/// `--trace-requests` every request to the destination in one trace.
+#[test]
+fn estimate_local_directory_with_a_trace() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    for d in 0..4 {
+        let dir = src.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..50 {
+            std::fs::write(dir.join(format!("f{f}")), vec![d as u8; 3000 + f]).unwrap();
+        }
+    }
+    std::fs::write(src.join("big"), capsule_testkit::noise(2 << 20, 1)).unwrap();
+    let dest = t.path().join("dest");
+    std::fs::create_dir_all(&dest).unwrap();
+    let d = Dest::local(&dest);
+    let trace = t.path().join("trace.tsv");
+    let o = d.run(&[
+        "estimate",
+        src.to_str().unwrap(),
+        "--to",
+        dest.to_str().unwrap(),
+        "--json",
+        "--trace-requests",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["source"]["files"], 201, "{v}");
+    for k in ["initial", "hourly", "restore"] {
+        assert!(f(&v["predicted"][k]) > 0.0, "{k}: {v}");
+    }
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(text.matches("start_s").count(), 1);
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    // The probes and the fixed-cost runs on the destination, in one trace.
+    assert!(rows.iter().any(|r| r.ends_with("\test/stream")), "{text}");
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("\tput\t") && r.contains("\tsnapshots/")),
+        "{text}"
+    );
+    // The scratch directory is gone.
+    assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 0);
 }

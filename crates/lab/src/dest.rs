@@ -21,6 +21,9 @@ pub struct Connector {
     pub net: capsule_net::Options,
     /// Local directories: skip fsync (`--no-fsync`).
     pub no_fsync: bool,
+    /// Every request to the destinations opened, into one trace
+    /// (`--trace-requests`).
+    pub trace: Option<capsule_backend::TraceSink>,
 }
 
 impl Connector {
@@ -28,7 +31,7 @@ impl Connector {
         Connect {
             net: self.net.clone(),
             no_fsync: self.no_fsync,
-            trace: None,
+            trace: self.trace.clone(),
         }
     }
 
