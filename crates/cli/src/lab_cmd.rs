@@ -364,9 +364,11 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
         d.per_file_copy * 1e3
     ));
     out.say(format!(
-        "a whole run there, tiny repository: {} with a new file, {} with nothing new",
+        "a whole run there, tiny repository: {} with a new file, {} with nothing new (medians of {}; every measurement within {:.0}% of its median)",
         human_secs(d.run_changed),
-        human_secs(d.run_unchanged)
+        human_secs(d.run_unchanged),
+        d.rounds.run_unchanged.len(),
+        d.rounds.spread * 100.0
     ));
     let p = &e.predicted;
     out.say(format!(
@@ -393,6 +395,12 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
         "rule of thumb (0.67 x copy)",
         human_secs(p.rule_of_thumb),
         "—"
+    ));
+    out.say(format!(
+        "capsule hourly runs: {} with nothing changed (every file looked at, none read); {} after {} new files of 50 KiB",
+        human_secs(p.no_change),
+        human_secs(p.typical_change),
+        capsule_lab::estimate::TYPICAL_FILES
     ));
     let parts =
         capsule_lab::estimate::restore_parts(&e.calibration, d, e.source.files, e.source.bytes);

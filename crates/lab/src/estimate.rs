@@ -176,6 +176,38 @@ pub struct DestProbe {
     pub run_changed: f64,
     /// Seconds of a whole run with nothing new.
     pub run_unchanged: f64,
+    /// What each repeated measurement gave, for judging how far to trust
+    /// the estimate: the round trip of each round (ms, the median of that
+    /// round's pings), and each whole run with and without a change (s).
+    /// The figures above are their medians.
+    #[serde(default)]
+    pub rounds: ProbeRounds,
+}
+
+/// The repeated measurements behind a [`DestProbe`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProbeRounds {
+    /// Round trip of each round, milliseconds.
+    pub rtt_ms: Vec<f64>,
+    /// Whole runs with one new file, seconds.
+    pub run_changed: Vec<f64>,
+    /// Whole runs with nothing new, seconds.
+    pub run_unchanged: Vec<f64>,
+    /// The largest relative distance of a round from its median, over all
+    /// of the above (0.05: every round within 5%).
+    pub spread: f64,
+}
+
+/// How far the values of `v` lie from their median, at most, relative to it.
+fn spread_of(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let m = median(&mut v.to_vec());
+    if m <= 0.0 {
+        return 0.0;
+    }
+    v.iter().map(|x| (x - m).abs() / m).fold(0.0, f64::max)
 }
 
 /// Predicted times, seconds.
@@ -194,7 +226,20 @@ pub struct Prediction {
     /// capsule, a full restore from the destination to this machine.
     #[serde(default)]
     pub restore: f64,
+    /// capsule, a run with nothing changed (every file looked at, none
+    /// read): what most hourly runs are.
+    #[serde(default)]
+    pub no_change: f64,
+    /// capsule, a run after a typical hour's change: [`TYPICAL_FILES`] new
+    /// files of 50 KiB.
+    #[serde(default)]
+    pub typical_change: f64,
 }
+
+/// The "typical change" of an hour when nothing better is known: this many
+/// new files of 50 KiB (a mail folder, a few saved documents, a browser
+/// profile's churn).
+pub const TYPICAL_FILES: u64 = 100;
 
 /// One recorded run set against the model.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -394,6 +439,8 @@ pub fn predict(
     Prediction {
         initial: predict_run(c, d, s.files, s.files, s.bytes),
         hourly: predict_run(c, d, s.files, hourly_files, hourly_bytes),
+        no_change: predict_run(c, d, s.files, 0, 0),
+        typical_change: predict_run(c, d, s.files, TYPICAL_FILES, TYPICAL_FILES * 51_200),
         per_file_initial: per_file(s.files, s.bytes, s.dirs),
         per_file_hourly: per_file(hourly_files, hourly_bytes, 0),
         rule_of_thumb: s.bytes as f64 / (0.67 * d.stream_bw.max(1.0)),
@@ -427,15 +474,30 @@ fn small_dirs(files: &[(PathBuf, u64)], want: u64) -> Vec<PathBuf> {
         .map(|(d, (all, _))| (*d, *all))
         .collect();
     let total: u64 = leaves.iter().map(|(_, n)| n).sum();
+    // Every step-th leaf: about `want` files when the leaves taken hold the
+    // average number of files. When they hold fewer, further passes take
+    // the leaves halfway between, until there are enough.
     let step = (total / want.max(1)).max(1) as usize;
+    let mut taken = vec![false; leaves.len()];
     let mut out = Vec::new();
     let mut got = 0;
-    for (d, n) in leaves.iter().step_by(step.min(leaves.len().max(1))) {
-        if got >= want {
+    let mut offset = 0;
+    let mut stride = step;
+    while got < want && offset < leaves.len() {
+        for (i, (d, n)) in leaves.iter().enumerate().skip(offset).step_by(step) {
+            if got >= want {
+                break;
+            }
+            if !std::mem::replace(&mut taken[i], true) {
+                out.push(d.to_path_buf());
+                got += n;
+            }
+        }
+        if stride <= 1 {
             break;
         }
-        out.push(d.to_path_buf());
-        got += n;
+        stride /= 2;
+        offset += stride;
     }
     out
 }
@@ -664,7 +726,14 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
     let opened = conn.open(&scratch, true)?;
     let b = opened.backend.clone();
     let r = (|| {
-        let rtt = probe::round_trip(&*b, 10)?.median_ms / 1e3;
+        // Three rounds of ten after the warm-up: one round's median moved
+        // by half from one estimate to the next (a first connection, a
+        // server still waking); the median of three does not.
+        let mut rtt_ms = Vec::new();
+        for _ in 0..3 {
+            rtt_ms.push(probe::round_trip(&*b, 10)?.median_ms);
+        }
+        let rtt = median(&mut rtt_ms.clone()) / 1e3;
         let concurrency = b.capabilities().concurrency.max(1);
         // One stream.
         let size = 16u64 << 20;
@@ -723,7 +792,12 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
         }
         let per_file_copy = t.elapsed().as_secs_f64() / n as f64;
         crate::check_interrupt()?;
-        let (run_changed, run_unchanged) = fixed_costs(conn, &scratch.join("repo"), work)?;
+        let runs = fixed_costs(conn, &scratch.join("repo"), work)?;
+        let (run_changed, run_unchanged) =
+            (median(&mut runs.0.clone()), median(&mut runs.1.clone()));
+        let spread = [spread_of(&rtt_ms), spread_of(&runs.0), spread_of(&runs.1)]
+            .into_iter()
+            .fold(0.0, f64::max);
         Ok(DestProbe {
             connect_secs: opened.connect_secs,
             rtt,
@@ -735,6 +809,12 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
             per_file_copy,
             run_changed,
             run_unchanged,
+            rounds: ProbeRounds {
+                rtt_ms,
+                run_changed: runs.0,
+                run_unchanged: runs.1,
+                spread,
+            },
         })
     })();
     let _ = delete_all(&*b, "", 16);
@@ -742,10 +822,10 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
     r
 }
 
-/// Seconds of a whole run with one new small file, and with nothing new,
+/// Seconds of whole runs with one new small file, and with nothing new,
 /// on a tiny repository at `repo`: each run connects afresh, as a separate
-/// process would. The run with a change is the mean of two.
-fn fixed_costs(conn: &Connector, repo: &Destination, work: &Path) -> Result<(f64, f64)> {
+/// process would; three of each, alternating.
+fn fixed_costs(conn: &Connector, repo: &Destination, work: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
     let src = work.join("fixed-source");
     std::fs::create_dir_all(&src).map_err(|e| LabError::io("create", &src, e))?;
     let add = |i: u32| -> Result<()> {
@@ -776,12 +856,14 @@ fn fixed_costs(conn: &Connector, repo: &Destination, work: &Path) -> Result<(f64
     };
     add(0)?;
     run(true)?;
-    add(1)?;
-    let changed = run(false)?;
-    let unchanged = run(false)?;
-    add(2)?;
-    let changed2 = run(false)?;
-    Ok(((changed + changed2) / 2.0, unchanged))
+    let (mut changed, mut unchanged) = (Vec::new(), Vec::new());
+    for i in 1..=3 {
+        add(i)?;
+        changed.push(run(false)?);
+        unchanged.push(run(false)?);
+        crate::check_interrupt()?;
+    }
+    Ok((changed, unchanged))
 }
 
 /// Runs `f(i)` for `i` in `0..n` on `n` threads at once; the first error
@@ -935,6 +1017,8 @@ pub fn estimate(
     let predicted = Prediction {
         initial: model.initial * correction.0,
         hourly: model.hourly * correction.1,
+        no_change: model.no_change * correction.1,
+        typical_change: model.typical_change * correction.1,
         ..model.clone()
     };
     Ok(Estimate {
@@ -983,7 +1067,36 @@ mod tests {
             per_file_copy: 3.0 * rtt,
             run_changed: 0.6,
             run_unchanged: 0.4,
+            rounds: ProbeRounds::default(),
         }
+    }
+
+    #[test]
+    fn the_spread_is_the_farthest_round_from_the_median() {
+        assert_eq!(spread_of(&[]), 0.0);
+        assert!((spread_of(&[2.0, 2.2, 1.9]) - 0.1).abs() < 1e-9);
+        // One noisy round (a first connection) moves the median little.
+        let mut rtt = vec![4.97, 2.68, 2.71];
+        assert_eq!(median(&mut rtt), 2.71);
+    }
+
+    #[test]
+    fn no_change_and_typical_change_are_predicted_beside_the_hourly_run() {
+        let c = cal();
+        let d = dest(0.010, 1e8);
+        let s = SourceScan {
+            files: 100_000,
+            bytes: 1 << 30,
+            ..SourceScan::default()
+        };
+        let p = predict(&c, &d, &s, 0, 0);
+        assert_eq!(p.no_change, p.hourly);
+        assert!((p.no_change - 0.5).abs() < 1e-6, "{}", p.no_change);
+        assert!(p.typical_change > p.no_change);
+        assert_eq!(
+            p.typical_change,
+            predict_run(&c, &d, 100_000, TYPICAL_FILES, TYPICAL_FILES * 51_200)
+        );
     }
 
     #[test]
