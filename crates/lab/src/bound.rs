@@ -178,13 +178,26 @@ pub fn analyze(f: &RunFacts) -> Bound {
                 ),
             )
         }
-        BoundKind::Cpu => (
-            BoundKind::Cpu,
-            format!(
-                "bound by CPU: {:.1} of {} cores busy on average",
-                cpu_threads, f.cores
-            ),
-        ),
+        BoundKind::Cpu => {
+            // The CPU stage that took the most, so the verdict says what to
+            // change (a lower compression level, fewer threads elsewhere).
+            let (stage, secs) = [
+                ("chunking and hashing", f.chunk_hash),
+                ("compressing", f.compress),
+                ("encrypting", f.encrypt),
+            ]
+            .into_iter()
+            .fold(("", 0.0), |best, s| if s.1 > best.1 { s } else { best });
+            (
+                BoundKind::Cpu,
+                format!(
+                    "bound by CPU: {:.1} of {} cores busy on average, most of it {stage} ({:.0}% of the CPU time)",
+                    cpu_threads,
+                    f.cores,
+                    secs / (f.chunk_hash + f.compress + f.encrypt).max(1e-9) * 100.0
+                ),
+            )
+        }
         BoundKind::Scan => (
             BoundKind::Scan,
             format!(
@@ -311,7 +324,13 @@ mod tests {
             dest_busy: 3.0,
             ..facts()
         };
-        assert_eq!(analyze(&f).kind, BoundKind::Cpu);
+        let b = analyze(&f);
+        assert_eq!(b.kind, BoundKind::Cpu);
+        assert!(
+            b.summary.contains("most of it chunking and hashing (44% of the CPU time)"),
+            "{}",
+            b.summary
+        );
     }
 
     #[test]
