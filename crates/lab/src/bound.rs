@@ -327,7 +327,8 @@ mod tests {
         let b = analyze(&f);
         assert_eq!(b.kind, BoundKind::Cpu);
         assert!(
-            b.summary.contains("most of it chunking and hashing (44% of the CPU time)"),
+            b.summary
+                .contains("most of it chunking and hashing (44% of the CPU time)"),
             "{}",
             b.summary
         );
