@@ -8,22 +8,35 @@
 # and for a full restore from the destination with a cold cache into a new
 # directory (the model alone).
 #
-#   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--output FILE]
+#   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--dests "SMB SFTP S3"]
+#                     [--repeat N] [--cold] [--pin] [--output FILE]
+#
+# --repeat N runs the estimate N times in a row (each in a new scratch
+# directory) and reports the median prediction and the spread of the
+# initial one; --cold drops the page cache (root only) before the first
+# estimate, before the initial backup and before the restore; --pin gives
+# the servers a core of their own, as a NAS has its own CPU.
 #
 # Datasets:
-#   small  10,000 x 50 KiB random files
-#   mixed  ~300 MB: 8 KiB, 256 KiB and 8 MiB files, half compressible
-#   docs   the Rust std HTML docs from ~/.rustup (~8,000 files, ~120 MB)
+#   small      10,000 x 50 KiB random files
+#   mixed      ~300 MB: 8 KiB, 256 KiB and 8 MiB files, half compressible
+#   docs       the Rust std HTML docs from ~/.rustup (~8,000 files, ~120 MB)
+#   toolchain  a Rust toolchain's whole share/doc (~52,000 files, ~670 MB):
+#              a tree the model was not fitted on
 # The hourly run adds 100 files of 50 KiB (5 MB), which is what estimate
 # is told to assume (--hourly-files 100 --hourly-bytes 5000K).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10" sets="small mixed docs" output=""
+rtts="2 10" sets="small mixed docs" output="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
     --sets) sets=$2; shift ;;
+    --dests) dests=$2; shift ;;
+    --repeat) repeat=$2; shift ;;
+    --cold) cold=1 ;;
+    --pin) pin_it=1 ;;
     --output) output=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -39,6 +52,12 @@ use_servers
 # Restores, the estimate's own sample restores among them, go to a
 # journaled ext4 file system when one can be mounted (see scratch_disk).
 scratch_disk "$work/disk" 32
+if [ "$pin_it" = 1 ]; then pin_servers; fi
+drop_caches() {
+  [ "$cold" = 1 ] || return 0
+  sync
+  echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || echo "--cold: cannot drop the page cache (not root?)" >&2
+}
 
 export CAPSULE_PASSWORD=bench
 export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
@@ -77,6 +96,7 @@ for size, count in ((8 << 10, 3600), (256 << 10, 360), (8 << 20, 22)):
 PY
     ;;
     docs) cp -r "$(ls -d ~/.rustup/toolchains/*/share/doc/rust/html/std | head -1)" "$dir/std" ;;
+    toolchain) cp -r "$(ls -d ~/.rustup/toolchains/stable-*/share/doc | head -1)" "$dir/doc" ;;
   esac
   echo "$dir"
 }
@@ -92,7 +112,7 @@ for set in $sets; do
   files=$(find "$data" -type f | wc -l)
   for rtt in $rtts; do
     proxies "est-$set-$rtt" "$rtt"
-    for dest in SMB SFTP S3; do
+    for dest in $dests; do
       r=est-$set-$rtt-$RANDOM
       case $dest in
         SMB) url="smb://backup@$smb/backup/$r" ;;
@@ -101,37 +121,50 @@ for set in $sets; do
       esac
       export CAPSULE_STATE_DIR=$work/state-$r CAPSULE_CACHE_DIR=$work/cache-$r
       est() {
-        TMPDIR=$work/disk "$capsule" estimate "$data" --to "$url" --hourly-files 100 --hourly-bytes 5000K --json |
-          python3 -c 'import json,sys; p=json.load(sys.stdin)["predicted"]; print(p["initial"], p["hourly"], p["restore"])'
+        TMPDIR=$work/disk "${pin[@]}" "$capsule" estimate "$data" --to "$url" --hourly-files 100 --hourly-bytes 5000K --json |
+          python3 -c 'import json,sys; p=json.load(sys.stdin)["predicted"]; print(p["initial"], p["hourly"], p["restore"], p.get("no_change", 0))'
       }
-      read -r p_init p_hour p_rest < <(est)
-      "$capsule" -r "$url" -q init
-      t0=$EPOCHREALTIME; "$capsule" -r "$url" -q backup "$data"; t1=$EPOCHREALTIME
+      drop_caches
+      inits=() hours=() rests=() nochs=()
+      for ((k = 0; k < repeat; k++)); do
+        read -r a b c d < <(est)
+        inits+=("$a") hours+=("$b") rests+=("$c") nochs+=("$d")
+      done
+      med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+      p_init=$(med "${inits[@]}") p_hour=$(med "${hours[@]}") p_rest=$(med "${rests[@]}") p_noch=$(med "${nochs[@]}")
+      spread=$(python3 -c "v=[$(IFS=,; echo "${inits[*]}")]; m=$p_init; print('±%.0f%%' % (max(abs(x-m) for x in v)/m*100))")
+      "${pin[@]}" "$capsule" -r "$url" -q init
+      drop_caches
+      t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q backup "$data"; t1=$EPOCHREALTIME
       a_init=$(secs "$t0" "$t1")
+      sleep 1.1 # past the re-read window: nothing is read again
+      t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q backup "$data"; t1=$EPOCHREALTIME
+      a_noch=$(secs "$t0" "$t1")
       # An hourly run: 100 new files, then a second one, predicted by the
       # estimate corrected from the two runs before it.
       hour() {
         local d=$data/hourly-$r-$1
         mkdir -p "$d"
         for i in $(seq 1 100); do head -c 51200 /dev/urandom >"$d/f$i"; done
-        t0=$EPOCHREALTIME; "$capsule" -r "$url" -q backup "$data"; t1=$EPOCHREALTIME
+        t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q backup "$data"; t1=$EPOCHREALTIME
         secs "$t0" "$t1"
       }
       a_hour=$(hour 1)
-      read -r _ c_hour _ < <(est)
+      read -r _ c_hour _ _ < <(est)
       a_hour2=$(hour 2)
       rm -rf "$data"/hourly-"$r"-*
       out=$work/disk/restored-$r
-      t0=$EPOCHREALTIME; "$capsule" -r "$url" -q --no-cache restore latest --target "$out"; t1=$EPOCHREALTIME
+      drop_caches
+      t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q --no-cache restore latest --target "$out"; t1=$EPOCHREALTIME
       a_rest=$(secs "$t0" "$t1")
       # Without the journaled scratch file system, kept until the set is
       # done: on ext4 without a journal, creating files just after deleting
       # many is slow for minutes, which would land on the next row.
       if [ "$scratch_journaled" = 1 ]; then rm -rf "$out"; fi
       row=$(python3 -c "
-pi,ai,ph,ah,ch,ah2,pr,ar=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest
+pi,ai,ph,ah,ch,ah2,pr,ar,pn,an=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest,$p_noch,$a_noch
 e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
-print('| $set ($files files) | $dest | $rtt ms | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, ai, e(pi,ai), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, ar, e(pr,ar)))")
+print('| $set ($files files) | $dest | $rtt ms | %.2f | $spread | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, ar, e(pr,ar)))")
       rows+=("$row")
       echo "$row" >&2
       case $dest in
@@ -144,12 +177,12 @@ print('| $set ($files files) | $dest | $rtt ms | %.2f | %.2f | %s | %.2f | %.2f 
 done
 
 {
-  echo "Estimator accuracy ($(nproc) cores, $(date -u +%Y-%m-%d), capsule $("$capsule" --version | cut -d' ' -f2)):"
+  echo "Estimator accuracy ($(nproc) cores, $(date -u +%Y-%m-%d), capsule $("$capsule" --version | cut -d' ' -f2)$([ "$pin_it" = 1 ] && echo ", servers pinned to a core of their own")$([ "$cold" = 1 ] && echo ", page cache dropped before the first estimate, the initial backup and the restore")); estimates per row: $repeat (median; spread = farthest from it):"
   echo "predicted = \`capsule estimate\` with no history; actual = wall time of \`capsule backup\`;"
   echo "hourly = 100 new 50 KiB files; 2nd hourly = 100 more, predicted by the estimate re-run after the first two runs were recorded (corrected by history)."
   echo "Restores and the estimate's samples: $([ "$scratch_journaled" = 1 ] && echo "a journaled ext4 file system on a loop device (direct I/O)" || echo "this machine's disk")."
   echo
-  echo "| dataset | destination | RTT | initial predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | actual s | error |"
-  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| dataset | destination | RTT | initial predicted s | spread | actual s | error | no-change predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | actual s | error |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
 } | tee "${output:-/dev/null}"
