@@ -132,6 +132,7 @@ for set in $sets; do
       done
       med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
       p_init=$(med "${inits[@]}") p_hour=$(med "${hours[@]}") p_rest=$(med "${rests[@]}") p_noch=$(med "${nochs[@]}")
+      echo "estimates: initial ${inits[*]}; no-change ${nochs[*]}; restore ${rests[*]}" >&2
       spread=$(python3 -c "v=[$(IFS=,; echo "${inits[*]}")]; m=$p_init; print('±%.0f%%' % (max(abs(x-m) for x in v)/m*100))")
       "${pin[@]}" "$capsule" -r "$url" -q init
       drop_caches
@@ -163,8 +164,9 @@ for set in $sets; do
       if [ "$scratch_journaled" = 1 ]; then rm -rf "$out"; fi
       row=$(python3 -c "
 pi,ai,ph,ah,ch,ah2,pr,ar,pn,an=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest,$p_noch,$a_noch
+sp='$spread'
 e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
-print('| $set ($files files) | $dest | $rtt ms | %.2f | $spread | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, ar, e(pr,ar)))")
+print('| $set ($files files) | $dest | $rtt ms | %.2f | %s | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, sp, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, ar, e(pr,ar)))")
       rows+=("$row")
       echo "$row" >&2
       case $dest in

@@ -450,7 +450,7 @@ pub fn predict(
 
 /// Leaf directories (no subdirectories) holding small files, spread over
 /// the source, with about `want` files in all.
-fn small_dirs(files: &[(PathBuf, u64)], want: u64) -> Vec<PathBuf> {
+fn small_dirs(files: &[(PathBuf, u64)], want: u64, seed: u64) -> Vec<PathBuf> {
     use std::collections::BTreeMap;
     let mut per_dir: BTreeMap<&Path, (u64, u64)> = BTreeMap::new();
     for (p, n) in files {
@@ -481,7 +481,11 @@ fn small_dirs(files: &[(PathBuf, u64)], want: u64) -> Vec<PathBuf> {
     let mut taken = vec![false; leaves.len()];
     let mut out = Vec::new();
     let mut got = 0;
-    let mut offset = 0;
+    // Where the first pass starts: random, so that estimates in a row
+    // sample other files, and one run after another still sees a cold
+    // source as cold (the files a first estimate read are warm after it,
+    // the rest of the source is not).
+    let mut offset = (seed % step as u64) as usize;
     let mut stride = step;
     while got < want && offset < leaves.len() {
         for (i, (d, n)) in leaves.iter().enumerate().skip(offset).step_by(step) {
@@ -506,13 +510,32 @@ fn small_dirs(files: &[(PathBuf, u64)], want: u64) -> Vec<PathBuf> {
 pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
     // Small sample: whole leaf directories of small files, about 1,000
     // files, backed up the way the source will be.
-    let small = small_dirs(files, 1000);
-    // Large sample: the largest files, up to 96 MiB.
+    let mut seed = [0u8; 8];
+    let _ = getrandom::fill(&mut seed);
+    let mut seed = u64::from_le_bytes(seed) | 1;
+    let small = small_dirs(files, 1000, seed);
+    // Large sample: up to 96 MiB of large files, drawn at random from the
+    // largest (those making up four times that), for the same reason.
     let mut by_size: Vec<&(PathBuf, u64)> = files.iter().filter(|(_, n)| *n > 64 << 10).collect();
     by_size.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let mut pool_bytes = 0u64;
+    let pool = by_size
+        .iter()
+        .take_while(|(_, n)| {
+            pool_bytes += n;
+            pool_bytes - n < 4 * (96 << 20)
+        })
+        .count();
+    let pool = &mut by_size[..pool];
+    for i in (1..pool.len()).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        pool.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
     let mut large = Vec::new();
     let mut large_bytes = 0u64;
-    for (p, n) in by_size {
+    for (p, n) in pool.iter() {
         if large_bytes >= 96 << 20 || large.len() >= 200 {
             break;
         }
