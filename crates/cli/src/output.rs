@@ -19,8 +19,10 @@ pub struct Output {
     pub json: bool,
     /// Suppress non-essential text.
     pub quiet: bool,
-    /// Warnings given so far, also put in the JSON document (`notices`).
-    notices: std::sync::Mutex<Vec<String>>,
+    /// Warnings given so far, also put in the JSON document (`notices`,
+    /// the first [`NOTICES_KEPT`]), and how many more there were
+    /// (`notices_omitted`).
+    notices: std::sync::Mutex<(Vec<String>, u64)>,
 }
 
 impl Output {
@@ -51,10 +53,17 @@ impl Output {
         if self.json {
             // Every warning printed on stderr is in the document too, so
             // a script reading JSON misses none of them.
-            let notices = self.notices.lock().map(|n| n.clone()).unwrap_or_default();
+            let (notices, omitted) = self
+                .notices
+                .lock()
+                .map(|n| (n.0.clone(), n.1))
+                .unwrap_or_default();
             let v = match serde_json::to_value(v) {
                 Ok(serde_json::Value::Object(mut m)) if !notices.is_empty() => {
                     m.entry("notices").or_insert(notices.into());
+                    if omitted > 0 {
+                        m.entry("notices_omitted").or_insert(omitted.into());
+                    }
                     serde_json::Value::Object(m)
                 }
                 Ok(v) => v,
@@ -71,7 +80,14 @@ impl Output {
     pub fn warn(&self, s: impl AsRef<str>) {
         eprintln!("warning: {}", s.as_ref());
         if let Ok(mut n) = self.notices.lock() {
-            n.push(s.as_ref().to_string());
+            // A run with 100,000 unreadable files warns 100,000 times (each
+            // also in the report's own `warnings`): the document keeps the
+            // first ones and counts the rest.
+            if n.0.len() < NOTICES_KEPT {
+                n.0.push(s.as_ref().to_string());
+            } else {
+                n.1 += 1;
+            }
         }
     }
 
@@ -192,6 +208,9 @@ fn fmt_secs(s: f64) -> String {
         format!("{s}s")
     }
 }
+
+/// How many warnings the JSON document repeats in `notices`.
+pub const NOTICES_KEPT: usize = 100;
 
 /// A running progress display; finished on drop.
 pub struct ProgressHandle {

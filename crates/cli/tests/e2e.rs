@@ -197,6 +197,13 @@ fn unreadable_file_gives_incomplete_snapshot() {
     std::fs::write(src.join("readable"), b"fine").unwrap();
     std::fs::write(src.join("secret"), b"no").unwrap();
     std::fs::set_permissions(src.join("secret"), std::fs::Permissions::from_mode(0o000)).unwrap();
+    // 150 of them: the JSON document repeats the first 100 warnings and
+    // counts the rest (the report's own `warnings` has them all).
+    for i in 1..150 {
+        let p = src.join(format!("secret{i}"));
+        std::fs::write(&p, b"no").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
+    }
     init(&repo);
     // Run as an unprivileged user when we are root, so permissions apply.
     let o = if is_root() {
@@ -211,6 +218,7 @@ fn unreadable_file_gives_incomplete_snapshot() {
             .args([
                 "--repo",
                 repo.to_str().unwrap(),
+                "--json",
                 "backup",
                 src.to_str().unwrap(),
             ])
@@ -219,10 +227,14 @@ fn unreadable_file_gives_incomplete_snapshot() {
             .output()
             .unwrap()
     } else {
-        capsule(&repo, &["backup", src.to_str().unwrap()])
+        capsule(&repo, &["--json", "backup", src.to_str().unwrap()])
     };
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(3), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 150, "{v}");
+    assert_eq!(v["notices"].as_array().unwrap().len(), 100);
+    assert!(v["notices_omitted"].as_u64().unwrap() >= 50, "{v}");
     assert!(
         err.contains("secret") && err.contains("Permission denied"),
         "{err}"
