@@ -674,6 +674,18 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
         }
     };
     let (id, snap) = resolve(&repo, out, &a.snapshot)?;
+    if a.delete {
+        // Snapshot paths are kept as text; one that was not UTF-8 is kept
+        // with U+FFFD in place of its bad bytes and matches no directory
+        // restored under its real name. Matching it loosely could reach a
+        // sibling whose name differs only there, so it is left out of the
+        // deletion, and the user is told.
+        for p in snap.paths.iter().filter(|p| p.contains('\u{FFFD}')) {
+            out.warn(format!(
+                "--delete: the source path {p:?} is not valid UTF-8 in this snapshot; nothing below it is deleted (remove what the snapshot does not hold there by hand)"
+            ));
+        }
+    }
     let (mut index, bad) = repo.load_index()?;
     capsule_engine::prune::add_marked_packs(&repo, &mut index)?;
     for e in &bad {

@@ -418,6 +418,39 @@ fn delete_spares_a_sibling_of_two_sources() {
     assert!(!dir.join("b/extra").exists());
 }
 
+/// A source whose name is not UTF-8 is kept in the snapshot with U+FFFD:
+/// `--delete` cannot match it exactly, so it deletes nothing below it (a
+/// loose match could reach a sibling differing only there) and says so.
+#[test]
+fn delete_below_a_source_that_is_not_utf8_is_skipped_and_said() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    let src = t.path().join(std::ffi::OsStr::from_bytes(b"src-\xff"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"f").unwrap();
+    init(&repo);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
+        .arg("--repo")
+        .arg(&repo)
+        .arg("backup")
+        .arg(&src)
+        .env("CAPSULE_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let target = t.path().join("target");
+    restore_json(&repo, &target, &[]);
+    let dir = target.join(src.strip_prefix("/").unwrap());
+    assert!(dir.join("f").exists(), "restored under its real name");
+    std::fs::write(dir.join("extra"), b"x").unwrap();
+    let r = restore_json(&repo, &target, &["--delete"]);
+    assert_eq!(n(&r, "deleted"), 0, "{r}");
+    assert!(dir.join("extra").exists());
+    let notices = r["notices"].to_string();
+    assert!(notices.contains("not valid UTF-8"), "{r}");
+}
+
 /// A snapshot whose source is `/` puts the whole target in scope: what the
 /// target holds beyond the snapshot goes, at its top too. (`/` itself is
 /// backed up with everything but the test's own tree excluded.)
