@@ -436,6 +436,11 @@ fn delete_below_a_source_that_is_not_utf8_is_skipped_and_said() {
         .arg("backup")
         .arg(&src)
         .env("CAPSULE_PASSWORD", PASSWORD)
+        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
+        .env(
+            "CAPSULE_STATE_DIR",
+            repo.with_extension("cache").join("state"),
+        )
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
