@@ -462,13 +462,10 @@ fn small_dirs(files: &[(PathBuf, u64)], want: u64, seed: u64) -> Vec<PathBuf> {
             }
         }
     }
-    // A leaf holding more than the whole sample (/usr/share has one of
-    // 18,000 files) would be the sample by itself, and a slow one.
     let leaves: Vec<(&Path, u64)> = per_dir
         .iter()
-        .filter(|(d, (all, small))| {
+        .filter(|(d, (_, small))| {
             *small > 0
-                && *all <= want
                 && std::fs::read_dir(d).is_ok_and(|rd| {
                     rd.flatten()
                         .all(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
@@ -516,7 +513,7 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
     let mut seed = [0u8; 8];
     let _ = getrandom::fill(&mut seed);
     let mut seed = u64::from_le_bytes(seed) | 1;
-    let small = small_dirs(files, 3000, seed);
+    let small = small_dirs(files, 1000, seed);
     // Large sample: up to 96 MiB of large files, drawn at random from the
     // largest (those making up four times that), for the same reason.
     let mut by_size: Vec<&(PathBuf, u64)> = files.iter().filter(|(_, n)| *n > 64 << 10).collect();
@@ -585,8 +582,8 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
             )?);
             crate::check_interrupt()?;
         }
-        let first = pick_round(&firsts);
-        let second = pick_round(&seconds);
+        let first = pick_round(&firsts).clone();
+        let second = pick_round(&seconds).clone();
         Ok(Some((first, second)))
     };
     // Restores of the same samples from their local repositories: the
@@ -740,30 +737,26 @@ const SAMPLE_ROUNDS: usize = 3;
 
 /// The round of a sample that stands for the backup being predicted.
 ///
-/// The rounds did the same work, so the median round discounts one
-/// disturbed by something else on the machine. But the first round also
-/// shows what the source costs to read as it is now: the samples are drawn
-/// at random, so a first round that read slower than the others met the
-/// source cold, and the backup will meet the rest of it cold too. How much
-/// of the first round's read time the warm rounds did not need (0 when it
-/// read no slower, near 1 when it read from the disk) is how far the
-/// result moves from the median round toward the first: continuous, so
-/// that a little noise in `read` moves an estimate a little, not across a
-/// threshold.
-pub fn pick_round(rounds: &[RunRecord]) -> RunRecord {
+/// A first round that read the source cold (its threads spent at least
+/// twice as long in `read` as the others', and over 20 ms more) shows what
+/// the source costs to read as it is now: the backup will read it cold too,
+/// so that round stands. Otherwise the median round: the rounds did the
+/// same work, and one disturbed by something else on the machine is
+/// discounted.
+pub fn pick_round(rounds: &[RunRecord]) -> &RunRecord {
     let mut by_time: Vec<&RunRecord> = rounds.iter().collect();
     by_time.sort_by(|a, b| a.backup_secs.total_cmp(&b.backup_secs));
-    let mut picked = by_time[by_time.len() / 2].clone();
+    let middle = by_time[by_time.len() / 2];
     if let Some((first, rest)) = rounds.split_first() {
         let mut warm: Vec<f64> = rest.iter().map(|r| r.stages.read).collect();
-        if !warm.is_empty() && first.stages.read > 0.0 {
+        if !warm.is_empty() {
             let warm = median(&mut warm);
-            let cold_share = ((first.stages.read - warm) / first.stages.read).clamp(0.0, 1.0);
-            let extra = (first.backup_secs - picked.backup_secs).max(0.0);
-            picked.backup_secs += cold_share * extra;
+            if first.stages.read > 2.0 * warm && first.stages.read - warm > 0.02 {
+                return first;
+            }
         }
     }
-    picked
+    middle
 }
 
 /// Cost per file and per byte from the small and the large restore sample,
@@ -1284,28 +1277,23 @@ mod tests {
 
     /// Recorded sample rounds: a round disturbed by something else is
     /// discounted (the median stands), and a first round that read the
-    /// source cold is recognised and counts for nearly all of it (the
-    /// backup will read the source cold too).
+    /// source cold is recognised and stands for the backup, which will
+    /// read it cold too.
     #[test]
     fn a_noisy_round_is_discounted_and_a_cold_one_recognised() {
-        let near = |a: f64, b: f64| (a - b).abs() < 1e-9;
         // Warm rounds, the second disturbed: the median.
         let warm = [round(0.20, 0.010), round(0.41, 0.012), round(0.21, 0.011)];
-        assert!(near(pick_round(&warm).backup_secs, 0.21));
-        // The first read cold: 0.30 s in `read` against 0.011 s after:
-        // 96% of the way from the median to it.
+        assert_eq!(pick_round(&warm).backup_secs, 0.21);
+        // The first read cold: 0.30 s in `read` against 0.01 s after.
         let cold = [round(0.55, 0.30), round(0.20, 0.010), round(0.21, 0.011)];
-        let t = pick_round(&cold).backup_secs;
-        assert!(near(t, 0.21 + (0.289 / 0.30) * 0.34), "{t}");
-        // A first round a little slower to read moves it a little.
-        let close = [round(0.30, 0.014), round(0.20, 0.010), round(0.21, 0.011)];
-        let t = pick_round(&close).backup_secs;
-        assert!(t > 0.21 && t < 0.25, "{t}");
-        // A first round that read no slower: the median, however long it
-        // took otherwise.
-        let busy = [round(0.40, 0.009), round(0.20, 0.010), round(0.21, 0.011)];
-        assert!(near(pick_round(&busy).backup_secs, 0.21));
+        assert_eq!(pick_round(&cold).backup_secs, 0.55);
+        // Slower reads that are not twice the warm ones, or only a few
+        // milliseconds more: not cold, the median.
+        let close = [round(0.30, 0.018), round(0.20, 0.010), round(0.21, 0.011)];
+        assert_eq!(pick_round(&close).backup_secs, 0.21);
+        let tiny = [round(0.22, 0.004), round(0.20, 0.001), round(0.21, 0.001)];
+        assert_eq!(pick_round(&tiny).backup_secs, 0.21);
         // One round: that round.
-        assert!(near(pick_round(&warm[..1]).backup_secs, 0.20));
+        assert_eq!(pick_round(&warm[..1]).backup_secs, 0.20);
     }
 }
