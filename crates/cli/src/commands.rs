@@ -686,6 +686,8 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
             ));
         }
     }
+    // Then the restore did less than asked: it says so in its exit code.
+    let delete_skipped = a.delete && snap.paths.iter().any(|p| p.contains('\u{FFFD}'));
     let (mut index, bad) = repo.load_index()?;
     capsule_engine::prune::add_marked_packs(&repo, &mut index)?;
     for e in &bad {
@@ -736,7 +738,11 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
             r.kept,
             r.deleted
         ));
-        return Ok(exit::OK);
+        return Ok(if delete_skipped {
+            exit::INCOMPLETE
+        } else {
+            exit::OK
+        });
     }
     out.say(format!(
         "restored snapshot {} to {}: {} files, {} dirs, {} others, {} in {:.2}s",
@@ -790,7 +796,12 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
             f.bound.evidence
         ));
     }
-    if r.errors.is_empty() {
+    if r.errors.is_empty() && delete_skipped {
+        eprintln!(
+            "capsule: restore incomplete: --delete left a source that is not valid UTF-8 untouched (named above)"
+        );
+        Ok(exit::INCOMPLETE)
+    } else if r.errors.is_empty() {
         Ok(exit::OK)
     } else {
         eprintln!(

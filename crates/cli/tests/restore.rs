@@ -449,7 +449,26 @@ fn delete_below_a_source_that_is_not_utf8_is_skipped_and_said() {
     let dir = target.join(src.strip_prefix("/").unwrap());
     assert!(dir.join("f").exists(), "restored under its real name");
     std::fs::write(dir.join("extra"), b"x").unwrap();
-    let r = restore_json(&repo, &target, &["--delete"]);
+    let o = capsule(
+        &repo,
+        &[
+            "--no-cache",
+            "--json",
+            "restore",
+            "latest",
+            "--target",
+            target.to_str().unwrap(),
+            "--delete",
+        ],
+    );
+    // Less than asked was done: exit 3 (incomplete), not 0.
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(n(&r, "deleted"), 0, "{r}");
     assert!(dir.join("extra").exists());
     let notices = r["notices"].to_string();
