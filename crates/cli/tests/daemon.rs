@@ -133,6 +133,45 @@ impl World {
     }
 }
 
+impl World {
+    /// Moves the clock to each of `minutes` past T0 while the destination
+    /// is away, and waits (bounded) each time until the daemon plans its
+    /// next retry later than the one before ("skipped, retrying", backing
+    /// off); then checks that it said so once, not at every retry.
+    fn retries_while_away(&self, d: &mut Daemon, log: &str, minutes: &[i64]) {
+        let mut planned = 0;
+        for m in minutes {
+            let clock = T0 + m * 60;
+            self.set_clock(clock);
+            let deadline = Instant::now() + Duration::from_secs(90);
+            loop {
+                let o = self.cmd(&["--json", "status"]).output().unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+                let p = &v["profiles"][0];
+                if let (Some(at), Some(why)) =
+                    (p["next_backup_unix"].as_i64(), p["waiting_for"].as_str())
+                {
+                    if at > clock && at > planned {
+                        assert!(why.contains("cannot be reached"), "{why}");
+                        planned = at;
+                        break;
+                    }
+                }
+                assert!(Instant::now() < deadline, "{}", self.log(log));
+                assert!(d.try_wait().unwrap().is_none(), "{}", self.log(log));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            self.log(log).matches("cannot be reached").count(),
+            1,
+            "{}",
+            self.log(log)
+        );
+    }
+}
+
 /// A daemon the test started: killed when dropped, so a failing test
 /// leaves no daemon running.
 struct Daemon(Option<Child>);
@@ -293,41 +332,7 @@ fn an_unreachable_destination_is_skipped_and_retried_then_run_once() {
     // Retries after 1, 2, 4 minutes fail quietly. Each is waited for until
     // the daemon says when it retries next (in `status`), so the clock
     // moves on only then.
-    let next = || {
-        let o = w.cmd(&["--json", "status"]).output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        let p = &v["profiles"][0];
-        (
-            p["next_backup_unix"].as_i64(),
-            p["waiting_for"].as_str().map(String::from),
-        )
-    };
-    let mut planned = T0;
-    for m in [0, 2, 4, 8] {
-        let clock = T0 + m * 60;
-        w.set_clock(clock);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            // A retry planned after this run: later than the last one.
-            let (at, why) = next();
-            if let (Some(at), Some(why)) = (at, why) {
-                if at > clock && at > planned {
-                    assert!(why.contains("cannot be reached"), "{why}");
-                    planned = at;
-                    break;
-                }
-            }
-            assert!(Instant::now() < deadline, "{}", w.log("u.log"));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
-        w.log("u.log").matches("cannot be reached").count(),
-        1,
-        "{}",
-        w.log("u.log")
-    );
+    w.retries_while_away(&mut d, "u.log", &[0, 2, 4, 8]);
     let o = w.cmd(&["--json", "status"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["profiles"][0]["last_run"]["result"], "skipped", "{v}");
@@ -741,34 +746,7 @@ fn a_stopped_smb_server_is_retried_and_once_back_backed_up_once() {
     smb.stop();
     // Due an hour later, with the server stopped: skipped, retried at
     // growing intervals, said once.
-    let next = || {
-        let o = w.cmd(&["--json", "status"]).output().unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-        v["profiles"][0]["next_backup_unix"].as_i64()
-    };
-    let mut planned = 0;
-    for m in [60, 62, 64] {
-        let clock = T0 + m * 60;
-        w.set_clock(clock);
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            if let Some(at) = next() {
-                if at > clock && at > planned {
-                    planned = at;
-                    break;
-                }
-            }
-            assert!(Instant::now() < deadline, "{}", w.log("s.log"));
-            assert!(d.try_wait().unwrap().is_none(), "{}", w.log("s.log"));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    assert_eq!(
-        w.log("s.log").matches("cannot be reached").count(),
-        1,
-        "{}",
-        w.log("s.log")
-    );
+    w.retries_while_away(&mut d, "s.log", &[60, 62, 64]);
     // Started again: one run at the next retry (15 minutes at most).
     smb.start();
     let t = T0 + 90 * 60;

@@ -22,18 +22,7 @@ use capsule_format::{BlobId, BlobType};
 
 const PW: &[u8] = b"library";
 
-fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(n + 8);
-    while v.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(n);
-    v
-}
+use capsule_testkit::noise;
 
 /// A repository in memory with small chunks and packs, opened through the
 /// request accounting.
