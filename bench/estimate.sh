@@ -8,7 +8,7 @@
 # and for a full restore from the destination with a cold cache into a new
 # directory (the model alone).
 #
-#   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--dests "SMB SFTP S3"]
+#   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--dests "Local SMB SFTP S3"]
 #                     [--repeat N] [--cold] [--pin] [--output FILE]
 #
 # --repeat N runs the estimate N times in a row (each in a new scratch
@@ -116,8 +116,12 @@ for set in $sets; do
   for rtt in $rtts; do
     proxies "est-$set-$rtt" "$rtt"
     for dest in $dests; do
+      # The local disk has no round trip to vary: one row, at the first RTT.
+      if [ "$dest" = Local ] && [ "$rtt" != "${rtts%% *}" ]; then continue; fi
       r=est-$set-$rtt-$RANDOM
+      shown_rtt="$rtt ms"
       case $dest in
+        Local) url=$work/local-$r shown_rtt="—" ;;
         SMB) url="smb://backup@$smb/backup/$r" ;;
         SFTP) url="sftp://root@$sftp$CAPSULE_TEST_SFTP_DIR/$r" ;;
         S3) url="s3+http://$s3/capsule-test/$r" ;;
@@ -169,12 +173,13 @@ for set in $sets; do
 pi,ai,ph,ah,ch,ah2,pr,ar,pn,an=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest,$p_noch,$a_noch
 sp='$spread'
 e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
-print('| $set ($files files) | $dest | $rtt ms | %.2f | %s | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, sp, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, ar, e(pr,ar)))")
+print('| $set ($files files) | $dest | $shown_rtt | %.2f | %s | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, sp, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, ar, e(pr,ar)))")
       rows+=("$row")
       echo "$row" >&2
       case $dest in
         SMB) rm -rf "${CAPSULE_TEST_SMB_DIR:?}/$r" ;;
         SFTP) rm -rf "${CAPSULE_TEST_SFTP_DIR:?}/$r" ;;
+        Local) rm -rf "$url" ;;
       esac
     done
   done
