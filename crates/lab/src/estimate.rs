@@ -121,6 +121,17 @@ pub struct Calibration {
     pub per_file: f64,
     /// Seconds per byte read.
     pub per_byte: f64,
+    /// Seconds per file and per byte reading the samples cold (their pages
+    /// dropped from the page cache first) and warm.
+    #[serde(default)]
+    pub cold: (f64, f64),
+    /// See `cold`.
+    #[serde(default)]
+    pub warm: (f64, f64),
+    /// The share of the source in the page cache now, by which `per_file`
+    /// and `per_byte` blend the warm costs with the cold ones.
+    #[serde(default)]
+    pub cached_share: f64,
     /// Seconds per unchanged file in a run with a parent.
     pub per_unchanged_file: f64,
     /// Bytes stored per byte read (compression; new data).
@@ -570,12 +581,18 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
     let password = crate::random_hex(16).into_bytes();
     // Each sample is backed up three times, each into a new repository
     // (so each round does the whole work), then re-run with nothing
-    // changed. One round alone moved the per-file cost by 2x from one
-    // estimate to the next; see `pick_round` for which round stands.
-    let sample = |name: &str, paths: &[PathBuf]| -> Result<Option<(RunRecord, RunRecord)>> {
+    // changed. The first round reads the sample cold: its pages are
+    // dropped from the page cache first. The others read it warm. Which
+    // one the backup will meet depends on how much of the source is in
+    // the cache now (`cached_share`): the two are blended by that. One
+    // round alone, read cold or warm as it happened, moved the per-file
+    // cost by 2.4x between estimates in a row (the same sample measured
+    // 66 and 27 µs a file).
+    let sample = |name: &str, paths: &[PathBuf]| -> Result<Option<Rounds>> {
         if paths.is_empty() {
             return Ok(None);
         }
+        evict(paths);
         let cache = work.join("cache");
         let mut firsts = Vec::new();
         let mut seconds = Vec::new();
@@ -601,9 +618,12 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
             )?);
             crate::check_interrupt()?;
         }
-        let first = pick_round(&firsts).clone();
-        let second = pick_round(&seconds).clone();
-        Ok(Some((first, second)))
+        let (cold, warm) = cold_and_warm(&firsts);
+        Ok(Some(Rounds {
+            cold: cold.clone(),
+            warm: warm.clone(),
+            unchanged: pick_round(&seconds).clone(),
+        }))
     };
     // Restores of the same samples from their local repositories: the
     // median of three, each into a directory of its own, with the CPU
@@ -655,45 +675,25 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         Ok(rounds[rounds.len() / 2])
     };
     // What any run costs here with nothing to do.
-    let (e1, e2) = sample("empty", &[empty])?.expect("one path");
+    let e = sample("empty", &[empty])?.expect("one path");
     let s = sample("small", &small)?;
     let l = sample("large", &large)?;
-    let point = |r: &RunRecord| {
-        (
-            r.files_read as f64,
-            r.bytes_read as f64,
-            (r.backup_secs - e1.backup_secs).max(0.0),
-        )
-    };
-    let (per_file, per_byte) = match (&s, &l) {
-        (Some((s1, _)), Some((l1, _))) => {
-            let (f1, b1, t1) = point(s1);
-            let (f2, b2, t2) = point(l1);
-            let det = f1 * b2 - f2 * b1;
-            // Samples with the same bytes per file cannot separate the two
-            // costs; then charge bytes only.
-            let same_shape = f1 > 0.0 && f2 > 0.0 && ((b1 / f1) / (b2 / f2) - 1.0).abs() < 0.3;
-            let solved = (!same_shape && det.abs() > 1e-9)
-                .then(|| ((t1 * b2 - t2 * b1) / det, (f1 * t2 - f2 * t1) / det));
-            match solved {
-                Some((a, b)) if a >= 0.0 && b >= 0.0 => (a, b),
-                _ => (0.0, (t1 + t2) / (b1 + b2).max(1.0)),
-            }
-        }
-        (Some((s1, _)), None) => {
-            let (f, b, t) = point(s1);
-            if b > 0.0 {
-                (0.5 * t / f.max(1.0), 0.5 * t / b)
-            } else {
-                (t / f.max(1.0), 0.0)
-            }
-        }
-        (None, Some((l1, _))) => {
-            let (_, b, t) = point(l1);
-            (0.0, t / b.max(1.0))
-        }
-        (None, None) => (0.0, 0.0),
-    };
+    let share = cached_share(files, seed);
+    let (cold_file, cold_byte) = fit(
+        s.as_ref().map(|r| &r.cold),
+        l.as_ref().map(|r| &r.cold),
+        &e.warm,
+    );
+    let (warm_file, warm_byte) = fit(
+        s.as_ref().map(|r| &r.warm),
+        l.as_ref().map(|r| &r.warm),
+        &e.warm,
+    );
+    let blend = |cold: f64, warm: f64| share * warm + (1.0 - share) * cold;
+    let (per_file, per_byte) = (blend(cold_file, warm_file), blend(cold_byte, warm_byte));
+    let s = s.map(|r| (r.warm, r.unchanged));
+    let l = l.map(|r| (r.warm, r.unchanged));
+    let e2 = e.unchanged;
     let unchanged = s
         .as_ref()
         .or(l.as_ref())
@@ -740,6 +740,9 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
     Ok(Calibration {
         per_file,
         per_byte,
+        cold: (cold_file, cold_byte),
+        warm: (warm_file, warm_byte),
+        cached_share: share,
         per_unchanged_file: unchanged,
         stored_ratio: ratio.clamp(0.01, 1.2),
         samples: [dims(&s), dims(&l)],
@@ -749,6 +752,131 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         restore_cpu_per_byte,
         cores: crate::cpu::cores(),
     })
+}
+
+/// A sample's rounds: the first (read cold), a warm one, and a run with
+/// nothing changed.
+struct Rounds {
+    cold: RunRecord,
+    warm: RunRecord,
+    unchanged: RunRecord,
+}
+
+/// Seconds per file and per byte from the small and the large sample's
+/// run, less what a run of an empty source (`empty`) costs.
+fn fit(small: Option<&RunRecord>, large: Option<&RunRecord>, empty: &RunRecord) -> (f64, f64) {
+    let point = |r: &RunRecord| {
+        (
+            r.files_read as f64,
+            r.bytes_read as f64,
+            (r.backup_secs - empty.backup_secs).max(0.0),
+        )
+    };
+    match (small, large) {
+        (Some(s1), Some(l1)) => {
+            let (f1, b1, t1) = point(s1);
+            let (f2, b2, t2) = point(l1);
+            let det = f1 * b2 - f2 * b1;
+            // Samples with the same bytes per file cannot separate the two
+            // costs; then charge bytes only.
+            let same_shape = f1 > 0.0 && f2 > 0.0 && ((b1 / f1) / (b2 / f2) - 1.0).abs() < 0.3;
+            let solved = (!same_shape && det.abs() > 1e-9)
+                .then(|| ((t1 * b2 - t2 * b1) / det, (f1 * t2 - f2 * t1) / det));
+            match solved {
+                Some((a, b)) if a >= 0.0 && b >= 0.0 => (a, b),
+                _ => (0.0, (t1 + t2) / (b1 + b2).max(1.0)),
+            }
+        }
+        (Some(s1), None) => {
+            let (f, b, t) = point(s1);
+            if b > 0.0 {
+                (0.5 * t / f.max(1.0), 0.5 * t / b)
+            } else {
+                (t / f.max(1.0), 0.0)
+            }
+        }
+        (None, Some(l1)) => {
+            let (_, b, t) = point(l1);
+            (0.0, t / b.max(1.0))
+        }
+        (None, None) => (0.0, 0.0),
+    }
+}
+
+/// The round read cold (the first: its sample was just dropped from the
+/// page cache) and the warm one standing for the others (their median).
+pub fn cold_and_warm(rounds: &[RunRecord]) -> (&RunRecord, &RunRecord) {
+    let (first, rest) = rounds.split_first().expect("at least one round");
+    if rest.is_empty() {
+        return (first, first);
+    }
+    let mut by_time: Vec<&RunRecord> = rest.iter().collect();
+    by_time.sort_by(|a, b| a.backup_secs.total_cmp(&b.backup_secs));
+    // Of two, the faster: a warm round is only ever slowed by something
+    // else on the machine.
+    (first, by_time[(by_time.len() - 1) / 2])
+}
+
+/// Drops the pages of `paths` (files, or directories of files) from the
+/// page cache, so that the next read of them is a read from the disk, as
+/// it is for a source not read lately. Only clean pages go, and only as
+/// far as the kernel agrees: this is advice (`POSIX_FADV_DONTNEED`).
+fn evict(paths: &[PathBuf]) {
+    fn one(p: &Path) {
+        if let Ok(f) = std::fs::File::open(p) {
+            let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+        }
+    }
+    for p in paths {
+        match std::fs::read_dir(p) {
+            Ok(rd) => rd
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .for_each(|e| one(&e.path())),
+            Err(_) => one(p),
+        }
+    }
+}
+
+/// The share of the source's files whose first page is in the page cache,
+/// from up to 256 drawn at random: a read with `RWF_NOWAIT` succeeds only
+/// from the cache, and reads nothing from the disk when it fails (so it
+/// warms nothing). 0 where it cannot be told (an older kernel).
+fn cached_share(files: &[(PathBuf, u64)], mut seed: u64) -> f64 {
+    let nonempty: Vec<&PathBuf> = files
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(p, _)| p)
+        .collect();
+    if nonempty.is_empty() {
+        return 0.0;
+    }
+    let (mut cached, mut asked) = (0u32, 0u32);
+    let mut buf = [0u8; 1];
+    for _ in 0..256.min(nonempty.len()) {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let p = nonempty[(seed % nonempty.len() as u64) as usize];
+        let Ok(f) = std::fs::File::open(p) else {
+            continue;
+        };
+        let mut bufs = [std::io::IoSliceMut::new(&mut buf)];
+        match rustix::io::preadv2(&f, &mut bufs, 0, rustix::io::ReadWriteFlags::NOWAIT) {
+            Ok(_) => {
+                cached += 1;
+                asked += 1;
+            }
+            Err(rustix::io::Errno::AGAIN) => asked += 1,
+            // No RWF_NOWAIT here: say nothing is cached, the cautious side.
+            Err(_) => return 0.0,
+        }
+    }
+    if asked == 0 {
+        0.0
+    } else {
+        f64::from(cached) / f64::from(asked)
+    }
 }
 
 /// How many times each calibration sample is backed up.
@@ -1132,6 +1260,7 @@ mod tests {
             restore_cpu_per_file: 0.0,
             restore_cpu_per_byte: 0.0,
             cores: 0,
+            ..Calibration::default()
         }
     }
 
@@ -1351,5 +1480,42 @@ mod tests {
         assert_eq!(pick_round(&tiny).backup_secs, 0.21);
         // One round: that round.
         assert_eq!(pick_round(&warm[..1]).backup_secs, 0.20);
+    }
+
+    #[test]
+    fn the_first_round_is_the_cold_one_and_the_warm_one_is_not_the_disturbed() {
+        let rounds = [round(0.55, 0.30), round(0.41, 0.012), round(0.21, 0.011)];
+        let (cold, warm) = cold_and_warm(&rounds);
+        assert_eq!((cold.backup_secs, warm.backup_secs), (0.55, 0.21));
+        let (cold, warm) = cold_and_warm(&rounds[..1]);
+        assert_eq!((cold.backup_secs, warm.backup_secs), (0.55, 0.55));
+    }
+
+    #[test]
+    fn the_two_samples_tell_the_cost_per_file_from_the_cost_per_byte() {
+        // 1,000 small files and 100 MB: 50 µs a file and 4 ns a byte cold,
+        // 20 µs and 1 ns warm, over a fixed 0.1 s.
+        let run = |files: u64, bytes: u64, per_file: f64, per_byte: f64| RunRecord {
+            files_read: files,
+            bytes_read: bytes,
+            backup_secs: 0.1 + files as f64 * per_file + bytes as f64 * per_byte,
+            ..round(0.0, 0.0)
+        };
+        let empty = round(0.1, 0.0);
+        let (f, b) = fit(
+            Some(&run(1000, 10_000_000, 50e-6, 4e-9)),
+            Some(&run(100, 100_000_000, 50e-6, 4e-9)),
+            &empty,
+        );
+        assert!(
+            (f - 50e-6).abs() < 1e-9 && (b - 4e-9).abs() < 1e-13,
+            "{f} {b}"
+        );
+        let (wf, wb) = fit(
+            Some(&run(1000, 10_000_000, 20e-6, 1e-9)),
+            Some(&run(100, 100_000_000, 20e-6, 1e-9)),
+            &empty,
+        );
+        assert!((wf - 20e-6).abs() < 1e-9 && (wb - 1e-9).abs() < 1e-13);
     }
 }
