@@ -10,6 +10,7 @@
 //! * **commit**: after the saver has flushed (every pack durable and
 //!   indexed) the snapshot object is written, last.
 
+mod changes;
 mod exclude;
 mod walk;
 
@@ -29,6 +30,7 @@ use crate::repo::{hostname, username, Repository};
 use crate::timefmt::{now_precise, rfc3339};
 use crate::{EngineError, Result};
 
+pub use changes::{Changes, ScanReport};
 pub use exclude::Excludes;
 
 /// How a backup is run.
@@ -68,6 +70,12 @@ pub struct BackupOptions {
     /// blobs count as not stored, so a backup uploads them again instead
     /// of referencing lost data.
     pub damaged_packs: Vec<ObjectId>,
+    /// What a change journal says changed since the parent snapshot: only
+    /// that is listed again (see [`Changes`]). `None`: a full scan.
+    pub changes: Option<Changes>,
+    /// Why no journal is used, when one was asked for and the caller
+    /// already knows it cannot be (reported as the full scan's reason).
+    pub no_changes_because: Option<String>,
 }
 
 /// A problem with one source entry; the backup went on without it.
@@ -127,6 +135,12 @@ pub struct BackupReport {
     /// This machine's clock is behind the newest snapshot of the same host
     /// and paths (one of them is wrong): what was seen.
     pub clock_warning: Option<String>,
+    /// Whether a change journal spared the walk, and if not, why.
+    pub scan: ScanReport,
+    /// Directories holding files with more than one name (hard links),
+    /// which a journal-driven run lists every time (see [`Changes`]).
+    #[serde(skip)]
+    pub linked_dirs: Vec<PathBuf>,
 }
 
 #[derive(Default)]
@@ -141,6 +155,13 @@ pub(crate) struct Counters {
     files_changed: AtomicU64,
     files_unchanged: AtomicU64,
     trees_reused: AtomicU64,
+    dirs_listed: AtomicU64,
+    /// With a journal, entries of the parent that are gone or listed again
+    /// (the summary is the parent's, plus what was seen, less these).
+    gone_files: AtomicU64,
+    gone_dirs: AtomicU64,
+    gone_others: AtomicU64,
+    gone_bytes: AtomicU64,
     scan_ns: AtomicU64,
     read_ns: AtomicU64,
     hash_ns: AtomicU64,
@@ -170,6 +191,13 @@ pub(crate) struct Ctx<'a> {
     /// What the readers' look-ahead windows may hold together (see
     /// `walk::read_file`).
     windows: crate::mem::Budget,
+    /// The change journal the walk follows, if any.
+    changes: Option<&'a Changes>,
+    /// Set when the journal's walk cannot go on (a parent tree that cannot
+    /// be read): the walk is then done again in full.
+    journal_broken: Mutex<Option<String>>,
+    /// Directories listed that hold a file with several names.
+    linked: Mutex<Vec<PathBuf>>,
 }
 
 impl Ctx<'_> {
@@ -384,7 +412,46 @@ pub fn backup(
         .collect();
     let excludes = Excludes::new(&opts.excludes, opts.ignore_file.clone(), skip)?;
 
-    let estimator = if opts.estimate {
+    // A journal stands only for the parent it was cut for, and only when
+    // that parent read everything: entries it skipped (unreadable, or
+    // vanished while read) have no event to bring them back.
+    let mut no_journal = opts.no_changes_because.clone();
+    let changes = match (&opts.changes, &parent) {
+        (None, _) => None,
+        (Some(_), None) => {
+            no_journal = Some("there is no parent snapshot to compare with".into());
+            None
+        }
+        (Some(c), Some((id, s))) => {
+            if c.parent != id.to_hex() {
+                no_journal = Some(format!(
+                    "the parent snapshot {} was not made under this journal (it was cut for {})",
+                    id.short(),
+                    c.parent.get(..8).unwrap_or(&c.parent)
+                ));
+                None
+            } else if s.incomplete {
+                no_journal = Some(format!(
+                    "the parent snapshot {} is incomplete: a full scan tries its skipped entries again",
+                    id.short()
+                ));
+                None
+            } else if !packs_distrusted.is_empty() {
+                no_journal = Some(format!(
+                    "{} pack(s) are lost or damaged: a full scan stores their content again",
+                    packs_distrusted.len()
+                ));
+                None
+            } else if opts.force {
+                no_journal = Some("--force reads everything".into());
+                None
+            } else {
+                Some(c)
+            }
+        }
+    };
+
+    let estimator = if opts.estimate && changes.is_none() {
         Some(walk::spawn_estimator(
             sources.clone(),
             excludes.clone(),
@@ -395,13 +462,13 @@ pub fn backup(
         None
     };
 
-    let ctx = Ctx {
+    let new_ctx = |follow_journal: bool| Ctx {
         repo: &repo,
         index: &index,
         saver: &saver,
         chunker: repo.chunker(),
         opts,
-        excludes,
+        excludes: excludes.clone(),
         progress,
         counters: Counters::default(),
         warnings: Mutex::new(Vec::new()),
@@ -412,19 +479,40 @@ pub fn backup(
             .unwrap_or(i64::MIN),
         start_unix,
         windows: crate::mem::Budget::new(walk::windows_budget(repo.chunker().sizes().max, cores)),
+        changes: changes.filter(|_| follow_journal),
+        journal_broken: Mutex::new(None),
+        linked: Mutex::new(Vec::new()),
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(readers)
         .thread_name(|i| format!("read-{i}"))
         .build()
         .map_err(|e| EngineError::Invalid(format!("thread pool: {e}")))?;
-    let root = pool.install(|| walk::save_roots(&ctx, &sources, parent_root));
+    let mut ctx = new_ctx(true);
+    let mut root = pool.install(|| walk::save_roots(&ctx, &sources, parent_root));
+    let broken = ctx
+        .journal_broken
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    if let Some(why) = broken.filter(|_| changes.is_some()) {
+        // What was saved stays saved (the second walk finds it stored).
+        no_journal = Some(why);
+        ctx = new_ctx(false);
+        root = pool.install(|| walk::save_roots(&ctx, &sources, parent_root));
+    }
+    let journal_used = ctx.changes.is_some();
     if let Some(h) = estimator {
         h.stop();
     }
     let Ctx {
-        warnings, counters, ..
+        warnings,
+        counters,
+        linked,
+        ..
     } = ctx;
+    let mut linked_dirs = linked.into_inner().unwrap_or_else(|p| p.into_inner());
+    linked_dirs.sort();
     // Finish the saver even when the walk failed: if storage failed, its
     // typed error (disk full, permission...) is the one to report, not the
     // "pipeline stopped" that readers saw. No snapshot is written either way.
@@ -439,11 +527,19 @@ pub fn backup(
     let warnings = warnings.into_inner().unwrap_or_else(|p| p.into_inner());
     let c = &counters;
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    // With a journal, what was not listed is counted as the parent had it.
+    let base = parent
+        .as_ref()
+        .filter(|_| journal_used)
+        .map(|(_, s)| s.summary.clone())
+        .unwrap_or_default();
+    let net =
+        |base: u64, seen: &AtomicU64, gone: &AtomicU64| (base + g(seen)).saturating_sub(g(gone));
     let summary = SnapshotSummary {
-        files: g(&c.files),
-        dirs: g(&c.dirs),
-        others: g(&c.others),
-        bytes: g(&c.bytes),
+        files: net(base.files, &c.files, &c.gone_files),
+        dirs: net(base.dirs, &c.dirs, &c.gone_dirs),
+        others: net(base.others, &c.others, &c.gone_others),
+        bytes: net(base.bytes, &c.bytes, &c.gone_bytes),
         files_read: g(&c.files_read),
         bytes_read: g(&c.bytes_read),
         blobs_added: storage.blobs_added,
@@ -527,5 +623,12 @@ pub fn backup(
         warnings,
         packs_distrusted,
         clock_warning,
+        scan: ScanReport {
+            mode: if journal_used { "journal" } else { "full" }.into(),
+            reason: if journal_used { None } else { no_journal },
+            dirs_listed: g(&c.dirs_listed),
+            dirs_changed: changes.map_or(0, |c| c.len() as u64),
+        },
+        linked_dirs,
     })
 }

@@ -71,6 +71,104 @@ fn load_parent(ctx: &Ctx<'_>, id: Option<BlobId>) -> Vec<Node> {
         .unwrap_or_default()
 }
 
+/// The parent's tree `id` where a journal's walk needs it: one that cannot
+/// be read stops the walk (which is then done again in full), where a full
+/// scan only reads everything anew.
+fn load_parent_strict(ctx: &Ctx<'_>, id: BlobId) -> Result<Vec<Node>> {
+    ctx.repo.load_tree(ctx.index, &id).map_err(|e| {
+        give_up(
+            ctx,
+            format!("a tree of the parent snapshot cannot be read ({e})"),
+        )
+    })
+}
+
+/// The journal's walk cannot go on: says why, and stops the walk (which
+/// is then done again in full).
+fn give_up(ctx: &Ctx<'_>, why: String) -> crate::EngineError {
+    ctx.journal_broken
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get_or_insert(why);
+    crate::EngineError::Interrupted
+}
+
+/// Under a journal: a file newly seen with several names (a hard link made
+/// since the parent, or a file moved here that has one) has other names
+/// in directories that may have had no event.
+fn newly_linked(old: &[Node], now: &[Node]) -> Option<Vec<u8>> {
+    now.iter()
+        .filter(|n| n.kind() == NodeKind::File && n.nlink > 1)
+        .find(|n| {
+            !find(old, &n.name)
+                .is_some_and(|o| o.kind() == NodeKind::File && o.inode == n.inode && o.nlink > 1)
+        })
+        .map(|n| n.name.clone())
+}
+
+/// Under a journal: whether the parent's record of the directory at `path`
+/// (`old`) is followed for `now`, the same directory as it is now: the
+/// same inode on the same device (not replaced, nothing mounted or
+/// unmounted on it), and not to be scanned in full.
+fn follows(ctx: &Ctx<'_>, old: Option<&Node>, now: &Node, path: &Path) -> bool {
+    let Some(changes) = ctx.changes else {
+        return false;
+    };
+    old.is_some_and(|o| {
+        o.kind() == NodeKind::Dir
+            && now.kind() == NodeKind::Dir
+            && o.inode == now.inode
+            && o.device == now.device
+            && o.subtree.is_some()
+    }) && !changes.is_deep(path)
+}
+
+/// Under a journal: the parent's entry `old` is no longer counted as it was
+/// (gone, or counted again as seen now).
+fn gone(ctx: &Ctx<'_>, old: &Node) {
+    let c = &ctx.counters;
+    match old.kind() {
+        NodeKind::File => {
+            Progress::add(&c.gone_files, 1);
+            Progress::add(&c.gone_bytes, old.size);
+        }
+        NodeKind::Dir => Progress::add(&c.gone_dirs, 1),
+        _ => Progress::add(&c.gone_others, 1),
+    }
+}
+
+/// Under a journal: everything below the parent's directory `old` is no
+/// longer counted (the directory went, or was scanned in full again).
+fn gone_below(ctx: &Ctx<'_>, old: &Node) -> Result<()> {
+    let Some(id) = old.subtree else {
+        return Ok(());
+    };
+    for n in load_parent_strict(ctx, id)? {
+        gone(ctx, &n);
+        if n.kind() == NodeKind::Dir {
+            gone_below(ctx, &n)?;
+        }
+    }
+    Ok(())
+}
+
+/// Under a journal, after `dir` was looked at again: the parent's entries
+/// (`old`) leave the count, with all below those directories whose walk
+/// did not follow the parent's (see [`follows`]).
+fn account(ctx: &Ctx<'_>, dir: &Path, old: &[Node], now: &[Node]) -> Result<()> {
+    for o in old {
+        gone(ctx, o);
+        if o.kind() == NodeKind::Dir {
+            let name = OsStr::from_bytes(&o.name);
+            let n = find(now, &o.name);
+            if !n.is_some_and(|n| follows(ctx, Some(o), n, &dir.join(name))) {
+                gone_below(ctx, o)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn save_tree(ctx: &Ctx<'_>, nodes: &[Node]) -> Result<BlobId> {
     let enc = encode_tree(nodes);
     // Readers refuse larger trees (a decompression-bomb guard), so a
@@ -110,7 +208,13 @@ pub(super) fn save_roots(
             .map_err(|e| crate::EngineError::io("read source", root, e.into()))?
             .st_dev as u64;
         Progress::add(&ctx.counters.dirs, 1);
-        return save_dir(ctx, root, &fd, parent, &ctx.excludes, dev);
+        // The root's own record is not kept in a tree: its count goes as
+        // the parent's.
+        if ctx.changes.is_some() {
+            Progress::add(&ctx.counters.gone_dirs, 1);
+        }
+        let journal = ctx.changes.is_some() && parent.is_some();
+        return save_dir(ctx, root, &fd, parent, &ctx.excludes, dev, journal);
     }
     let plan = build_plan(sources);
     save_plan(ctx, root, &plan, parent)
@@ -142,7 +246,7 @@ fn save_plan(
                         }
                         _ => path.clone(),
                     };
-                    save_entry(
+                    let r = save_entry(
                         ctx,
                         &real,
                         Loc::Path(&real),
@@ -150,7 +254,12 @@ fn save_plan(
                         pnode,
                         &ctx.excludes,
                         None,
-                    )
+                        ctx.changes.is_some(),
+                    )?;
+                    if let (Some(_), Some(o)) = (ctx.changes, pnode) {
+                        account(ctx, dir, std::slice::from_ref(o), r.as_slice())?;
+                    }
+                    Ok(r)
                 }
                 // A directory above a source, followed if it is a symlink:
                 // stored as a directory, so the source below stays
@@ -165,6 +274,28 @@ fn save_plan(
                     };
                     let mut node = node_from_metadata(name, &m);
                     node.xattrs = read_xattrs(&path).unwrap_or_default();
+                    // A directory above the sources keeps the times and
+                    // size the parent recorded while it is the same
+                    // directory with the same owner, mode and attributes:
+                    // they move with everything else in it (the home
+                    // directory, when backing up ~/Documents), and storing
+                    // them again would store a new root tree, an index and
+                    // a pack for a run where no source changed.
+                    if let Some(p) = pnode.filter(|p| {
+                        p.kind() == NodeKind::Dir
+                            && p.inode == node.inode
+                            && p.device == node.device
+                            && p.mode == node.mode
+                            && p.uid == node.uid
+                            && p.gid == node.gid
+                            && p.xattrs == node.xattrs
+                    }) {
+                        node.mtime = p.mtime;
+                        node.ctime = p.ctime;
+                        node.atime = p.atime;
+                        node.size = p.size;
+                        node.nlink = p.nlink;
+                    }
                     node.subtree = Some(save_plan(ctx, &path, sub, pnode.and_then(|p| p.subtree))?);
                     Ok(Some(node))
                 }
@@ -177,6 +308,13 @@ fn save_plan(
 
 /// Backs up the directory open at `fd`; `path` is for messages and
 /// excludes. Every entry is reached through `fd` ([`Loc::At`]).
+///
+/// Under a journal (`journal`: the parent's tree `parent` is the same
+/// directory's, see [`follows`]), a directory where nothing changed keeps
+/// the parent's tree, one where only something below changed keeps the
+/// parent's entries but those on the way there, and only a dirty one is
+/// listed.
+#[allow(clippy::too_many_arguments)]
 fn save_dir(
     ctx: &Ctx<'_>,
     path: &Path,
@@ -184,8 +322,19 @@ fn save_dir(
     parent: Option<BlobId>,
     ex: &Excludes,
     dev: u64,
+    journal: bool,
 ) -> Result<BlobId> {
+    if let (Some(changes), Some(id), true) = (ctx.changes, parent, journal) {
+        if !changes.touches(path) && ctx.saver.has(&id) {
+            Progress::add(&ctx.counters.trees_reused, 1);
+            return Ok(id);
+        }
+        if !changes.is_dirty(path) && changes.touches(path) {
+            return save_on_the_way(ctx, path, fd, id, ex, dev);
+        }
+    }
     let t0 = Instant::now();
+    Progress::add(&ctx.counters.dirs_listed, 1);
     let mut names = match list_dir(fd) {
         Ok((names, None)) => names,
         Ok((names, Some(e))) => {
@@ -204,7 +353,10 @@ fn save_dir(
     if let Some(err) = err {
         ctx.warn(path, format!("ignore file: {err}"));
     }
-    let parent_nodes = load_parent(ctx, parent);
+    let parent_nodes = match parent {
+        Some(id) if journal => load_parent_strict(ctx, id)?,
+        _ => load_parent(ctx, parent),
+    };
     let nodes: Vec<Option<Node>> = names
         .par_iter()
         .map(|n| {
@@ -216,10 +368,32 @@ fn save_dir(
                 find(&parent_nodes, n.as_bytes()),
                 &ex,
                 Some(dev),
+                journal,
             )
         })
         .collect::<Result<_>>()?;
     let nodes: Vec<Node> = nodes.into_iter().flatten().collect();
+    if nodes
+        .iter()
+        .any(|n| n.kind() == NodeKind::File && n.nlink > 1)
+    {
+        ctx.linked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(path.to_path_buf());
+    }
+    if journal {
+        if let Some(name) = newly_linked(&parent_nodes, &nodes) {
+            return Err(give_up(
+                ctx,
+                format!(
+                    "{} has a new hard link: its other names may be in directories with no event",
+                    path.join(OsStr::from_bytes(&name)).display()
+                ),
+            ));
+        }
+        account(ctx, path, &parent_nodes, &nodes)?;
+    }
     // Every entry as the parent recorded it: reuse its tree blob as is,
     // without encoding or hashing it again.
     // The parent's tree must still be stored: after a pack was found lost,
@@ -229,6 +403,54 @@ fn save_dir(
     {
         Progress::add(&ctx.counters.trees_reused, 1);
         return Ok(id);
+    }
+    save_tree(ctx, &nodes)
+}
+
+/// Under a journal: the directory at `path` did not change, but something
+/// below it did. Its entries are the parent's (`parent`), but for the
+/// directories on the way to a change, which are looked at again.
+fn save_on_the_way(
+    ctx: &Ctx<'_>,
+    path: &Path,
+    fd: &OwnedFd,
+    parent: BlobId,
+    ex: &Excludes,
+    dev: u64,
+) -> Result<BlobId> {
+    let changes = ctx.changes.expect("only under a journal");
+    let old = load_parent_strict(ctx, parent)?;
+    let here = through_fd(fd).unwrap_or_else(|| path.to_path_buf());
+    let (ex, err) = ex.enter(path, &here);
+    if let Some(err) = err {
+        ctx.warn(path, format!("ignore file: {err}"));
+    }
+    let nodes: Vec<Option<Node>> = old
+        .par_iter()
+        .map(|o| {
+            let name = OsStr::from_bytes(&o.name);
+            let child = path.join(name);
+            if o.kind() != NodeKind::Dir || !changes.touches(&child) {
+                return Ok(Some(o.clone()));
+            }
+            let r = save_entry(
+                ctx,
+                &child,
+                Loc::At(fd.as_fd(), name),
+                name,
+                Some(o),
+                &ex,
+                Some(dev),
+                true,
+            )?;
+            account(ctx, path, std::slice::from_ref(o), r.as_slice())?;
+            Ok(r)
+        })
+        .collect::<Result<_>>()?;
+    let nodes: Vec<Node> = nodes.into_iter().flatten().collect();
+    if nodes == old && ctx.saver.has(&parent) {
+        Progress::add(&ctx.counters.trees_reused, 1);
+        return Ok(parent);
     }
     save_tree(ctx, &nodes)
 }
@@ -337,6 +559,9 @@ fn through_fd(fd: &impl AsFd) -> Option<PathBuf> {
 ///
 /// `path` is the entry's full path, for messages and exclude patterns;
 /// `loc` is where the system calls find it.
+///
+/// `journal`: the walk follows a change journal here (see `save_dir`).
+#[allow(clippy::too_many_arguments)]
 fn save_entry(
     ctx: &Ctx<'_>,
     path: &Path,
@@ -345,6 +570,7 @@ fn save_entry(
     parent: Option<&Node>,
     ex: &Excludes,
     fs_dev: Option<u64>,
+    journal: bool,
 ) -> Result<Option<Node>> {
     let t0 = Instant::now();
     let st = match loc.stat() {
@@ -404,6 +630,18 @@ fn save_entry(
             let psub = parent
                 .filter(|p| p.kind() == NodeKind::Dir)
                 .and_then(|p| p.subtree);
+            let follow = journal && follows(ctx, parent, &node, path);
+            // Nothing changed at or below it, and the directory itself is
+            // as the parent saw it: the parent's record stands, not even
+            // opened (its attributes cannot change without its ctime).
+            if let (true, Some(p), Some(id)) = (follow, same_entry, psub) {
+                if !ctx.changes.is_some_and(|c| c.touches(path)) && ctx.saver.has(&id) {
+                    node.xattrs = p.xattrs.clone();
+                    node.subtree = Some(id);
+                    Progress::add(&c.trees_reused, 1);
+                    return Ok(Some(node));
+                }
+            }
             let dir = match loc.open(OFlags::RDONLY | OFlags::DIRECTORY) {
                 Ok(fd) => Some(fd),
                 Err(e) => {
@@ -419,7 +657,7 @@ fn save_entry(
             }
             node.subtree = Some(match dir {
                 Some(fd) if !(ctx.opts.one_file_system && node.device != root_dev) => {
-                    save_dir(ctx, path, &fd, psub, ex, root_dev)?
+                    save_dir(ctx, path, &fd, psub, ex, root_dev, follow)?
                 }
                 // A mount point: keep the directory, not what is mounted on
                 // it; or a directory that could not be opened.

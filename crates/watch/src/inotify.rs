@@ -1,0 +1,376 @@
+//! The inotify watcher: a watch on every directory of the sources.
+//!
+//! inotify has no recursive mode, so each directory gets a watch, added
+//! before it is listed (a subdirectory created in between is reported, not
+//! missed), and a directory created or moved in is recorded deep: what
+//! happened in it before its watch was added is found by scanning it in
+//! full. A directory moved away or deleted loses its watches (a moved
+//! directory's watch would go on reporting under its old path).
+//!
+//! Track is lost, and recorded as such ([`Journal::lose`]), when the
+//! kernel's queue overflows, a file system below the sources is unmounted,
+//! the mounts below the sources change (a mount hides or shows a whole
+//! tree without an event in it), or a source itself is moved or deleted.
+//! Running out of watches (`fs.inotify.max_user_watches`) stops the watcher
+//! for good: the profile scans in full, and `status` says why.
+//!
+//! Directories on file systems where changes made elsewhere raise no event
+//! (network shares, FUSE, procfs) are not watched but recorded as
+//! unwatchable: every run scans them in full.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+
+use crate::{walked_sources, Journal, Result, WatchError, WatchOptions, Watcher};
+
+/// File-system types whose changes made elsewhere raise no inotify event
+/// (`statfs` `f_type`): NFS, SMB/CIFS (three magics), FUSE, 9p, Ceph,
+/// AFS, procfs, sysfs.
+const UNWATCHABLE: [i64; 11] = [
+    0x6969,
+    0x517B,
+    0xFF53_4D42,
+    0xFE53_4D42,
+    0x6573_5546,
+    0x0102_1997,
+    0x00C3_6400,
+    0x5346_414F,
+    0x9fa0,
+    0x6265_6572,
+    0x0027_e0eb, // cgroup
+];
+
+/// The inotify watcher.
+pub struct Inotify {
+    fd: OwnedFd,
+    /// Watch descriptor → the directory's path.
+    dirs: HashMap<i32, PathBuf>,
+    sources: Vec<PathBuf>,
+    ignore_file: Option<Vec<u8>>,
+    one_file_system: bool,
+    /// `/proc/self/mountinfo`, polled for a change of the mount table.
+    mountinfo: Option<std::fs::File>,
+    /// Mount points at or below a source, as last seen.
+    mounts: BTreeSet<PathBuf>,
+    buf: Vec<MaybeUninit<u8>>,
+}
+
+fn mask() -> WatchFlags {
+    WatchFlags::CREATE
+        | WatchFlags::DELETE
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::MODIFY
+        | WatchFlags::ATTRIB
+        | WatchFlags::CLOSE_WRITE
+        | WatchFlags::DELETE_SELF
+        | WatchFlags::MOVE_SELF
+        | WatchFlags::ONLYDIR
+        | WatchFlags::DONT_FOLLOW
+}
+
+/// One event, copied out of the read buffer.
+struct Event {
+    wd: i32,
+    flags: ReadFlags,
+    name: Option<Vec<u8>>,
+}
+
+impl Inotify {
+    /// Watches every directory of `opts.sources`, recording into `journal`
+    /// what cannot be watched.
+    pub fn start(opts: &WatchOptions, journal: &mut Journal) -> Result<Inotify> {
+        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
+            .map_err(|e| WatchError::Degraded(format!("inotify cannot be used here: {e}")))?;
+        let sources = walked_sources(&opts.sources);
+        let mountinfo = std::fs::File::open("/proc/self/mountinfo").ok();
+        let mut w = Inotify {
+            fd,
+            dirs: HashMap::new(),
+            sources: sources.clone(),
+            ignore_file: opts.ignore_file.as_ref().map(|n| n.as_bytes().to_vec()),
+            one_file_system: opts.one_file_system,
+            mountinfo,
+            mounts: BTreeSet::new(),
+            buf: vec![MaybeUninit::uninit(); 64 << 10],
+        };
+        w.mounts = w.mounts_below();
+        for s in &sources {
+            if std::fs::symlink_metadata(s).is_ok_and(|m| m.is_dir()) {
+                let dev = std::fs::metadata(s).map(|m| m.dev()).unwrap_or(0);
+                w.add_tree(s, dev, journal)?;
+            }
+        }
+        Ok(w)
+    }
+
+    /// How many directories are watched.
+    pub fn watches(&self) -> usize {
+        self.dirs.len()
+    }
+
+    /// Adds a watch to `dir` and every directory below it (not following
+    /// symlinks; not past `dev` with one-file-system).
+    fn add_tree(&mut self, dir: &Path, dev: u64, journal: &mut Journal) -> Result<()> {
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            if let Ok(fs) = rustix::fs::statfs(&d) {
+                #[allow(clippy::unnecessary_cast)]
+                if UNWATCHABLE.contains(&(fs.f_type as i64)) {
+                    journal.unwatchable.insert(d);
+                    continue;
+                }
+            }
+            match inotify::add_watch(&self.fd, &d, mask()) {
+                Ok(wd) => {
+                    self.dirs.insert(wd, d.clone());
+                }
+                Err(rustix::io::Errno::NOSPC) => {
+                    let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+                        .map(|s| s.trim().to_string())
+                        .unwrap_or_else(|_| "?".into());
+                    return Err(WatchError::Degraded(format!(
+                        "the sources have more directories than inotify may watch (fs.inotify.max_user_watches = {limit}, {} watched): every run scans in full until it is raised",
+                        self.dirs.len()
+                    )));
+                }
+                // Gone or unreadable since it was listed: its parent's
+                // event (or the run's own warning) covers it.
+                Err(_) => continue,
+            }
+            let Ok(rd) = std::fs::read_dir(&d) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let p = e.path();
+                if self.one_file_system && e.metadata().is_ok_and(|m| m.dev() != dev) {
+                    continue;
+                }
+                stack.push(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the watches of `dir` and everything below it.
+    fn forget_tree(&mut self, dir: &Path) {
+        let gone: Vec<i32> = self
+            .dirs
+            .iter()
+            .filter(|(_, p)| p.starts_with(dir))
+            .map(|(wd, _)| *wd)
+            .collect();
+        for wd in gone {
+            self.dirs.remove(&wd);
+            let _ = inotify::remove_watch(&self.fd, wd);
+        }
+    }
+
+    /// Mount points at or below a source.
+    fn mounts_below(&self) -> BTreeSet<PathBuf> {
+        let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            return BTreeSet::new();
+        };
+        text.lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(|p| PathBuf::from(unescape_mount(p)))
+            .filter(|p| self.sources.iter().any(|s| p.starts_with(s)))
+            .collect()
+    }
+
+    /// Reads what is queued, without waiting.
+    fn read_all(&mut self) -> Result<Vec<Event>> {
+        let mut out = Vec::new();
+        let mut reader = inotify::Reader::new(self.fd.as_fd(), &mut self.buf);
+        loop {
+            match reader.next() {
+                Ok(e) => out.push(Event {
+                    wd: e.wd(),
+                    flags: e.events(),
+                    name: e.file_name().map(|n| n.to_bytes().to_vec()),
+                }),
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    return Err(WatchError::io(
+                        "read inotify events",
+                        Path::new("inotify"),
+                        e.into(),
+                    ))
+                }
+            }
+            // Stop at the end of what one read returned when nothing more
+            // is queued: the next `next()` would read again anyway.
+        }
+        Ok(out)
+    }
+
+    fn record(&mut self, e: Event, journal: &mut Journal) -> Result<()> {
+        if e.flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+            journal.lose("the kernel's event queue overflowed (fs.inotify.max_queued_events)");
+            return Ok(());
+        }
+        let Some(dir) = self.dirs.get(&e.wd).cloned() else {
+            return Ok(());
+        };
+        if e.flags.contains(ReadFlags::UNMOUNT) {
+            journal.lose(format!(
+                "a file system below the sources was unmounted ({})",
+                dir.display()
+            ));
+            return Ok(());
+        }
+        if e.flags.contains(ReadFlags::IGNORED) {
+            // The kernel dropped the watch: the directory is gone (its
+            // parent reported that) or its file system went (UNMOUNT).
+            self.dirs.remove(&e.wd);
+            return Ok(());
+        }
+        match e.name {
+            Some(name) => {
+                journal.dirty(&dir);
+                if self.ignore_file.as_deref() == Some(name.as_slice()) {
+                    // What is excluded below changed.
+                    journal.deep(&dir);
+                }
+                let child = dir.join(OsStr::from_bytes(&name));
+                if e.flags.contains(ReadFlags::ISDIR) {
+                    if e.flags
+                        .intersects(ReadFlags::MOVED_FROM | ReadFlags::DELETE)
+                    {
+                        self.forget_tree(&child);
+                    }
+                    if e.flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO) {
+                        journal.deep(&child);
+                        let dev = std::fs::metadata(&dir).map(|m| m.dev()).unwrap_or(0);
+                        if !(self.one_file_system
+                            && std::fs::symlink_metadata(&child).is_ok_and(|m| m.dev() != dev))
+                        {
+                            self.add_tree(&child, dev, journal)?;
+                        }
+                    }
+                }
+            }
+            None => {
+                let is_source = self.sources.iter().any(|s| s == &dir);
+                if e.flags
+                    .intersects(ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF)
+                {
+                    if is_source {
+                        journal.lose(format!("the source {} was moved or deleted", dir.display()));
+                    }
+                } else if !is_source {
+                    // The directory's own record lives in its parent's
+                    // tree (the parent's watch reports it too).
+                    if let Some(p) = dir.parent() {
+                        journal.dirty(p);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the mount table changed since last looked at (and re-arms).
+    fn mounts_changed(&mut self) -> bool {
+        let Some(f) = &mut self.mountinfo else {
+            return false;
+        };
+        let mut fds = [rustix::event::PollFd::new(
+            &*f,
+            rustix::event::PollFlags::PRI,
+        )];
+        let ready =
+            rustix::event::poll(&mut fds, Some(&rustix::time::Timespec::default())).unwrap_or(0);
+        if ready == 0 {
+            return false;
+        }
+        // Reading it to the end re-arms the notification.
+        use std::io::{Read, Seek};
+        let _ = f.seek(std::io::SeekFrom::Start(0));
+        let _ = f.read_to_end(&mut Vec::new());
+        let now = self.mounts_below();
+        std::mem::replace(&mut self.mounts, now) != self.mounts
+    }
+}
+
+/// `/proc/self/mountinfo` writes space, tab, newline and backslash in
+/// paths as octal escapes.
+fn unescape_mount(p: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let b = p.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    std::ffi::OsString::from_vec(out)
+}
+
+impl Watcher for Inotify {
+    fn kind(&self) -> &'static str {
+        "inotify"
+    }
+
+    fn drain(&mut self, journal: &mut Journal, wait: Duration) -> Result<bool> {
+        let before = journal.seq;
+        {
+            let mut fds = [rustix::event::PollFd::new(
+                &self.fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let t = rustix::time::Timespec {
+                tv_sec: wait.as_secs() as i64,
+                tv_nsec: i64::from(wait.subsec_nanos()),
+            };
+            match rustix::event::poll(&mut fds, Some(&t)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(WatchError::io("poll", Path::new("inotify"), e.into())),
+            }
+        }
+        let events = self.read_all()?;
+        for e in events {
+            if let Err(e) = self.record(e, journal) {
+                journal.degraded = Some(e.to_string());
+                return Err(e);
+            }
+        }
+        if self.mounts_changed() {
+            journal.lose("the mounts below the sources changed");
+            // Watch what a new mount shows.
+            let sources = self.sources.clone();
+            self.dirs.clear();
+            // A fresh set of watches: the kernel keeps the old ones for
+            // directories still there, and `add_watch` on them returns the
+            // same descriptor.
+            for s in &sources {
+                let dev = std::fs::metadata(s).map(|m| m.dev()).unwrap_or(0);
+                if let Err(e) = self.add_tree(s, dev, journal) {
+                    journal.degraded = Some(e.to_string());
+                    return Err(e);
+                }
+            }
+        }
+        Ok(journal.seq != before)
+    }
+}
