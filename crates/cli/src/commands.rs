@@ -191,6 +191,9 @@ pub struct BackupArgs {
     /// Reader threads (default: twice the cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Scan every directory, whatever the daemon's change journal says.
+    #[arg(long)]
+    no_journal: bool,
 }
 
 /// What a backup does when space runs out.
@@ -283,7 +286,8 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<(u8, Option
     let skip_dirs: Vec<PathBuf> = capsule_lab::history::state_dir().into_iter().collect();
     let progress = Arc::new(Progress::default());
     let bar = out.progress(&progress, "backup");
-    let opts = BackupOptions {
+    let no_journal = a.no_journal;
+    let mut opts = BackupOptions {
         paths: a.paths,
         excludes: a.excludes,
         ignore_file: (!a.no_ignore_files).then(|| {
@@ -304,6 +308,11 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<(u8, Option
         verify_packs: a.force,
         ..BackupOptions::default()
     };
+    let profile = g.profile_settings.clone().unwrap_or_default();
+    let journal = crate::journal::for_run(g.profile.as_deref(), &profile, &opts, no_journal);
+    opts.changes = journal.changes.clone();
+    opts.no_changes_because = journal.reason.clone();
+    opts.verify_changes = journal.verify;
     let requests = opened.stack.requests.clone();
     let before = capsule_lab::record::DestCounters::read(&requests);
     let recorder = capsule_lab::series::Recorder::start(
@@ -350,6 +359,14 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<(u8, Option
         if let Err(e) = h.save_run(&record) {
             out.warn(format!("the run record was not kept: {e}"));
         }
+    }
+    if let Some(w) = crate::journal::after_run(g.profile.as_deref(), &journal, &report) {
+        out.warn(w);
+    }
+    if report.scan.journal_matched == Some(false) {
+        out.warn(
+            "verification run: a full scan found changes the change journal did not record; the full scan's snapshot was stored (counted in `status`)",
+        );
     }
     for w in &report.warnings {
         out.warn(format!("{}: {}", w.path, w.message));
@@ -416,6 +433,24 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<(u8, Option
         bytes(d["bytes_up"].as_u64().unwrap_or(0))
     ));
     out.say(format!("  {}", record.bound.summary));
+    let sc = &report.scan;
+    match (sc.mode.as_str(), &sc.reason) {
+        ("journal", _) => out.say(format!(
+            "  scan: by the change journal, {} changed, {} listed",
+            plural(sc.dirs_changed, "directory", "directories"),
+            sc.dirs_listed
+        )),
+        ("verify", _) => out.say(format!(
+            "  scan: verification run, a full scan {} the change journal",
+            if sc.journal_matched == Some(true) {
+                "agreed with"
+            } else {
+                "found more than"
+            }
+        )),
+        (_, Some(why)) if journal.watched || no_journal => out.say(format!("  scan: full, {why}")),
+        _ => {}
+    }
     if let Some(c) = &cache_stats {
         out.say(format!(
             "  cache: {} hits, {} objects fetched ({})",
@@ -446,6 +481,11 @@ pub fn backup(g: &GlobalArgs, out: &Output, a: BackupArgs) -> Result<(u8, Option
             stored,
         }),
     ))
+}
+
+/// `n` and the noun for it.
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// Arguments of `snapshots`.

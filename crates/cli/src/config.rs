@@ -101,6 +101,14 @@ pub struct Profile {
     /// When the daemon holds a due backup back.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Conditions>,
+    /// Whether the daemon watches the sources so that a run lists only
+    /// what changed (default: yes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<bool>,
+    /// One run in this many scans in full and compares with what the
+    /// journal said (default 24; 0: never).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_verify_every: Option<u32>,
 }
 
 /// When the daemon holds a due backup back (re-checked until they pass).

@@ -234,7 +234,7 @@ struct Running {
 
 /// `capsule daemon`.
 pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
     let (path, _) = config::config_path(g.config.as_deref())
         .ok_or_else(|| config::ConfigError("no configuration directory: give --config".into()))?;
     let mut cfg = Config::load(&path)?;
@@ -279,7 +279,7 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
     }
     // Signals arrive on a channel, so the loop sleeps in `recv_timeout`:
     // woken by a signal or when the next job is due, never polling.
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1])?;
     let (tx, rx) = std::sync::mpsc::channel::<i32>();
     std::thread::spawn(move || {
         for s in signals.forever() {
@@ -311,6 +311,22 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
     for name in &profiles {
         hold(&mut keys, &cfg, name);
     }
+    // Each profile's watcher, keeping its change journal.
+    let mut watching: BTreeMap<String, Watching> = BTreeMap::new();
+    let watch_all =
+        |watching: &mut BTreeMap<String, Watching>, cfg: &Config, profiles: &[String]| {
+            watching.clear();
+            for name in profiles {
+                if let Some(w) = cfg
+                    .profile(name)
+                    .ok()
+                    .and_then(|p| Watching::start(name, p))
+                {
+                    watching.insert(name.clone(), w);
+                }
+            }
+        };
+    watch_all(&mut watching, &cfg, &profiles);
     let mut tracks: BTreeMap<String, Track> = BTreeMap::new();
     let mut running: Vec<Running> = Vec::new();
     for name in &profiles {
@@ -348,6 +364,9 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                         for name in &profiles {
                             hold(&mut keys, &cfg, name);
                         }
+                        // Sources or excludes may have changed: new
+                        // journals (the next runs scan in full once).
+                        watch_all(&mut watching, &cfg, &profiles);
                         log(
                             "info",
                             "*",
@@ -360,6 +379,12 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                         &format!("configuration not reread, the old one stays: {e}"),
                     ),
                 },
+                // A backup asks for the journals as of now.
+                SIGUSR1 => {
+                    for w in watching.values() {
+                        w.sync();
+                    }
+                }
                 _ => break 'outer,
             }
         }
@@ -508,10 +533,142 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
             &format!("{} stopped with the daemon", r.job.name()),
         );
     }
+    watching.clear();
     for name in &profiles {
         log("info", name, "daemon stopped");
     }
     Ok(exit::OK)
+}
+
+/// A profile's watcher: a thread recording the sources' changes in the
+/// profile's journal file (see `crate::journal`), written when a backup
+/// asks (`sync`) and at most once a second otherwise. Stopped when
+/// dropped.
+struct Watching {
+    sync: std::sync::mpsc::Sender<()>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watching {
+    /// Starts watching `p`'s sources, unless its journal is off or it has
+    /// no sources or no scheduled backup.
+    fn start(name: &str, p: &Profile) -> Option<Watching> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        if p.journal == Some(false) || p.sources.is_empty() || Job::Backup.schedule(p).is_none() {
+            return None;
+        }
+        let path = crate::journal::journal_path(name)?;
+        let base = crate::journal::base_path(name)?;
+        let opts = crate::journal::watch_options(p);
+        let (sync, requests) = std::sync::mpsc::channel::<()>();
+        let (ready, started) = std::sync::mpsc::channel::<()>();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let profile = name.to_string();
+        let thread = std::thread::Builder::new()
+            .name(format!("watch-{name}"))
+            .spawn(move || {
+                let (mut journal, mut watcher) = capsule_watch::start(&opts);
+                match (&watcher, &journal.degraded) {
+                    (Some(w), _) => log(
+                        "info",
+                        &profile,
+                        &format!(
+                            "watching {} directories ({}): runs list only what changed",
+                            journal.watched,
+                            w.kind()
+                        ),
+                    ),
+                    (None, Some(why)) => log(
+                        "warning",
+                        &profile,
+                        &format!("not watching the sources, every run scans in full: {why}"),
+                    ),
+                    (None, None) => {}
+                }
+                for d in &journal.unwatchable {
+                    log(
+                        "warning",
+                        &profile,
+                        &format!(
+                            "{} is on a file system that cannot be watched: scanned in full each run",
+                            d.display()
+                        ),
+                    );
+                }
+                let write = |j: &mut capsule_watch::Journal| {
+                    // What the last run's cut covered is no longer needed.
+                    if let Ok(b) = capsule_watch::Base::load(&base) {
+                        if b.cut.epoch == j.identity.epoch {
+                            j.prune(b.cut.seq);
+                        }
+                    }
+                    if let Err(e) = j.save(&path) {
+                        log("error", &profile, &format!("journal not written: {e}"));
+                    }
+                };
+                write(&mut journal);
+                let _ = ready.send(());
+                let mut changed = false;
+                let mut written = Instant::now();
+                while !stopping.load(Ordering::Relaxed) {
+                    match watcher.as_mut() {
+                        Some(w) => match w.drain(&mut journal, Duration::from_millis(200)) {
+                            Ok(c) => changed |= c,
+                            Err(e) => {
+                                log(
+                                    "warning",
+                                    &profile,
+                                    &format!("stopped watching, every run scans in full: {e}"),
+                                );
+                                watcher = None;
+                                changed = true;
+                            }
+                        },
+                        None => std::thread::sleep(Duration::from_millis(200)),
+                    }
+                    // Everything queued up to the request is in by now:
+                    // the drain above read what the kernel had.
+                    let asked = requests.try_iter().count() > 0;
+                    if asked {
+                        if let Some(w) = watcher.as_mut() {
+                            let _ = w.drain(&mut journal, Duration::ZERO);
+                        }
+                        journal.syncs += 1;
+                    }
+                    if asked || (changed && written.elapsed() > Duration::from_secs(1)) {
+                        write(&mut journal);
+                        changed = false;
+                        written = Instant::now();
+                    }
+                }
+            })
+            .ok()?;
+        // The first run, due at once, finds the journal written (bounded:
+        // a huge tree takes its time to watch, and the run then scans in
+        // full, as it would anyway with no base).
+        let _ = started.recv_timeout(Duration::from_secs(60));
+        Some(Watching {
+            sync,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Asks for the journal as of now.
+    fn sync(&self) {
+        let _ = self.sync.send(());
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Starts `job` of profile `name` as a child process, after its `before`

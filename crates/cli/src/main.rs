@@ -9,6 +9,7 @@ mod config_cmd;
 mod daemon;
 mod forget_cmd;
 mod held_key;
+mod journal;
 mod lab_cmd;
 mod output;
 mod schedule_cmd;

@@ -89,6 +89,10 @@ pub struct RunOutcome {
     /// Bytes stored after the run (measured when there is a quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored: Option<u64>,
+    /// How the sources were scanned: with the change journal or in full,
+    /// and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scan: Option<capsule_engine::backup::ScanReport>,
 }
 
 /// What this machine knows of a profile's runs.
@@ -115,6 +119,13 @@ pub struct ProfileState {
     /// The last check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_check: Option<CheckOutcome>,
+    /// Verification runs of the change journal (a full scan compared with
+    /// it), and how many found a difference.
+    #[serde(default)]
+    pub journal_verified: u32,
+    /// See `journal_verified`.
+    #[serde(default)]
+    pub journal_mismatches: u32,
 }
 
 /// What a running daemon says of a profile (`<state>/profiles/*.daemon`).
@@ -198,6 +209,12 @@ pub fn record(profile: &str, run: RunOutcome) {
                 as_of_unix: run.started_unix,
             });
         }
+        if let Some(matched) = run.scan.as_ref().and_then(|s| s.journal_matched) {
+            st.journal_verified += 1;
+            if !matched {
+                st.journal_mismatches += 1;
+            }
+        }
         if run.result == "ok" || run.result == "incomplete" {
             st.last_success = Some(run.clone());
         }
@@ -250,6 +267,7 @@ pub fn outcome(
             key: done.as_ref().map(|d| d.key),
             quota: done.as_ref().and_then(|d| d.quota),
             stored: done.as_ref().and_then(|d| d.stored),
+            scan: done.as_ref().map(|d| d.report.scan.clone()),
         },
         Err(e) => RunOutcome {
             started_unix,
@@ -269,6 +287,7 @@ pub fn outcome(
             key: None,
             quota: None,
             stored: None,
+            scan: None,
         },
     }
 }
@@ -291,6 +310,63 @@ fn stale_after(p: &config::Profile) -> u64 {
         // No schedule: judged as hourly, the default.
         _ => 2 * 3600,
     }
+}
+
+/// What `status` says of a profile's change journal: whether a watcher
+/// keeps one, whether the last run could use it, and what the
+/// verification runs found.
+fn journal_view(name: &str, daemon: bool, st: &ProfileState) -> serde_json::Value {
+    let j = crate::journal::journal_path(name).and_then(|p| capsule_watch::Journal::load(&p).ok());
+    let scan = st.last_run.as_ref().and_then(|r| r.scan.clone());
+    let mut parts = Vec::new();
+    match (&j, daemon) {
+        (Some(j), true) => match &j.degraded {
+            Some(why) => parts.push(format!("not watching: {why}")),
+            None => parts.push(format!(
+                "{} watches {} directories since {}",
+                j.identity.kind,
+                j.watched,
+                capsule_engine::timefmt::rfc3339(j.since)
+            )),
+        },
+        (Some(_), false) => parts.push("no watcher runs (the daemon is stopped)".into()),
+        (None, _) => {}
+    }
+    if let Some(j) = j.as_ref().filter(|_| daemon) {
+        for d in &j.unwatchable {
+            parts.push(format!(
+                "{} cannot be watched, scanned in full",
+                d.display()
+            ));
+        }
+    }
+    if let Some(s) = &scan {
+        match (s.mode.as_str(), &s.reason) {
+            ("journal", _) => parts.push(format!(
+                "last run listed {} directories of {} changed",
+                s.dirs_listed, s.dirs_changed
+            )),
+            ("verify", _) => parts.push("last run was a verification run".into()),
+            (_, Some(why)) if j.is_some() => parts.push(format!("last run scanned in full: {why}")),
+            _ => {}
+        }
+    }
+    if st.journal_verified > 0 {
+        parts.push(format!(
+            "{} verification runs, {} found a difference",
+            st.journal_verified, st.journal_mismatches
+        ));
+    }
+    serde_json::json!({
+        "kind": j.as_ref().map(|j| j.identity.kind.clone()),
+        "watching": daemon && j.as_ref().is_some_and(|j| j.degraded.is_none()),
+        "watched_dirs": j.as_ref().map(|j| j.watched),
+        "degraded": j.as_ref().and_then(|j| j.degraded.clone()),
+        "unwatchable": j.as_ref().map(|j| j.unwatchable.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()),
+        "verified": st.journal_verified,
+        "mismatches": st.journal_mismatches,
+        "summary": (!parts.is_empty()).then(|| parts.join("; ")),
+    })
 }
 
 /// `capsule status`.
@@ -337,6 +413,7 @@ pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
         any_stale |= stale;
         any_failing |= failing;
         let daemon = load_daemon_view(name);
+        let journal = journal_view(name, daemon.is_some(), &st);
         rows.push(serde_json::json!({
             "profile": name,
             "next_backup_unix": daemon.as_ref().map(|d| d.next_backup_unix),
@@ -351,6 +428,7 @@ pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
             "repository": st.repository,
             "last_check": st.last_check,
             "refresh_error": refresh_error,
+            "journal": journal,
         }));
         if !out.json {
             let when = |r: &RunOutcome| capsule_engine::timefmt::rfc3339(r.started_unix);
@@ -398,6 +476,9 @@ pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
             }
             if let Some(e) = &refresh_error {
                 out.result(format!("  refresh: {e}"));
+            }
+            if let Some(line) = journal["summary"].as_str() {
+                out.result(format!("  journal: {line}"));
             }
             out.result(match &st.repository {
                 Some(r) => format!(

@@ -778,3 +778,174 @@ fn a_stopped_smb_server_is_retried_and_once_back_backed_up_once() {
         .collect();
     assert_eq!(times, vec![T0, t]);
 }
+
+/// The daemon's change journal, end to end: the daemon watches the
+/// profile's sources; a backup (by hand here, while the daemon runs) lists
+/// only the directories that changed and stores the same tree as a full
+/// scan; a run where only the source's parent changed adds exactly one
+/// object, the snapshot; every reason the journal cannot vouch for a run
+/// gives a full scan that says so (no base yet, `--no-journal`, other
+/// excludes, a restarted watcher, more changes than the journal holds);
+/// and one run in `journal-verify-every` is a verification run that
+/// `status` counts.
+#[test]
+fn the_journal_lists_only_what_changed_and_says_why_when_it_cannot() {
+    let w = World::new();
+    let src = w.dir.join("src");
+    for d in ["a", "b/c", "b/d"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+        for i in 0..3 {
+            std::fs::write(src.join(d).join(format!("f{i}")), format!("{d}{i}")).unwrap();
+        }
+    }
+    let mut config = std::fs::read_to_string(&w.config).unwrap();
+    config.push_str("journal-verify-every = 4\n");
+    std::fs::write(&w.config, config).unwrap();
+    let mut d = w.daemon("j.log");
+    w.wait_for_run_at(T0, &mut d, "j.log");
+    let status = || -> serde_json::Value {
+        let o = w.cmd(&["--json", "status"]).output().unwrap();
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let st = status();
+    assert_eq!(
+        st["profiles"][0]["last_run"]["scan"]["reason"],
+        "no snapshot was made under this journal yet",
+        "{st}"
+    );
+    assert_eq!(st["profiles"][0]["journal"]["watching"], true, "{st}");
+    // By hand, a minute apart on the test clock (the daemon's next run is
+    // an hour away).
+    let minute = std::cell::Cell::new(0);
+    let backup = |extra: &[&str]| -> serde_json::Value {
+        minute.set(minute.get() + 1);
+        w.set_clock(T0 + minute.get() * 60);
+        let mut args = vec!["--profile", "p", "--json", "backup"];
+        args.extend_from_slice(extra);
+        let o = w.cmd(&args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let tree = |snapshot: &serde_json::Value| -> String {
+        let o = w
+            .cmd(&["--profile", "p", "--json", "snapshots"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == *snapshot)
+            .map(|s| s["snapshot"]["tree"].as_str().unwrap().to_string())
+            .unwrap_or_else(|| panic!("no snapshot {snapshot} in {v}"))
+    };
+    std::fs::write(src.join("b/c/new"), b"new").unwrap();
+    std::fs::remove_file(src.join("a/f0")).unwrap();
+    let j = backup(&[]);
+    assert_eq!(j["scan"]["mode"], "journal", "{j}");
+    assert_eq!(j["scan"]["dirs_changed"], 2, "{j}");
+    assert_eq!(j["scan"]["dirs_listed"], 2, "{j}");
+    let full = backup(&["--no-journal"]);
+    assert_eq!(full["scan"]["reason"], "--no-journal", "{full}");
+    assert_eq!(tree(&j["snapshot_id"]), tree(&full["snapshot_id"]));
+    assert_eq!(j["summary"]["files"], full["summary"]["files"]);
+    // Only the source's parent changed: one object more, the snapshot.
+    let objects = || {
+        let mut n = 0;
+        let mut stack = vec![w.dir.join("repo")];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let name = e.file_name();
+                if e.file_type().unwrap().is_dir() {
+                    // Sessions and locks come and go with each run.
+                    if name != "sessions" && name != "locks" {
+                        stack.push(e.path());
+                    }
+                } else {
+                    n += 1;
+                }
+            }
+        }
+        n
+    };
+    let before = objects();
+    std::fs::write(w.dir.join("beside-the-source"), b"x").unwrap();
+    let j = backup(&[]);
+    assert_eq!(j["scan"]["mode"], "journal", "{j}");
+    assert_eq!(j["scan"]["dirs_listed"], 0, "{j}");
+    assert_eq!(objects(), before + 1, "{j}");
+    // Other excludes are another scope.
+    let other = backup(&["--exclude", "*.tmp"]);
+    assert!(
+        other["scan"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("sources or excludes changed"),
+        "{other}"
+    );
+    // The fourth run since a full scan verifies the journal.
+    backup(&[]);
+    backup(&[]);
+    backup(&[]);
+    let v = backup(&[]);
+    assert_eq!(v["scan"]["mode"], "verify", "{v}");
+    assert_eq!(v["scan"]["journal_matched"], true, "{v}");
+    assert_eq!(status()["profiles"][0]["journal"]["verified"], 1);
+    // A restarted watcher did not see what happened while it was down.
+    assert_eq!(stop(d), Some(0));
+    std::fs::write(src.join("a/while-stopped"), b"unseen").unwrap();
+    let down = backup(&[]);
+    assert!(
+        down["scan"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not running"),
+        "{down}"
+    );
+    let d = w.daemon("j2.log");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !w.log("j2.log").contains("watching") {
+        assert!(Instant::now() < deadline, "{}", w.log("j2.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let restarted = backup(&[]);
+    assert!(
+        restarted["scan"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("watcher restarted"),
+        "{restarted}"
+    );
+    // More changed directories than the journal holds: a loss, not memory.
+    assert_eq!(stop(d), Some(0));
+    let f = std::fs::File::create(w.dir.join("j3.log")).unwrap();
+    let mut d = Daemon(Some(
+        w.cmd(&["daemon"])
+            .env("CAPSULE_JOURNAL_MAX_DIRS", "2")
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .unwrap(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !w.log("j3.log").contains("watching") {
+        assert!(Instant::now() < deadline, "{}", w.log("j3.log"));
+        assert!(d.try_wait().unwrap().is_none(), "{}", w.log("j3.log"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    backup(&[]);
+    for dir in ["a", "b/c", "b/d"] {
+        std::fs::write(src.join(dir).join("more"), b"more").unwrap();
+    }
+    let over = backup(&[]);
+    assert!(
+        over["scan"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("more than 2 directories changed"),
+        "{over}"
+    );
+    let after = backup(&[]);
+    assert_eq!(after["scan"]["mode"], "journal", "{after}");
+    assert_eq!(stop(d), Some(0));
+}

@@ -112,11 +112,6 @@ impl Inotify {
         Ok(w)
     }
 
-    /// How many directories are watched.
-    pub fn watches(&self) -> usize {
-        self.dirs.len()
-    }
-
     /// Adds a watch to `dir` and every directory below it (not following
     /// symlinks; not past `dev` with one-file-system).
     fn add_tree(&mut self, dir: &Path, dev: u64, journal: &mut Journal) -> Result<()> {
@@ -332,6 +327,10 @@ impl Watcher for Inotify {
         "inotify"
     }
 
+    fn watches(&self) -> usize {
+        self.dirs.len()
+    }
+
     fn drain(&mut self, journal: &mut Journal, wait: Duration) -> Result<bool> {
         let before = journal.seq;
         {
@@ -371,6 +370,7 @@ impl Watcher for Inotify {
                 }
             }
         }
+        journal.watched = self.dirs.len();
         Ok(journal.seq != before)
     }
 }

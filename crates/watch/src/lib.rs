@@ -149,6 +149,12 @@ pub struct Journal {
     pub pid: u32,
     /// The last sequence number given.
     pub seq: u64,
+    /// Directories watched (for `status`).
+    #[serde(default)]
+    pub watched: usize,
+    /// When the watcher started, Unix seconds.
+    #[serde(default)]
+    pub since: i64,
     /// How many times it was written on request (see [`Journal::syncs`]).
     pub syncs: u64,
     /// The latest loss of track.
@@ -186,6 +192,8 @@ impl Journal {
             identity,
             pid: std::process::id(),
             seq: 0,
+            watched: 0,
+            since: now_unix(),
             syncs: 0,
             lost: None,
             degraded: None,
@@ -445,6 +453,10 @@ pub trait Watcher: Send {
     /// first. Returns whether anything was recorded. An error means the
     /// watcher cannot go on (the journal says why in `degraded`).
     fn drain(&mut self, journal: &mut Journal, wait: Duration) -> Result<bool>;
+
+    /// How many directories are watched (0 for a watcher that marks whole
+    /// file systems).
+    fn watches(&self) -> usize;
 }
 
 /// What to watch.
@@ -481,7 +493,10 @@ pub fn start(opts: &WatchOptions) -> (Journal, Option<Box<dyn Watcher>>) {
     let identity = Identity::new("inotify", opts.scope(), &sources);
     let mut journal = Journal::new(identity);
     match inotify::Inotify::start(opts, &mut journal) {
-        Ok(w) => (journal, Some(Box::new(w))),
+        Ok(w) => {
+            journal.watched = w.watches();
+            (journal, Some(Box::new(w)))
+        }
         Err(e) => {
             journal.degraded = Some(e.to_string());
             (journal, None)

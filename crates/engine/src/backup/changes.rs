@@ -79,7 +79,8 @@ impl Changes {
 /// How a backup scanned its sources, for its report and run record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ScanReport {
-    /// `"journal"` (only what changed was listed) or `"full"`.
+    /// `"journal"` (only what changed was listed), `"full"`, or `"verify"`
+    /// (both, the full scan stored).
     pub mode: String,
     /// Why the whole tree was scanned when a journal was offered or asked
     /// for; `None` when no journal was asked for.
@@ -91,6 +92,10 @@ pub struct ScanReport {
     /// Directories changed per the journal (dirty and deep).
     #[serde(default)]
     pub dirs_changed: u64,
+    /// A verification run (`mode` "verify": the journal's walk, then a full
+    /// scan, whose snapshot is stored): whether the two agreed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_matched: Option<bool>,
 }
 
 #[cfg(test)]

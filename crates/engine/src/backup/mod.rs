@@ -76,6 +76,9 @@ pub struct BackupOptions {
     /// Why no journal is used, when one was asked for and the caller
     /// already knows it cannot be (reported as the full scan's reason).
     pub no_changes_because: Option<String>,
+    /// A verification run: walk with `changes`, then scan in full, store
+    /// the full scan's snapshot and say whether the two agreed.
+    pub verify_changes: bool,
 }
 
 /// A problem with one source entry; the backup went on without it.
@@ -501,7 +504,17 @@ pub fn backup(
         ctx = new_ctx(false);
         root = pool.install(|| walk::save_roots(&ctx, &sources, parent_root));
     }
-    let journal_used = ctx.changes.is_some();
+    let mut journal_used = ctx.changes.is_some();
+    let mut journal_matched = None;
+    if journal_used && opts.verify_changes {
+        if let Ok(by_journal) = &root {
+            let by_journal = *by_journal;
+            ctx = new_ctx(false);
+            root = pool.install(|| walk::save_roots(&ctx, &sources, parent_root));
+            journal_matched = root.as_ref().ok().map(|full| *full == by_journal);
+            journal_used = false;
+        }
+    }
     if let Some(h) = estimator {
         h.stop();
     }
@@ -624,8 +637,18 @@ pub fn backup(
         packs_distrusted,
         clock_warning,
         scan: ScanReport {
-            mode: if journal_used { "journal" } else { "full" }.into(),
-            reason: if journal_used { None } else { no_journal },
+            mode: match (journal_used, journal_matched) {
+                (true, _) => "journal",
+                (false, Some(_)) => "verify",
+                (false, None) => "full",
+            }
+            .into(),
+            reason: if journal_used || journal_matched.is_some() {
+                None
+            } else {
+                no_journal
+            },
+            journal_matched,
             dirs_listed: g(&c.dirs_listed),
             dirs_changed: changes.map_or(0, |c| c.len() as u64),
         },
