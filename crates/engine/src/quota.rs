@@ -38,7 +38,11 @@ pub struct Quota {
 /// The quota in force, if any: the newest readable quota object. A quota
 /// of 0 bytes means none (how one is cleared).
 pub fn load(repo: &Repository) -> Result<Option<Quota>> {
-    let names = match repo.backend().list(FileType::Quota.prefix()) {
+    let listed = match repo.take_quota_listing() {
+        Some(l) => Ok(l),
+        None => repo.backend().list(FileType::Quota.prefix()),
+    };
+    let names = match listed {
         Ok(o) => o,
         Err(e) if e.kind == capsule_backend::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(e.into()),
@@ -60,6 +64,8 @@ pub fn load(repo: &Repository) -> Result<Option<Quota>> {
 
 /// Sets (or, with 0 bytes, clears) the quota; older quota objects go.
 pub fn set(repo: &Repository, bytes: u64, min_age_secs: i64) -> Result<Quota> {
+    // What was listed while opening is about to be out of date.
+    let _ = repo.take_quota_listing();
     let q = Quota {
         bytes,
         min_age_secs,

@@ -46,6 +46,9 @@ pub struct Repository {
     key_source: KeySource,
     /// Damaged or stray key files seen while opening.
     warnings: Vec<EngineError>,
+    /// `quota/` as listed beside the config while opening (taken once, by
+    /// the first `quota::load`): a backup starts one round trip sooner.
+    quota_listing: std::sync::Mutex<Option<Vec<capsule_backend::ObjectInfo>>>,
 }
 
 /// Parameters for `init`.
@@ -136,6 +139,11 @@ fn new_keyfile(master: &MasterKey, password: &[u8], kdf: KdfParams) -> Result<(V
     let hint = KeyHint {
         salt: salt.to_vec(),
         kdf,
+        name: Some(format!(
+            "{}{}",
+            FileType::Key.prefix(),
+            ObjectId::of(&json).to_hex()
+        )),
     };
     Ok((json, hint))
 }
@@ -241,17 +249,25 @@ fn kdf_in_bounds(kdf: KdfParams) -> bool {
 pub struct KeyHint {
     salt: Vec<u8>,
     kdf: KdfParams,
+    /// The key file's name (`keys/<id>`), so that it is read without
+    /// listing `keys/` first: one round trip less for every command.
+    name: Option<String>,
 }
 
 impl KeyHint {
-    /// One line: `argon2id <memory KiB> <passes> <lanes> <salt hex>`.
+    /// One line: `argon2id <memory KiB> <passes> <lanes> <salt hex>
+    /// [<key file name>]`.
     pub fn to_text(&self) -> String {
         format!(
-            "argon2id {} {} {} {}\n",
+            "argon2id {} {} {} {}{}\n",
             self.kdf.m_cost,
             self.kdf.t_cost,
             self.kdf.p_cost,
-            hex::encode(&self.salt)
+            hex::encode(&self.salt),
+            self.name
+                .as_ref()
+                .map(|n| format!(" {n}"))
+                .unwrap_or_default()
         )
     }
 
@@ -269,8 +285,18 @@ impl KeyHint {
             p_cost: f.next()?.parse().ok()?,
         };
         let salt = hex::decode(f.next()?).ok()?;
+        // A name read from a local file is only ever a key file's name.
+        let name = match f.next() {
+            Some(n) => {
+                n.strip_prefix(FileType::Key.prefix())?
+                    .parse::<ObjectId>()
+                    .ok()?;
+                Some(n.to_string())
+            }
+            None => None,
+        };
         let valid = f.next().is_none() && kdf_in_bounds(kdf) && (8..=64).contains(&salt.len());
-        valid.then_some(KeyHint { salt, kdf })
+        valid.then_some(KeyHint { salt, kdf, name })
     }
 
     /// Whether a derivation with this hint's cost may start before the key
@@ -418,9 +444,58 @@ fn find_key(
     password: &[u8],
     mut early: Option<EarlyKey>,
 ) -> Result<KeySearch> {
+    // The key file the hint names, read directly: when it opens, `keys/`
+    // is not listed at all. When the derivation does not open it, it is
+    // set aside as the search below would (an early derivation is this
+    // password's; a held key falls back to the password there); anything
+    // else (gone, another salt) is the search below.
+    let mut tried = None;
+    let mut intact = 0;
+    if let Some(name) = early.as_ref().and_then(|e| e.hint.name.clone()) {
+        let got = backend
+            .get(&name, None)
+            .map_err(EngineError::from)
+            .and_then(|b| parse_keyfile(&b, &name));
+        if let Ok(p) = got {
+            if let Some((kek, how)) = EarlyKey::take_for(&mut early, &p) {
+                let opened = match capsule_crypto::unwrap_master_key_with_kek(&p.sealed, &kek) {
+                    Err(capsule_crypto::CryptoError::Auth) if how == KeySource::Held => {
+                        capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf)
+                            .map(|k| (k, KeySource::Derived))
+                    }
+                    r => r.map(|k| (k, how)),
+                };
+                match opened {
+                    Ok((k, source)) => {
+                        return Ok(KeySearch {
+                            source,
+                            key: Some((
+                                k,
+                                p.id,
+                                KeyHint {
+                                    salt: p.salt,
+                                    kdf: p.kdf,
+                                    name: Some(p.name),
+                                },
+                            )),
+                            intact: 0,
+                            damaged: Vec::new(),
+                        });
+                    }
+                    Err(_) => {
+                        intact += 1;
+                        tried = Some(p.name);
+                    }
+                }
+            }
+        }
+    }
     let mut parsed = Vec::new();
     let mut damaged = Vec::new();
     for k in backend.list(FileType::Key.prefix())? {
+        if tried.as_ref() == Some(&k.name) {
+            continue;
+        }
         let bytes = match backend.get(&k.name, None) {
             Ok(b) => b,
             Err(e) if e.kind == ErrorKind::NotFound => continue,
@@ -443,7 +518,6 @@ fn find_key(
             .is_some_and(|e| e.hint.salt == p.salt && e.hint.kdf == p.kdf);
         (!derived, p.work())
     });
-    let mut intact = 0;
     for p in parsed {
         let mut source = KeySource::Derived;
         let opened = match EarlyKey::take_for(&mut early, &p) {
@@ -480,6 +554,7 @@ fn find_key(
                         KeyHint {
                             salt: p.salt,
                             kdf: p.kdf,
+                            name: Some(p.name),
                         },
                     )),
                     intact,
@@ -637,6 +712,7 @@ impl Repository {
             key_hint,
             key_source: KeySource::New,
             warnings: Vec::new(),
+            quota_listing: std::sync::Mutex::new(None),
         })
     }
 
@@ -656,10 +732,11 @@ impl Repository {
         // config is fetched while the keys are listed: every command on a
         // remote repository starts one round trip sooner. The config's
         // outcome is still judged first.
-        let (config_got, search) = std::thread::scope(|s| {
+        let (config_got, search, quota_listing) = std::thread::scope(|s| {
             let config = s.spawn(|| backend.get("config", None));
+            let quota = s.spawn(|| backend.list(FileType::Quota.prefix()).ok());
             let search = find_key(&*backend, password, early);
-            (config.join(), search)
+            (config.join(), search, quota.join().ok().flatten())
         });
         let config_got = config_got.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         let sealed_config = match config_got {
@@ -723,6 +800,7 @@ impl Repository {
             key_hint,
             key_source: search.source,
             warnings: search.damaged,
+            quota_listing: std::sync::Mutex::new(quota_listing),
         })
     }
 
@@ -731,6 +809,15 @@ impl Repository {
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = backend;
         self
+    }
+
+    /// `quota/` as listed while opening, once; `None` after (or when that
+    /// listing failed): list it then.
+    pub(crate) fn take_quota_listing(&self) -> Option<Vec<capsule_backend::ObjectInfo>> {
+        self.quota_listing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// How the key that opened the repository was had (a daemon's run
@@ -1209,12 +1296,41 @@ mod tests {
             format!("argon2id 64 1 1 {salt} extra"),
             format!("argon2id 64 1 1 {}", &salt[..8]),
             format!("argon2id 64 1 1 zz{}", &salt[2..]),
+            // A name that is not a key file's: never read.
+            format!("argon2id 64 1 1 {salt} keys/../config"),
+            format!("argon2id 64 1 1 {salt} config"),
             // More than a key file may ask: a planted hint costs nothing.
             format!("argon2id 4194304 3 1 {salt}"),
             format!("argon2id 65536 100 1 {salt}"),
         ] {
             assert_eq!(KeyHint::parse(&bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_hint_naming_its_key_file_opens_without_listing_the_keys() {
+        use capsule_backend::{LabBackend, MeteredBackend};
+        use std::sync::atomic::Ordering::Relaxed;
+        let (store, hint) = repo();
+        assert!(hint.name.is_some());
+        let open = |hint: KeyHint| {
+            let inner: Arc<dyn LabBackend> = store.clone();
+            let m = MeteredBackend::new(inner);
+            let stats = m.stats();
+            let r =
+                Repository::open_with_early_key(Arc::new(m), PW, Some(EarlyKey::start(PW, hint)));
+            (r, stats)
+        };
+        let (r, stats) = open(hint.clone());
+        assert_eq!(r.unwrap().key_source(), KeySource::Early);
+        // `quota/` is listed beside the config; `keys/` is not.
+        assert_eq!(stats.lists.load(Relaxed), 1);
+        // A hint naming a key file that is gone: the keys are listed.
+        let mut gone = hint;
+        gone.name = Some(format!("{}{}", FileType::Key.prefix(), "ab".repeat(32)));
+        let (r, stats) = open(gone);
+        assert!(r.is_ok());
+        assert_eq!(stats.lists.load(Relaxed), 2);
     }
 
     #[test]

@@ -292,8 +292,8 @@ fn find_parent(
     host: &str,
     paths: &[String],
     now: (i64, u32),
+    snaps: Vec<(ObjectId, Snapshot)>,
 ) -> Result<(Option<Parent>, Option<String>)> {
-    let (snaps, _) = repo.list_snapshots()?;
     let mut want = paths.to_vec();
     want.sort();
     let mut same = snaps.into_iter().rev().filter(|(_, s)| {
@@ -366,7 +366,20 @@ pub fn backup(
     // a prune deletes nothing this backup may have seen in the index while
     // the session is held (crate::session).
     let session = crate::session::Session::start(&repo)?;
-    let (mut index, _bad) = repo.load_index()?;
+    // The index and the snapshots (for the parent) do not depend on each
+    // other: listed at once, one round trip instead of two.
+    let (loaded, listed) = std::thread::scope(|s| {
+        let snaps = s.spawn(|| repo.list_snapshots());
+        let index = repo.load_index();
+        (
+            index,
+            snaps
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        )
+    });
+    let (mut index, _bad) = loaded?;
+    let (snapshots, _) = listed?;
     let journal = match &opts.journal {
         Some(p) => Some((p.clone(), crate::journal::recover(&repo, &mut index, p)?)),
         None => None,
@@ -384,8 +397,14 @@ pub fn backup(
         .collect();
     index.forget_packs(&lost);
     let index = Arc::new(index);
-    let (parent, clock_warning) =
-        find_parent(&repo, opts, &host, &path_strings, (start_unix, start_nanos))?;
+    let (parent, clock_warning) = find_parent(
+        &repo,
+        opts,
+        &host,
+        &path_strings,
+        (start_unix, start_nanos),
+        snapshots,
+    )?;
     let parent_root = match &parent {
         // With --force the parent is still used for identity (atimes,
         // new-vs-changed counts), never to skip reading content.
