@@ -462,3 +462,33 @@ fn a_journal_driven_backup_equals_a_full_scan_after_random_changes() {
     eprintln!("journal used in {used} steps, refused in {fell_back}");
     assert!(used > 0, "seed {seed}: the journal was never used");
 }
+
+/// A source on a file system whose changes raise no event where they are
+/// made (procfs here; NFS, SMB, FUSE alike) is not watched: every run
+/// scans it in full, whatever else the journal says.
+#[test]
+fn a_source_that_cannot_be_watched_is_scanned_in_full_by_every_run() {
+    let root = tempfile::tempdir().unwrap();
+    let proc_dir = PathBuf::from("/proc/sys/fs/inotify");
+    let opts = WatchOptions {
+        sources: vec![root.path().to_path_buf(), proc_dir.clone()],
+        ..WatchOptions::default()
+    };
+    let (mut journal, watcher) = capsule_watch::start(&opts);
+    let mut watcher = watcher.expect("inotify runs here");
+    assert!(journal.unwatchable.contains(&proc_dir), "{journal:?}");
+    let base = Base {
+        identity: journal.identity.clone(),
+        cut: journal.cut(),
+        snapshot: "ab".repeat(32),
+        runs_since_verify: 0,
+        linked: Default::default(),
+    };
+    std::fs::write(root.path().join("f"), b"x").unwrap();
+    watcher.drain(&mut journal, Duration::ZERO).unwrap();
+    let c = journal
+        .changes_since(&base, &opts.scope(), &journal.cut())
+        .unwrap();
+    assert!(c.deep.contains(&proc_dir), "{c:?}");
+    assert!(c.dirty.contains(root.path()), "{c:?}");
+}
