@@ -49,6 +49,18 @@ pub fn watch_options(p: &Profile) -> WatchOptions {
                 .unwrap_or_else(|| ".capsuleignore".into())
         }),
         one_file_system: p.one_file_system.unwrap_or(false),
+        skip: capsule_lab::history::state_dir()
+            .into_iter()
+            .chain(
+                p.cache_dir
+                    .clone()
+                    .or_else(|| std::env::var_os("CAPSULE_CACHE_DIR").map(PathBuf::from))
+                    .or_else(|| match capsule_access::CachePolicy::user_default() {
+                        capsule_access::CachePolicy::In(d) => Some(d),
+                        capsule_access::CachePolicy::Off => None,
+                    }),
+            )
+            .collect(),
     }
 }
 

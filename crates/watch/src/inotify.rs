@@ -56,6 +56,7 @@ pub struct Inotify {
     sources: Vec<PathBuf>,
     ignore_file: Option<Vec<u8>>,
     one_file_system: bool,
+    skip: Vec<PathBuf>,
     /// `/proc/self/mountinfo`, polled for a change of the mount table.
     mountinfo: Option<std::fs::File>,
     /// Mount points at or below a source, as last seen.
@@ -98,6 +99,11 @@ impl Inotify {
             sources: sources.clone(),
             ignore_file: opts.ignore_file.as_ref().map(|n| n.as_bytes().to_vec()),
             one_file_system: opts.one_file_system,
+            skip: opts
+                .skip
+                .iter()
+                .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
+                .collect(),
             mountinfo,
             mounts: BTreeSet::new(),
             buf: vec![MaybeUninit::uninit(); 64 << 10],
@@ -117,6 +123,9 @@ impl Inotify {
     fn add_tree(&mut self, dir: &Path, dev: u64, journal: &mut Journal) -> Result<()> {
         let mut stack = vec![dir.to_path_buf()];
         while let Some(d) = stack.pop() {
+            if self.skip.iter().any(|s| d.starts_with(s)) {
+                continue;
+            }
             if let Ok(fs) = rustix::fs::statfs(&d) {
                 #[allow(clippy::unnecessary_cast)]
                 if UNWATCHABLE.contains(&(fs.f_type as i64)) {
@@ -233,6 +242,13 @@ impl Inotify {
             return Ok(());
         }
         match e.name {
+            // capsule's own state and cache, where they lie in a source's
+            // directory (backups skip them).
+            Some(name)
+                if self
+                    .skip
+                    .iter()
+                    .any(|s| dir.join(OsStr::from_bytes(&name)).starts_with(s)) => {}
             Some(name) => {
                 journal.dirty(&dir);
                 if self.ignore_file.as_deref() == Some(name.as_slice()) {

@@ -471,6 +471,10 @@ pub struct WatchOptions {
     pub ignore_file: Option<String>,
     /// Stay on each source's file system.
     pub one_file_system: bool,
+    /// Directories not watched: capsule's own state and cache, which the
+    /// backups skip too. Watching them would make the watcher record its
+    /// own writes of the journal, and write it again, forever.
+    pub skip: Vec<PathBuf>,
 }
 
 impl WatchOptions {

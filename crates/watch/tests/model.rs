@@ -492,3 +492,30 @@ fn a_source_that_cannot_be_watched_is_scanned_in_full_by_every_run() {
     assert!(c.deep.contains(&proc_dir), "{c:?}");
     assert!(c.dirty.contains(root.path()), "{c:?}");
 }
+
+/// capsule's own state or cache inside a source is not watched: the
+/// daemon's writes of the journal must not be recorded as changes (each
+/// record would be written, and seen, again).
+#[test]
+fn its_own_state_inside_a_source_is_not_watched() {
+    let root = tempfile::tempdir().unwrap();
+    let state = root.path().join("home/.local/state/capsule");
+    std::fs::create_dir_all(&state).unwrap();
+    let opts = WatchOptions {
+        sources: vec![root.path().join("home")],
+        skip: vec![state.clone()],
+        ..WatchOptions::default()
+    };
+    let (mut journal, watcher) = capsule_watch::start(&opts);
+    let mut watcher = watcher.unwrap();
+    std::fs::write(state.join("journal.json"), b"{}").unwrap();
+    std::fs::create_dir(state.join("more")).unwrap();
+    assert!(!watcher.drain(&mut journal, Duration::ZERO).unwrap());
+    assert!(
+        journal.dirty.is_empty() && journal.deep.is_empty(),
+        "{journal:?}"
+    );
+    std::fs::write(root.path().join("home/f"), b"x").unwrap();
+    assert!(watcher.drain(&mut journal, Duration::ZERO).unwrap());
+    assert_eq!(journal.dirty.len(), 1, "{journal:?}");
+}
