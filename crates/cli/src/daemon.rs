@@ -574,11 +574,16 @@ impl Watching {
                     (Some(w), _) => log(
                         "info",
                         &profile,
-                        &format!(
-                            "watching {} directories ({}): runs list only what changed",
-                            journal.watched,
-                            w.kind()
-                        ),
+                        &match journal.watched {
+                            0 => format!(
+                                "watching the sources' file systems ({}): runs list only what changed",
+                                w.kind()
+                            ),
+                            n => format!(
+                                "watching {n} directories ({}): runs list only what changed",
+                                w.kind()
+                            ),
+                        },
                     ),
                     (None, Some(why)) => log(
                         "warning",

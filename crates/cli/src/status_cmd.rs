@@ -323,9 +323,12 @@ fn journal_view(name: &str, daemon: bool, st: &ProfileState) -> serde_json::Valu
         (Some(j), true) => match &j.degraded {
             Some(why) => parts.push(format!("not watching: {why}")),
             None => parts.push(format!(
-                "{} watches {} directories since {}",
+                "{} watches {} since {}",
                 j.identity.kind,
-                j.watched,
+                match j.watched {
+                    0 => "the sources' file systems".to_string(),
+                    n => format!("{n} directories"),
+                },
                 capsule_engine::timefmt::rfc3339(j.since)
             )),
         },

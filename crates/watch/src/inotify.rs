@@ -34,7 +34,7 @@ use crate::{walked_sources, Journal, Result, WatchError, WatchOptions, Watcher};
 /// File-system types whose changes made elsewhere raise no inotify event
 /// (`statfs` `f_type`): NFS, SMB/CIFS (three magics), FUSE, 9p, Ceph,
 /// AFS, procfs, sysfs.
-const UNWATCHABLE: [i64; 11] = [
+pub(crate) const UNWATCHABLE: [i64; 11] = [
     0x6969,
     0x517B,
     0xFF53_4D42,
@@ -57,10 +57,7 @@ pub struct Inotify {
     ignore_file: Option<Vec<u8>>,
     one_file_system: bool,
     skip: Vec<PathBuf>,
-    /// `/proc/self/mountinfo`, polled for a change of the mount table.
-    mountinfo: Option<std::fs::File>,
-    /// Mount points at or below a source, as last seen.
-    mounts: BTreeSet<PathBuf>,
+    mounts: MountWatch,
     buf: Vec<MaybeUninit<u8>>,
 }
 
@@ -92,7 +89,6 @@ impl Inotify {
         let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
             .map_err(|e| WatchError::Degraded(format!("inotify cannot be used here: {e}")))?;
         let sources = walked_sources(&opts.sources);
-        let mountinfo = std::fs::File::open("/proc/self/mountinfo").ok();
         let mut w = Inotify {
             fd,
             dirs: HashMap::new(),
@@ -104,11 +100,9 @@ impl Inotify {
                 .iter()
                 .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
                 .collect(),
-            mountinfo,
-            mounts: BTreeSet::new(),
+            mounts: MountWatch::new(&sources),
             buf: vec![MaybeUninit::uninit(); 64 << 10],
         };
-        w.mounts = w.mounts_below();
         for s in &sources {
             if std::fs::symlink_metadata(s).is_ok_and(|m| m.is_dir()) {
                 let dev = std::fs::metadata(s).map(|m| m.dev()).unwrap_or(0);
@@ -179,18 +173,6 @@ impl Inotify {
             self.dirs.remove(&wd);
             let _ = inotify::remove_watch(&self.fd, wd);
         }
-    }
-
-    /// Mount points at or below a source.
-    fn mounts_below(&self) -> BTreeSet<PathBuf> {
-        let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-            return BTreeSet::new();
-        };
-        text.lines()
-            .filter_map(|l| l.split(' ').nth(4))
-            .map(|p| PathBuf::from(unescape_mount(p)))
-            .filter(|p| self.sources.iter().any(|s| p.starts_with(s)))
-            .collect()
     }
 
     /// Reads what is queued, without waiting.
@@ -292,10 +274,40 @@ impl Inotify {
         }
         Ok(())
     }
+}
 
-    /// Whether the mount table changed since last looked at (and re-arms).
-    fn mounts_changed(&mut self) -> bool {
-        let Some(f) = &mut self.mountinfo else {
+/// Mount points at or below any of `sources`.
+pub(crate) fn mounts_below(sources: &[PathBuf]) -> BTreeSet<PathBuf> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return BTreeSet::new();
+    };
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mount(p)))
+        .filter(|p| sources.iter().any(|s| p.starts_with(s)))
+        .collect()
+}
+
+/// The mount table, polled for a change below the sources: a mount hides
+/// or shows a whole tree without an event in it.
+pub(crate) struct MountWatch {
+    file: Option<std::fs::File>,
+    sources: Vec<PathBuf>,
+    mounts: BTreeSet<PathBuf>,
+}
+
+impl MountWatch {
+    pub(crate) fn new(sources: &[PathBuf]) -> MountWatch {
+        MountWatch {
+            file: std::fs::File::open("/proc/self/mountinfo").ok(),
+            sources: sources.to_vec(),
+            mounts: mounts_below(sources),
+        }
+    }
+
+    /// Whether the mounts below the sources changed since last asked.
+    pub(crate) fn changed(&mut self) -> bool {
+        let Some(f) = &mut self.file else {
             return false;
         };
         let mut fds = [rustix::event::PollFd::new(
@@ -311,7 +323,7 @@ impl Inotify {
         use std::io::{Read, Seek};
         let _ = f.seek(std::io::SeekFrom::Start(0));
         let _ = f.read_to_end(&mut Vec::new());
-        let now = self.mounts_below();
+        let now = mounts_below(&self.sources);
         std::mem::replace(&mut self.mounts, now) != self.mounts
     }
 }
@@ -370,7 +382,7 @@ impl Watcher for Inotify {
                 return Err(e);
             }
         }
-        if self.mounts_changed() {
+        if self.mounts.changed() {
             journal.lose("the mounts below the sources changed");
             // Watch what a new mount shows.
             let sources = self.sources.clone();

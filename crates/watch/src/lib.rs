@@ -24,6 +24,7 @@
 //! written whole and renamed into place. Paths are stored percent-encoded,
 //! so names that are not UTF-8 survive.
 
+pub mod fanotify;
 pub mod inotify;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -494,6 +495,14 @@ impl WatchOptions {
 /// watcher is returned: the profile's runs scan in full.
 pub fn start(opts: &WatchOptions) -> (Journal, Option<Box<dyn Watcher>>) {
     let sources = walked_sources(&opts.sources);
+    // fanotify where this process may (root, or CAP_SYS_ADMIN), unless
+    // told not to (`CAPSULE_WATCHER=inotify`).
+    if std::env::var("CAPSULE_WATCHER").as_deref() != Ok("inotify") {
+        let mut journal = Journal::new(Identity::new("fanotify", opts.scope(), &sources));
+        if let Ok(w) = fanotify::Fanotify::start(opts, &mut journal) {
+            return (journal, Some(Box::new(w)));
+        }
+    }
     let identity = Identity::new("inotify", opts.scope(), &sources);
     let mut journal = Journal::new(identity);
     match inotify::Inotify::start(opts, &mut journal) {

@@ -382,7 +382,9 @@ fn save_dir(
             .unwrap_or_else(|p| p.into_inner())
             .push(path.to_path_buf());
     }
-    if journal {
+    // Also in a directory scanned in full under a journal (a new one): a
+    // link made there has its other names where the journal saw nothing.
+    if ctx.changes.is_some() {
         if let Some(name) = newly_linked(&parent_nodes, &nodes) {
             return Err(give_up(
                 ctx,
@@ -392,6 +394,8 @@ fn save_dir(
                 ),
             ));
         }
+    }
+    if journal {
         account(ctx, path, &parent_nodes, &nodes)?;
     }
     // Every entry as the parent recorded it: reuse its tree blob as is,

@@ -1,0 +1,386 @@
+//! The fanotify watcher: one mark on each file system holding a source,
+//! reporting each change with its directory's file handle and the entry's
+//! name (`FAN_REPORT_DFID_NAME`, Linux 5.9). It needs `CAP_SYS_ADMIN`
+//! (root); where that is missing, [`crate::start`] falls back to inotify.
+//!
+//! Against inotify: no watch per directory (no limit to run into, nothing
+//! to add when a directory appears, so no window in which a new
+//! directory's changes go unseen), and an unbounded queue. Each event's
+//! directory handle is turned back into a path (`open_by_handle_at`, then
+//! the descriptor's link in `/proc/self/fd`); events outside the sources,
+//! which a file-system mark also reports, are dropped there. A handle that
+//! no longer opens is a directory deleted since: its parent had an event
+//! for that, so nothing is lost by dropping it.
+//!
+//! The rules of what an event makes dirty or deep are inotify's (see
+//! [`crate::inotify`]).
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::inotify::{mounts_below, MountWatch, UNWATCHABLE};
+use crate::{walked_sources, Journal, Result, WatchError, WatchOptions, Watcher};
+
+const MASK: u64 = libc::FAN_CREATE
+    | libc::FAN_DELETE
+    | libc::FAN_MOVED_FROM
+    | libc::FAN_MOVED_TO
+    | libc::FAN_MODIFY
+    | libc::FAN_ATTRIB
+    | libc::FAN_CLOSE_WRITE
+    | libc::FAN_DELETE_SELF
+    | libc::FAN_MOVE_SELF
+    | libc::FAN_ONDIR;
+
+/// The fanotify watcher.
+pub struct Fanotify {
+    fd: OwnedFd,
+    /// Each marked file system's ID and a descriptor on it, for
+    /// `open_by_handle_at`.
+    filesystems: Vec<([u8; 8], OwnedFd)>,
+    sources: Vec<PathBuf>,
+    ignore_file: Option<Vec<u8>>,
+    skip: Vec<PathBuf>,
+    /// Directory handle → its path (`None`: outside the sources), until a
+    /// directory moves.
+    paths: HashMap<Vec<u8>, Option<PathBuf>>,
+    mounts: MountWatch,
+    buf: Vec<u8>,
+}
+
+/// A file system's ID as `statfs` gives it, in the bytes events carry
+/// (`__kernel_fsid_t`: two 32-bit words in memory order; `statvfs` packs
+/// them low word first).
+fn fsid_of(path: &Path) -> Option<[u8; 8]> {
+    let id = rustix::fs::statvfs(path).ok()?.f_fsid;
+    let mut out = [0u8; 8];
+    out[..4].copy_from_slice(&(id as u32).to_ne_bytes());
+    out[4..].copy_from_slice(&((id >> 32) as u32).to_ne_bytes());
+    Some(out)
+}
+
+impl Fanotify {
+    /// Marks the file system of every source (and, crossing file systems,
+    /// of every mount below them).
+    pub fn start(opts: &WatchOptions, journal: &mut Journal) -> Result<Fanotify> {
+        let flags = libc::FAN_CLOEXEC
+            | libc::FAN_NONBLOCK
+            | libc::FAN_CLASS_NOTIF
+            | libc::FAN_UNLIMITED_QUEUE
+            | libc::FAN_REPORT_DFID_NAME;
+        #[allow(unsafe_code)]
+        // SAFETY: fanotify_init takes two integer flag sets and returns a
+        // new descriptor or -1; no memory is shared.
+        let raw =
+            unsafe { libc::fanotify_init(flags, (libc::O_RDONLY | libc::O_LARGEFILE) as u32) };
+        if raw < 0 {
+            return Err(WatchError::Degraded(format!(
+                "fanotify cannot be used here: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: `raw` is a descriptor fanotify_init just returned, owned
+        // by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let sources = walked_sources(&opts.sources);
+        let mut w = Fanotify {
+            fd,
+            filesystems: Vec::new(),
+            sources: sources.clone(),
+            ignore_file: opts.ignore_file.as_ref().map(|n| n.as_bytes().to_vec()),
+            skip: opts
+                .skip
+                .iter()
+                .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
+                .collect(),
+            paths: HashMap::new(),
+            mounts: MountWatch::new(&sources),
+            buf: vec![0; 64 << 10],
+        };
+        let mut places: Vec<PathBuf> = sources
+            .iter()
+            .filter(|s| std::fs::symlink_metadata(s).is_ok_and(|m| m.is_dir()))
+            .cloned()
+            .collect();
+        if !opts.one_file_system {
+            places.extend(mounts_below(&sources));
+        }
+        for p in places {
+            w.mark(&p, journal)?;
+        }
+        Ok(w)
+    }
+
+    /// Marks the file system holding `dir`, once.
+    fn mark(&mut self, dir: &Path, journal: &mut Journal) -> Result<()> {
+        if let Ok(fs) = rustix::fs::statfs(dir) {
+            #[allow(clippy::unnecessary_cast)]
+            if UNWATCHABLE.contains(&(fs.f_type as i64)) {
+                journal.unwatchable.insert(dir.to_path_buf());
+                return Ok(());
+            }
+        }
+        let Some(fsid) = fsid_of(dir) else {
+            return Ok(());
+        };
+        if self.filesystems.iter().any(|(id, _)| *id == fsid) {
+            return Ok(());
+        }
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| WatchError::Degraded(format!("{}: a NUL in the path", dir.display())))?;
+        #[allow(unsafe_code)]
+        // SAFETY: `c` is a NUL-terminated path that outlives the call; the
+        // other arguments are integers.
+        let r = unsafe {
+            libc::fanotify_mark(
+                self.fd.as_raw_fd(),
+                libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+                MASK,
+                libc::AT_FDCWD,
+                c.as_ptr(),
+            )
+        };
+        if r < 0 {
+            return Err(WatchError::Degraded(format!(
+                "fanotify cannot mark the file system of {}: {}",
+                dir.display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        let on = rustix::fs::open(
+            dir,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| WatchError::io("open", dir, e.into()))?;
+        self.filesystems.push((fsid, on));
+        Ok(())
+    }
+
+    /// The path of the directory with this handle on the file system
+    /// `fsid`, if it is still there and in the sources.
+    fn resolve(&mut self, fsid: &[u8], handle: &[u8]) -> Option<PathBuf> {
+        let mut key = fsid.to_vec();
+        key.extend_from_slice(handle);
+        if let Some(p) = self.paths.get(&key) {
+            return p.clone();
+        }
+        let (_, on) = self.filesystems.iter().find(|(id, _)| id == fsid)?;
+        // struct file_handle: handle_bytes (u32), handle_type (i32), then
+        // the handle; the event carries it in the same layout.
+        let mut fh: Vec<u32> = vec![0; handle.len().div_ceil(4) + 1];
+        let bytes: Vec<u8> = handle.to_vec();
+        for (i, chunk) in bytes.chunks(4).enumerate() {
+            let mut w = [0u8; 4];
+            w[..chunk.len()].copy_from_slice(chunk);
+            fh[i] = u32::from_ne_bytes(w);
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: `fh` holds a whole struct file_handle (its header and
+        // `handle_bytes` bytes after it), aligned for it, alive for the
+        // call; the kernel only reads it.
+        let raw = unsafe {
+            libc::open_by_handle_at(
+                on.as_raw_fd(),
+                fh.as_mut_ptr().cast::<libc::file_handle>(),
+                libc::O_PATH | libc::O_CLOEXEC,
+            )
+        };
+        let path = if raw < 0 {
+            // Gone (ESTALE): its parent's event covers it.
+            None
+        } else {
+            #[allow(unsafe_code)]
+            // SAFETY: a descriptor open_by_handle_at just returned.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            rustix::fs::readlinkat(
+                rustix::fs::CWD,
+                format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()),
+                Vec::new(),
+            )
+            .ok()
+            .map(|p| PathBuf::from(OsStr::from_bytes(p.as_bytes())))
+            .filter(|p| !p.as_os_str().as_bytes().ends_with(b" (deleted)"))
+        };
+        let inside = path.filter(|p| {
+            self.sources.iter().any(|s| p.starts_with(s))
+                && !self.skip.iter().any(|s| p.starts_with(s))
+        });
+        if self.paths.len() > 100_000 {
+            self.paths.clear();
+        }
+        self.paths.insert(key, inside.clone());
+        inside
+    }
+
+    /// Records one event: its mask, the directory's file system and
+    /// handle, and the entry's name (none for an event on the directory
+    /// itself).
+    fn record(
+        &mut self,
+        mask: u64,
+        fsid: &[u8],
+        handle: &[u8],
+        name: Option<&[u8]>,
+        journal: &mut Journal,
+    ) -> Result<()> {
+        let is_dir = mask & libc::FAN_ONDIR != 0;
+        // A directory moved: paths learnt before may be wrong now.
+        if is_dir && mask & (libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO) != 0 {
+            self.paths.clear();
+        }
+        let Some(dir) = self.resolve(fsid, handle) else {
+            return Ok(());
+        };
+        match name {
+            Some(name) if !name.is_empty() && name != b"." => {
+                let child = dir.join(OsStr::from_bytes(name));
+                if self.skip.iter().any(|s| child.starts_with(s)) {
+                    return Ok(());
+                }
+                journal.dirty(&dir);
+                if self.ignore_file.as_deref() == Some(name) {
+                    journal.deep(&dir);
+                }
+                if is_dir && mask & (libc::FAN_CREATE | libc::FAN_MOVED_TO) != 0 {
+                    journal.deep(&child);
+                }
+                if mask & (libc::FAN_DELETE_SELF | libc::FAN_MOVE_SELF) != 0
+                    && self.sources.contains(&child)
+                {
+                    journal.lose(format!(
+                        "the source {} was moved or deleted",
+                        child.display()
+                    ));
+                }
+            }
+            _ => {
+                let is_source = self.sources.contains(&dir);
+                if mask & (libc::FAN_DELETE_SELF | libc::FAN_MOVE_SELF) != 0 {
+                    if is_source {
+                        journal.lose(format!("the source {} was moved or deleted", dir.display()));
+                    }
+                } else if !is_source {
+                    if let Some(p) = dir.parent() {
+                        journal.dirty(p);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses what one read returned: events, each a metadata header and
+    /// info records.
+    fn parse(&mut self, n: usize, journal: &mut Journal) -> Result<()> {
+        let buf = std::mem::take(&mut self.buf);
+        let mut off = 0;
+        let u16_at = |b: &[u8], i: usize| u16::from_ne_bytes([b[i], b[i + 1]]);
+        let u32_at = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut result = Ok(());
+        while off + 24 <= n {
+            let event_len = u32_at(&buf, off) as usize;
+            let meta_len = u16_at(&buf, off + 6) as usize;
+            let mask = u64::from_ne_bytes(buf[off + 8..off + 16].try_into().unwrap_or_default());
+            if event_len < 24 || off + event_len > n {
+                break;
+            }
+            if mask & libc::FAN_Q_OVERFLOW != 0 {
+                journal.lose("the kernel's fanotify queue overflowed");
+            }
+            // Info records.
+            let mut i = off + meta_len;
+            while i + 4 <= off + event_len {
+                let info_type = buf[i];
+                let len = u16_at(&buf, i + 2) as usize;
+                if len < 4 || i + len > off + event_len {
+                    break;
+                }
+                if info_type == libc::FAN_EVENT_INFO_TYPE_DFID_NAME
+                    || info_type == libc::FAN_EVENT_INFO_TYPE_DFID
+                {
+                    // header (4), fsid (8), handle_bytes (4), handle_type
+                    // (4), handle, then the NUL-terminated name.
+                    let fsid = &buf[i + 4..i + 12];
+                    let hbytes = u32_at(&buf, i + 12) as usize;
+                    let hend = i + 20 + hbytes;
+                    if hend <= i + len {
+                        let handle = &buf[i + 12..hend];
+                        let name = (info_type == libc::FAN_EVENT_INFO_TYPE_DFID_NAME).then(|| {
+                            let rest = &buf[hend..i + len];
+                            let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
+                            &rest[..end]
+                        });
+                        if let Err(e) = self.record(mask, fsid, handle, name, journal) {
+                            result = Err(e);
+                        }
+                    }
+                }
+                i += len;
+            }
+            off += event_len;
+        }
+        self.buf = buf;
+        result
+    }
+}
+
+impl Watcher for Fanotify {
+    fn kind(&self) -> &'static str {
+        "fanotify"
+    }
+
+    fn watches(&self) -> usize {
+        0
+    }
+
+    fn drain(&mut self, journal: &mut Journal, wait: Duration) -> Result<bool> {
+        let before = journal.seq;
+        {
+            let mut fds = [rustix::event::PollFd::new(
+                &self.fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let t = rustix::time::Timespec {
+                tv_sec: wait.as_secs() as i64,
+                tv_nsec: i64::from(wait.subsec_nanos()),
+            };
+            match rustix::event::poll(&mut fds, Some(&t)) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(WatchError::io("poll", Path::new("fanotify"), e.into())),
+            }
+        }
+        loop {
+            match rustix::io::read(&self.fd, &mut self.buf) {
+                Ok(0) => break,
+                Ok(n) => self.parse(n, journal)?,
+                Err(rustix::io::Errno::AGAIN) => break,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => {
+                    return Err(WatchError::io(
+                        "read fanotify events",
+                        Path::new("fanotify"),
+                        e.into(),
+                    ))
+                }
+            }
+        }
+        if self.mounts.changed() {
+            journal.lose("the mounts below the sources changed");
+            for m in mounts_below(&self.sources) {
+                if let Err(e) = self.mark(&m, journal) {
+                    journal.degraded = Some(e.to_string());
+                    return Err(e);
+                }
+            }
+        }
+        Ok(journal.seq != before)
+    }
+}
