@@ -545,7 +545,7 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
 /// asks (`sync`) and at most once a second otherwise. Stopped when
 /// dropped.
 struct Watching {
-    sync: std::sync::mpsc::Sender<()>,
+    wake: std::sync::Arc<OwnedFd>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -561,7 +561,15 @@ impl Watching {
         let path = crate::journal::journal_path(name)?;
         let base = crate::journal::base_path(name)?;
         let opts = crate::journal::watch_options(p);
-        let (sync, requests) = std::sync::mpsc::channel::<()>();
+        // Written to ask for the journal (and to stop): wakes the thread.
+        let wake = std::sync::Arc::new(
+            rustix::event::eventfd(
+                0,
+                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+            )
+            .ok()?,
+        );
+        let woken = wake.clone();
         let (ready, started) = std::sync::mpsc::channel::<()>();
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let stopping = stop.clone();
@@ -618,8 +626,26 @@ impl Watching {
                 let mut changed = false;
                 let mut written = Instant::now();
                 while !stopping.load(Ordering::Relaxed) {
-                    match watcher.as_mut() {
-                        Some(w) => match w.drain(&mut journal, Duration::from_millis(200)) {
+                    // Asleep until events are queued, a run asks, or a
+                    // second passes (to write what changed, and notice a
+                    // change of the mounts).
+                    {
+                        use rustix::event::{PollFd, PollFlags};
+                        let mut fds = vec![PollFd::new(&*woken, PollFlags::IN)];
+                        if let Some(w) = &watcher {
+                            fds.push(PollFd::from_borrowed_fd(w.as_fd(), PollFlags::IN));
+                        }
+                        let second = rustix::time::Timespec {
+                            tv_sec: 1,
+                            tv_nsec: 0,
+                        };
+                        let _ = rustix::event::poll(&mut fds, Some(&second));
+                    }
+                    let asked = rustix::io::read(&*woken, &mut [0u8; 8]).is_ok_and(|n| n == 8);
+                    // Read after the request arrived: everything the kernel
+                    // queued before it is in.
+                    if let Some(w) = watcher.as_mut() {
+                        match w.drain(&mut journal, Duration::ZERO) {
                             Ok(c) => changed |= c,
                             Err(e) => {
                                 log(
@@ -630,16 +656,9 @@ impl Watching {
                                 watcher = None;
                                 changed = true;
                             }
-                        },
-                        None => std::thread::sleep(Duration::from_millis(200)),
-                    }
-                    // Everything queued up to the request is in by now:
-                    // the drain above read what the kernel had.
-                    let asked = requests.try_iter().count() > 0;
-                    if asked {
-                        if let Some(w) = watcher.as_mut() {
-                            let _ = w.drain(&mut journal, Duration::ZERO);
                         }
+                    }
+                    if asked {
                         journal.syncs += 1;
                     }
                     if asked || (changed && written.elapsed() > Duration::from_secs(1)) {
@@ -655,7 +674,7 @@ impl Watching {
         // full, as it would anyway with no base).
         let _ = started.recv_timeout(Duration::from_secs(60));
         Some(Watching {
-            sync,
+            wake,
             stop,
             thread: Some(thread),
         })
@@ -663,13 +682,14 @@ impl Watching {
 
     /// Asks for the journal as of now.
     fn sync(&self) {
-        let _ = self.sync.send(());
+        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
     }
 }
 
 impl Drop for Watching {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.sync();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -95,7 +95,7 @@ fn synced(path: &std::path::Path, j: Journal) -> Result<Journal, String> {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(2));
         if let Ok(now) = Journal::load(path) {
             if now.syncs > j.syncs || now.identity.epoch != j.identity.epoch {
                 return Ok(now);

@@ -337,6 +337,10 @@ impl Watcher for Fanotify {
         "fanotify"
     }
 
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     fn watches(&self) -> usize {
         0
     }

@@ -355,6 +355,10 @@ impl Watcher for Inotify {
         "inotify"
     }
 
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     fn watches(&self) -> usize {
         self.dirs.len()
     }

@@ -458,6 +458,10 @@ pub trait Watcher: Send {
     /// How many directories are watched (0 for a watcher that marks whole
     /// file systems).
     fn watches(&self) -> usize;
+
+    /// A descriptor that becomes readable when events are queued, for a
+    /// caller that waits on other things too.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_>;
 }
 
 /// What to watch.
