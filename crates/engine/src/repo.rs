@@ -444,55 +444,81 @@ fn find_key(
     password: &[u8],
     mut early: Option<EarlyKey>,
 ) -> Result<KeySearch> {
-    // The key file the hint names, read directly: when it opens, `keys/`
-    // is not listed at all. When the derivation does not open it, it is
-    // set aside as the search below would (an early derivation is this
-    // password's; a held key falls back to the password there); anything
-    // else (gone, another salt) is the search below.
+    // The key file the hint names is read while `keys/` is listed, so
+    // that when it opens the key is had in one round trip. When the
+    // derivation does not open it, it is set aside as the search below
+    // would (an early derivation is this password's; a held key falls
+    // back to the password there); anything else (gone, another salt) is
+    // the search below, over the same listing.
+    let hinted = early.as_ref().and_then(|e| e.hint.name.clone());
+    let (listing, direct) = std::thread::scope(|s| {
+        let listing = s.spawn(|| backend.list(FileType::Key.prefix()));
+        let direct = hinted.as_ref().map(|name| {
+            backend
+                .get(name, None)
+                .map_err(EngineError::from)
+                .and_then(|b| parse_keyfile(&b, name))
+        });
+        (
+            listing
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            direct,
+        )
+    });
+    let listing = listing?;
     let mut tried = None;
     let mut intact = 0;
-    if let Some(name) = early.as_ref().and_then(|e| e.hint.name.clone()) {
-        let got = backend
-            .get(&name, None)
-            .map_err(EngineError::from)
-            .and_then(|b| parse_keyfile(&b, &name));
-        if let Ok(p) = got {
-            if let Some((kek, how)) = EarlyKey::take_for(&mut early, &p) {
-                let opened = match capsule_crypto::unwrap_master_key_with_kek(&p.sealed, &kek) {
-                    Err(capsule_crypto::CryptoError::Auth) if how == KeySource::Held => {
-                        capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf)
-                            .map(|k| (k, KeySource::Derived))
+    if let Some(Ok(p)) = direct {
+        if let Some((kek, how)) = EarlyKey::take_for(&mut early, &p) {
+            let opened = match capsule_crypto::unwrap_master_key_with_kek(&p.sealed, &kek) {
+                Err(capsule_crypto::CryptoError::Auth) if how == KeySource::Held => {
+                    capsule_crypto::unwrap_master_key(&p.sealed, password, &p.salt, p.kdf)
+                        .map(|k| (k, KeySource::Derived))
+                }
+                r => r.map(|k| (k, how)),
+            };
+            match opened {
+                Ok((k, source)) => {
+                    // The others are still looked at, to report a damaged
+                    // or stray one (none to read with a single key).
+                    let mut damaged = Vec::new();
+                    for o in listing.iter().filter(|o| o.name != p.name) {
+                        match backend.get(&o.name, None) {
+                            Ok(b) => {
+                                if let Err(e) = parse_keyfile(&b, &o.name) {
+                                    damaged.push(e);
+                                }
+                            }
+                            Err(e) if e.kind == ErrorKind::NotFound => {}
+                            Err(e) => damaged.push(EngineError::corrupt(&o.name, e)),
+                        }
                     }
-                    r => r.map(|k| (k, how)),
-                };
-                match opened {
-                    Ok((k, source)) => {
-                        return Ok(KeySearch {
-                            source,
-                            key: Some((
-                                k,
-                                p.id,
-                                KeyHint {
-                                    salt: p.salt,
-                                    kdf: p.kdf,
-                                    name: Some(p.name),
-                                },
-                            )),
-                            intact: 0,
-                            damaged: Vec::new(),
-                        });
-                    }
-                    Err(_) => {
-                        intact += 1;
-                        tried = Some(p.name);
-                    }
+                    return Ok(KeySearch {
+                        source,
+                        key: Some((
+                            k,
+                            p.id,
+                            KeyHint {
+                                salt: p.salt,
+                                kdf: p.kdf,
+                                name: Some(p.name),
+                            },
+                        )),
+                        intact: 0,
+                        damaged,
+                    });
+                }
+                Err(_) => {
+                    intact += 1;
+                    tried = Some(p.name);
                 }
             }
         }
     }
     let mut parsed = Vec::new();
     let mut damaged = Vec::new();
-    for k in backend.list(FileType::Key.prefix())? {
+    for k in listing {
         if tried.as_ref() == Some(&k.name) {
             continue;
         }
@@ -1308,7 +1334,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hint_naming_its_key_file_opens_without_listing_the_keys() {
+    fn a_hint_naming_its_key_file_is_read_while_the_keys_are_listed() {
         use capsule_backend::{LabBackend, MeteredBackend};
         use std::sync::atomic::Ordering::Relaxed;
         let (store, hint) = repo();
@@ -1323,14 +1349,16 @@ mod tests {
         };
         let (r, stats) = open(hint.clone());
         assert_eq!(r.unwrap().key_source(), KeySource::Early);
-        // `quota/` is listed beside the config; `keys/` is not.
-        assert_eq!(stats.lists.load(Relaxed), 1);
-        // A hint naming a key file that is gone: the keys are listed.
+        // `keys/` and `quota/` listed, the key file and the config read,
+        // all at once: nothing waits on the listing.
+        assert_eq!(stats.lists.load(Relaxed), 2);
+        assert_eq!(stats.gets.load(Relaxed), 2);
+        // A hint naming a key file that is gone: found by the listing.
         let mut gone = hint;
         gone.name = Some(format!("{}{}", FileType::Key.prefix(), "ab".repeat(32)));
         let (r, stats) = open(gone);
         assert!(r.is_ok());
-        assert_eq!(stats.lists.load(Relaxed), 2);
+        assert_eq!(stats.gets.load(Relaxed), 3);
     }
 
     #[test]
