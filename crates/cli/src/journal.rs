@@ -189,6 +189,7 @@ pub fn after_run(profile: Option<&str>, r: &ForRun, report: &BackupReport) -> Op
         snapshot: report.snapshot_id.clone(),
         runs_since_verify: if verified { 0 } else { r.runs_since_verify + 1 },
         linked: report.linked_dirs.iter().cloned().collect(),
+        tops: report.tops.clone(),
     };
     base.save(&path)
         .err()

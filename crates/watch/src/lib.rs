@@ -129,6 +129,10 @@ pub struct Base {
     /// (the backup's `linked_dirs`).
     #[serde(default, with = "path_set")]
     pub linked: BTreeSet<PathBuf>,
+    /// The sources and the directories above them as that run saw them
+    /// (the backup's `tops`).
+    #[serde(default, with = "path_pairs")]
+    pub tops: Vec<(PathBuf, String)>,
 }
 
 /// Where the watcher lost track, and why.
@@ -336,6 +340,7 @@ impl Journal {
             parent: base.snapshot.clone(),
             dirty,
             deep,
+            tops: base.tops.clone(),
         })
     }
 
@@ -613,6 +618,32 @@ mod path_map {
     }
 }
 
+mod path_pairs {
+    use super::*;
+    use serde::de::Error;
+
+    pub fn serialize<S: serde::Serializer>(
+        v: &[(PathBuf, String)],
+        s: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|(p, t)| (encode_path(p), t)))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> std::result::Result<Vec<(PathBuf, String)>, D::Error> {
+        let v: Vec<(String, String)> = Vec::deserialize(d)?;
+        v.into_iter()
+            .map(|(p, t)| {
+                Ok((
+                    decode_path(&p).ok_or_else(|| D::Error::custom("bad path"))?,
+                    t,
+                ))
+            })
+            .collect()
+    }
+}
+
 mod path_set {
     #![allow(clippy::unwrap_used)]
     use super::*;
@@ -660,6 +691,7 @@ mod tests {
             snapshot: "aa".repeat(32),
             runs_since_verify: 0,
             linked: BTreeSet::new(),
+            tops: Vec::new(),
         }
     }
 

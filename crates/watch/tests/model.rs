@@ -370,10 +370,11 @@ fn model(kind: &str) {
         snapshot: first.snapshot_id.clone(),
         runs_since_verify: 0,
         linked: first.linked_dirs.iter().cloned().collect(),
+        tops: first.tops.clone(),
     };
     let mut n = 0;
     let deadline = Instant::now() + Duration::from_secs(240);
-    let (mut used, mut fell_back) = (0, 0);
+    let (mut used, mut fell_back, mut quick) = (0, 0, 0);
     for step in 0..steps {
         if Instant::now() > deadline {
             eprintln!("stopped after {step} steps: the time bound");
@@ -393,9 +394,20 @@ fn model(kind: &str) {
             }
             _ => journal.max_dirs = capsule_watch::MAX_DIRS,
         }
-        let count = 1 + rng.below(4);
+        // Now and then nothing changes in the sources (the hourly run most
+        // often met), or only beside them (their parent directory).
+        let count = if rng.below(5) == 0 {
+            0
+        } else {
+            1 + rng.below(4)
+        };
         for i in 0..count {
             did.push(mutate(&mut rng, &src, &outside, &mut n, i + 1 == count));
+        }
+        if count == 0 && rng.below(2) == 0 {
+            n += 1;
+            std::fs::write(root.path().join(format!("beside-{n}")), b"x").unwrap();
+            did.push("a file beside the source".into());
         }
         // Reading a symlink moves its atime while that is not after its
         // ctime (relatime), and readlink has no O_NOATIME: set it later, so
@@ -405,7 +417,9 @@ fn model(kind: &str) {
         for d in dirs(&src) {
             for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
                 // Its atime after its ctime: reads leave it be.
-                if e.file_type().is_ok_and(|t| t.is_symlink()) {
+                if e.file_type().is_ok_and(|t| t.is_symlink())
+                    && std::fs::symlink_metadata(e.path()).unwrap().atime() != 4_000_000_000
+                {
                     let later = rustix::fs::Timestamps {
                         last_access: rustix::fs::Timespec {
                             tv_sec: 4_000_000_000,
@@ -436,7 +450,12 @@ fn model(kind: &str) {
         let j = run(&repo, &src, Some(&base.snapshot), changes.ok());
         let full = run(&repo, &src, Some(&base.snapshot), None);
         match (&why, j.scan.mode.as_str()) {
-            (None, "journal") => used += 1,
+            (None, "journal") => {
+                used += 1;
+                if j.scan.unchanged {
+                    quick += 1;
+                }
+            }
             // The engine may refuse a journal the watcher vouched for (a
             // new hard link), and must say why.
             (None, _) => {
@@ -480,10 +499,11 @@ fn model(kind: &str) {
             snapshot: j.snapshot_id.clone(),
             runs_since_verify: 0,
             linked: j.linked_dirs.iter().cloned().collect(),
+            tops: j.tops.clone(),
         };
         journal.prune(base.cut.seq);
     }
-    eprintln!("journal used in {used} steps, refused in {fell_back}");
+    eprintln!("journal used in {used} steps ({quick} with nothing changed, no index read), refused in {fell_back}");
     assert!(used > 0, "seed {seed}: the journal was never used");
 }
 
@@ -507,6 +527,7 @@ fn a_source_that_cannot_be_watched_is_scanned_in_full_by_every_run() {
         snapshot: "ab".repeat(32),
         runs_since_verify: 0,
         linked: Default::default(),
+        tops: Vec::new(),
     };
     std::fs::write(root.path().join("f"), b"x").unwrap();
     watcher.drain(&mut journal, Duration::ZERO).unwrap();
@@ -542,4 +563,70 @@ fn its_own_state_inside_a_source_is_not_watched() {
     std::fs::write(root.path().join("home/f"), b"x").unwrap();
     assert!(watcher.drain(&mut journal, Duration::ZERO).unwrap());
     assert_eq!(journal.dirty.len(), 1, "{journal:?}");
+}
+
+/// Nothing changed in the sources: the parent's tree is taken whole, with
+/// no index read, also when something changed beside them; a change to
+/// the source's own record or to a directory above it is not that case.
+#[test]
+fn with_nothing_changed_the_parents_tree_is_taken_whole() {
+    let root = tempfile::tempdir().unwrap();
+    let src = root.path().join("home/docs");
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::write(src.join("a/f"), b"f").unwrap();
+    let opts = WatchOptions {
+        sources: vec![src.clone()],
+        ..WatchOptions::default()
+    };
+    let scope = opts.scope();
+    let (mut journal, watcher) = capsule_watch::start(&opts);
+    let mut watcher = watcher.unwrap();
+    let repo = repo();
+    let mut cut = journal.cut();
+    let mut last = run(&repo, &src, None, None);
+    let mut next =
+        |journal: &mut Journal, cut: &mut capsule_watch::Cut, last: &mut BackupReport| {
+            watcher.drain(journal, Duration::ZERO).unwrap();
+            let base = Base {
+                identity: journal.identity.clone(),
+                cut: cut.clone(),
+                snapshot: last.snapshot_id.clone(),
+                runs_since_verify: 0,
+                linked: last.linked_dirs.iter().cloned().collect(),
+                tops: last.tops.clone(),
+            };
+            *cut = journal.cut();
+            let c = journal.changes_since(&base, &scope, cut).unwrap();
+            let j = run(&repo, &src, Some(&base.snapshot), Some(c));
+            let full = run(&repo, &src, Some(&base.snapshot), None);
+            assert_eq!(
+                tree_of(&repo, &j.snapshot_id),
+                tree_of(&repo, &full.snapshot_id)
+            );
+            assert_eq!(j.summary.files, full.summary.files);
+            *last = j.clone();
+            j
+        };
+    let r = next(&mut journal, &mut cut, &mut last);
+    assert!(r.scan.unchanged, "{:?}", r.scan);
+    assert_eq!(r.storage.packs, 0);
+    std::fs::write(root.path().join("home/beside"), b"x").unwrap();
+    let r = next(&mut journal, &mut cut, &mut last);
+    assert!(r.scan.unchanged, "{:?}", r.scan);
+    std::fs::set_permissions(
+        root.path().join("home"),
+        std::fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    let r = next(&mut journal, &mut cut, &mut last);
+    assert!(
+        !r.scan.unchanged && r.scan.mode == "journal",
+        "{:?}",
+        r.scan
+    );
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let r = next(&mut journal, &mut cut, &mut last);
+    assert!(!r.scan.unchanged, "{:?}", r.scan);
+    let r = next(&mut journal, &mut cut, &mut last);
+    assert!(r.scan.unchanged, "{:?}", r.scan);
 }

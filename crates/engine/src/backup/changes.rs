@@ -30,6 +30,10 @@ pub struct Changes {
     pub dirty: BTreeSet<PathBuf>,
     /// Directories scanned in full with everything below them.
     pub deep: BTreeSet<PathBuf>,
+    /// What the parent's run saw of the sources and the directories above
+    /// them ([`tops`]): when nothing changed below and these are the same,
+    /// the parent's tree is the new snapshot's, and the run reads no index.
+    pub tops: Vec<(PathBuf, String)>,
 }
 
 // Hard links: a change to a file with several names (its content, its
@@ -39,6 +43,70 @@ pub struct Changes {
 // journal adds the previous run's `BackupReport::linked_dirs` to `dirty`),
 // and a run that meets a file newly given a second name, whose other
 // names no journal can place, scans everything.
+
+/// A fingerprint of each source and of each directory above one, taken
+/// before the walk: for a source, what its record holds (kind, identity,
+/// mode, owner, times, size, links); for a directory above, what decides
+/// whether its record is stored anew (identity, mode, owner, attributes:
+/// see "Directories above the sources" in docs/DESIGN.md). Sorted by path.
+pub fn tops(sources: &[PathBuf]) -> Vec<(PathBuf, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    for s in sources {
+        // A source that is a symlink stands for what it points to.
+        let real = match std::fs::symlink_metadata(s) {
+            Ok(m) if m.file_type().is_symlink() => {
+                std::fs::canonicalize(s).unwrap_or_else(|_| s.clone())
+            }
+            _ => s.clone(),
+        };
+        let print = match std::fs::symlink_metadata(&real) {
+            Ok(m) => format!(
+                "{:o} {} {} {} {} {} {}.{} {}.{} {} {}",
+                m.mode(),
+                m.ino(),
+                m.dev(),
+                m.uid(),
+                m.gid(),
+                m.nlink(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+                m.size(),
+                u8::from(m.is_dir())
+            ),
+            Err(e) => format!("error {e}"),
+        };
+        out.insert(s.clone(), print);
+        for a in s.ancestors().skip(1) {
+            if out.contains_key(a) {
+                continue;
+            }
+            let print = match std::fs::metadata(a) {
+                Ok(m) => {
+                    let x = crate::meta::read_xattrs(a).unwrap_or_default();
+                    let x: Vec<String> = x
+                        .iter()
+                        .map(|(k, v)| format!("{}={}", hex::encode(k), hex::encode(v)))
+                        .collect();
+                    format!(
+                        "{:o} {} {} {} {} {}",
+                        m.mode(),
+                        m.ino(),
+                        m.dev(),
+                        m.uid(),
+                        m.gid(),
+                        x.join(",")
+                    )
+                }
+                Err(e) => format!("error {e}"),
+            };
+            out.insert(a.to_path_buf(), print);
+        }
+    }
+    out.into_iter().collect()
+}
 
 impl Changes {
     /// Whether `dir` is to be listed again.
@@ -96,6 +164,10 @@ pub struct ScanReport {
     /// scan, whose snapshot is stored): whether the two agreed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_matched: Option<bool>,
+    /// Nothing changed, the sources and the directories above them as the
+    /// parent saw them: the parent's tree was taken whole, no index read.
+    #[serde(default)]
+    pub unchanged: bool,
 }
 
 #[cfg(test)]
@@ -113,6 +185,7 @@ mod tests {
             parent: String::new(),
             dirty: set(&["/s/a/b", "/s/c"]),
             deep: set(&["/s/d"]),
+            tops: Vec::new(),
         };
         for p in ["/s", "/s/a", "/s/a/b", "/s/c", "/s/d", "/s/d/x/y"] {
             assert!(c.touches(Path::new(p)), "{p}");

@@ -30,7 +30,7 @@ use crate::repo::{hostname, username, Repository};
 use crate::timefmt::{now_precise, rfc3339};
 use crate::{EngineError, Result};
 
-pub use changes::{Changes, ScanReport};
+pub use changes::{tops, Changes, ScanReport};
 pub use exclude::Excludes;
 
 /// How a backup is run.
@@ -144,6 +144,10 @@ pub struct BackupReport {
     /// which a journal-driven run lists every time (see [`Changes`]).
     #[serde(skip)]
     pub linked_dirs: Vec<PathBuf>,
+    /// The sources and the directories above them as this run saw them
+    /// before its walk ([`tops`]), for the next run's journal.
+    #[serde(skip)]
+    pub tops: Vec<(PathBuf, String)>,
 }
 
 #[derive(Default)]
@@ -328,6 +332,110 @@ fn find_parent(
     Ok((parent, clock))
 }
 
+/// With a journal that saw nothing change, and the sources and the
+/// directories above them as the parent's run saw them: the parent's tree
+/// is this snapshot's, stored without reading the index or walking (the
+/// index of a million files takes longer to read than all else a
+/// no-change run does). `None` when that cannot be shown: the run goes on
+/// the usual way.
+fn unchanged(
+    repo: &Arc<Repository>,
+    opts: &BackupOptions,
+    session: &crate::session::Session,
+    host: &str,
+    paths: &[String],
+    tops_now: &[(PathBuf, String)],
+    started: Instant,
+) -> Result<Option<BackupReport>> {
+    let Some(c) = &opts.changes else {
+        return Ok(None);
+    };
+    if !c.is_empty()
+        || c.tops.is_empty()
+        || c.tops.as_slice() != tops_now
+        || opts.force
+        || opts.verify_changes
+        || opts.verify_packs
+        || !opts.damaged_packs.is_empty()
+    {
+        return Ok(None);
+    }
+    let (start_unix, start_nanos) = now_precise();
+    let (snapshots, _) = repo.list_snapshots()?;
+    let (parent, clock_warning) = find_parent(
+        repo,
+        opts,
+        host,
+        paths,
+        (start_unix, start_nanos),
+        snapshots,
+    )?;
+    let Some((pid, p)) = parent.filter(|(id, s)| id.to_hex() == c.parent && !s.incomplete) else {
+        return Ok(None);
+    };
+    let summary = SnapshotSummary {
+        files_read: 0,
+        bytes_read: 0,
+        blobs_added: 0,
+        bytes_added: 0,
+        errors: 0,
+        ..p.summary.clone()
+    };
+    let snap = Snapshot {
+        version: FORMAT_VERSION,
+        time: rfc3339(start_unix),
+        time_unix: start_unix,
+        time_nanos: start_nanos,
+        duration_secs: started.elapsed().as_secs_f64(),
+        hostname: host.to_string(),
+        username: username(),
+        paths: paths.to_vec(),
+        tree: p.tree.clone(),
+        parent: Some(pid.to_hex()),
+        tags: opts.tags.clone(),
+        incomplete: false,
+        summary: summary.clone(),
+        program: format!("capsule {}", env!("CARGO_PKG_VERSION")),
+        repaired: None,
+    };
+    // A prune marking, or a lapsed session: the usual way, which reads the
+    // index these need.
+    let empty = MasterIndex::default();
+    if !session.still_held()? || crate::prune::reindex_marked_for_writer(repo, &empty, &[])? {
+        return Ok(None);
+    }
+    let id = repo.save_snapshot(&snap)?;
+    if !session.still_held()? {
+        crate::forget::forget(repo, &id)?;
+        return Ok(None);
+    }
+    Ok(Some(BackupReport {
+        snapshot_id: id.to_hex(),
+        parent: snap.parent.clone(),
+        summary,
+        files_new: 0,
+        files_changed: 0,
+        files_unchanged: p.summary.files,
+        trees_reused: 1,
+        storage: SaverStatsSnapshot::default(),
+        stages: StageTimes::default(),
+        duration_secs: started.elapsed().as_secs_f64(),
+        warnings: Vec::new(),
+        packs_distrusted: Vec::new(),
+        clock_warning,
+        scan: ScanReport {
+            mode: "journal".into(),
+            reason: None,
+            dirs_listed: 0,
+            dirs_changed: 0,
+            journal_matched: None,
+            unchanged: true,
+        },
+        linked_dirs: Vec::new(),
+        tops: tops_now.to_vec(),
+    }))
+}
+
 /// Runs a backup of `opts.paths` into `repo` and commits a snapshot.
 ///
 /// Per-entry problems (vanished, unreadable, changed while read) become
@@ -362,10 +470,23 @@ pub fn backup(
     let path_strings: Vec<String> = sources.iter().map(|p| p.display().to_string()).collect();
     let host = opts.hostname.clone().unwrap_or_else(hostname);
 
+    let tops_now = tops(&sources);
     // Held from before the index is read until the snapshot is committed:
     // a prune deletes nothing this backup may have seen in the index while
     // the session is held (crate::session).
     let session = crate::session::Session::start(&repo)?;
+    if let Some(r) = unchanged(
+        &repo,
+        opts,
+        &session,
+        &host,
+        &path_strings,
+        &tops_now,
+        started,
+    )? {
+        session.end();
+        return Ok(r);
+    }
     // The index and the snapshots (for the parent) do not depend on each
     // other: listed at once, one round trip instead of two.
     let (loaded, listed) = std::thread::scope(|s| {
@@ -670,7 +791,9 @@ pub fn backup(
             journal_matched,
             dirs_listed: g(&c.dirs_listed),
             dirs_changed: changes.map_or(0, |c| c.len() as u64),
+            unchanged: false,
         },
         linked_dirs,
+        tops: tops_now,
     })
 }
