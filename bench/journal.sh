@@ -12,7 +12,7 @@
 #     run;
 # each a median of --runs, the time each capsule run records for itself
 # (from its start to the snapshot stored), restic's wall time.
-# With --smb RTT, the 120,000-file tree is also backed up to Samba through
+# With --smb RTT, the first tree of --files is also backed up to Samba through
 # the latency proxy at RTT ms (servers from scripts/servers.sh), and the
 # no-change journal run's requests and time are given.
 #
@@ -192,7 +192,7 @@ fi
 {
   echo "### Change journal (\`bench/journal.sh --files \"$sizes\" --runs $runs${smb_rtt:+ --smb $smb_rtt}\`, $(date -u +%Y-%m-%d))"
   echo
-  echo "$(nproc) cores; capsule $("$capsule" --version | cut -d' ' -f2); restic $(restic version | cut -d' ' -f2)${restic_new:+, $("$restic_new" version | cut -d' ' -f2)}; trees of small files, 100 a directory, on this machine's disk; local repositories$([ -n "$smb_rtt" ] && echo "; smb: the 120,000-file tree to Samba through Toxiproxy at $smb_rtt ms")."
+  echo "$(nproc) cores; capsule $("$capsule" --version | cut -d' ' -f2); restic $(restic version | cut -d' ' -f2)${restic_new:+, $("$restic_new" version | cut -d' ' -f2)}; trees of small files, 100 a directory, on this machine's disk; local repositories$([ -n "$smb_rtt" ] && echo "; smb: the ${sizes%% *}-file tree to Samba through Toxiproxy at $smb_rtt ms")."
   echo "Seconds are medians of $runs; capsule's as each run records them (start to snapshot stored), restic's wall time."
   echo
   echo "| tree | files | no-change, daemon + journal, s | 100 changed, daemon + journal, s | no-change, --no-journal, s | restic $(restic version | cut -d' ' -f2), s | restic newest, s | daemon RSS MiB: watching, after runs, peak | journal run peak RSS, MiB | journal run: requests, mode |"
