@@ -436,6 +436,32 @@ struct KeySearch {
     damaged: Vec<EngineError>,
 }
 
+impl KeySearch {
+    /// The key file `p` opened, giving `key`.
+    fn found(
+        key: MasterKey,
+        p: ParsedKey,
+        source: KeySource,
+        intact: usize,
+        damaged: Vec<EngineError>,
+    ) -> KeySearch {
+        KeySearch {
+            source,
+            key: Some((
+                key,
+                p.id,
+                KeyHint {
+                    salt: p.salt,
+                    kdf: p.kdf,
+                    name: Some(p.name),
+                },
+            )),
+            intact,
+            damaged,
+        }
+    }
+}
+
 /// Tries every key file, cheapest first, until one opens with `password`.
 /// A damaged or stray file is set aside, never fatal: one bad file in
 /// `keys/` must not lock out the holders of the others.
@@ -494,20 +520,7 @@ fn find_key(
                             Err(e) => damaged.push(EngineError::corrupt(&o.name, e)),
                         }
                     }
-                    return Ok(KeySearch {
-                        source,
-                        key: Some((
-                            k,
-                            p.id,
-                            KeyHint {
-                                salt: p.salt,
-                                kdf: p.kdf,
-                                name: Some(p.name),
-                            },
-                        )),
-                        intact: 0,
-                        damaged,
-                    });
+                    return Ok(KeySearch::found(k, p, source, 0, damaged));
                 }
                 Err(_) => {
                     intact += 1;
@@ -571,22 +584,7 @@ fn find_key(
             }
         };
         match opened {
-            Ok(k) => {
-                return Ok(KeySearch {
-                    source,
-                    key: Some((
-                        k,
-                        p.id,
-                        KeyHint {
-                            salt: p.salt,
-                            kdf: p.kdf,
-                            name: Some(p.name),
-                        },
-                    )),
-                    intact,
-                    damaged,
-                })
-            }
+            Ok(k) => return Ok(KeySearch::found(k, p, source, intact, damaged)),
             Err(capsule_crypto::CryptoError::Auth) => intact += 1,
             Err(e) => damaged.push(EngineError::corrupt(&p.name, e)),
         }

@@ -347,20 +347,7 @@ impl Watcher for Fanotify {
 
     fn drain(&mut self, journal: &mut Journal, wait: Duration) -> Result<bool> {
         let before = journal.seq;
-        {
-            let mut fds = [rustix::event::PollFd::new(
-                &self.fd,
-                rustix::event::PollFlags::IN,
-            )];
-            let t = rustix::time::Timespec {
-                tv_sec: wait.as_secs() as i64,
-                tv_nsec: i64::from(wait.subsec_nanos()),
-            };
-            match rustix::event::poll(&mut fds, Some(&t)) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(WatchError::io("poll", Path::new("fanotify"), e.into())),
-            }
-        }
+        crate::wait_readable(self.fd.as_fd(), wait, "fanotify")?;
         loop {
             match rustix::io::read(&self.fd, &mut self.buf) {
                 Ok(0) => break,

@@ -526,6 +526,22 @@ pub fn start(opts: &WatchOptions) -> (Journal, Option<Box<dyn Watcher>>) {
     }
 }
 
+/// Waits up to `wait` for `fd` (a watcher's queue) to have events.
+fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, wait: Duration, what: &str) -> Result<()> {
+    let mut fds = [rustix::event::PollFd::from_borrowed_fd(
+        fd,
+        rustix::event::PollFlags::IN,
+    )];
+    let t = rustix::time::Timespec {
+        tv_sec: wait.as_secs() as i64,
+        tv_nsec: i64::from(wait.subsec_nanos()),
+    };
+    match rustix::event::poll(&mut fds, Some(&t)) {
+        Ok(_) | Err(rustix::io::Errno::INTR) => Ok(()),
+        Err(e) => Err(WatchError::io("poll", Path::new(what), e.into())),
+    }
+}
+
 fn now_unix() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
