@@ -402,6 +402,9 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
         human_secs(p.typical_change),
         capsule_lab::estimate::TYPICAL_FILES
     ));
+    out.say(
+        "  (both walk the whole source; with `capsule daemon` watching it, a run lists only the directories that changed)",
+    );
     let parts =
         capsule_lab::estimate::restore_parts(&e.calibration, d, e.source.files, e.source.bytes);
     out.say(format!(

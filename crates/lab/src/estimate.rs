@@ -67,6 +67,12 @@ pub struct SourceScan {
     pub classes: Vec<SizeClass>,
     /// Seconds the scan took.
     pub scan_secs: f64,
+    /// Seconds a second walk of the source took (every entry looked at,
+    /// every directory listed, nothing read), with its metadata now in the
+    /// cache as it is for a run with nothing changed. The model of such a
+    /// run scales a sample's by this ([`unchanged_per_file`]).
+    #[serde(default)]
+    pub walk_secs: f64,
 }
 
 const CLASS_BOUNDS: [u64; 6] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 0];
@@ -111,7 +117,85 @@ pub fn scan(paths: &[PathBuf]) -> Result<(SourceScan, Vec<(PathBuf, u64)>)> {
         }
     }
     s.scan_secs = t.elapsed().as_secs_f64();
+    s.walk_secs = walk(paths);
     Ok((s, files))
+}
+
+/// Seconds to walk `paths` as a run with nothing changed does, less its own
+/// work: every entry's metadata, every directory's listing, no file read.
+fn walk(paths: &[PathBuf]) -> f64 {
+    let t = Instant::now();
+    let mut stack: Vec<PathBuf> = paths.to_vec();
+    while let Some(p) = stack.pop() {
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if m.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        }
+    }
+    t.elapsed().as_secs_f64()
+}
+
+/// The subtree of the source that stands for it in a run with nothing
+/// changed: the directory holding the most files up to 10,000, of at most
+/// 64 MiB in all (its first backup reads them), and at least 1,000 (fewer
+/// take too little time to tell from the noise). None when no directory
+/// fits.
+///
+/// A whole subtree, because capsule's walk of a subtree costs about the
+/// same multiple of a plain walk of it as for the whole tree (0.43–0.63
+/// here on four parts of `/usr/share` and the whole of it), whereas the
+/// small sample's seventy separate leaves cost 2 times their walk: each
+/// source and the directories above it cost a run more than a directory
+/// within. The largest that fits, not one at random, so that estimates in
+/// a row agree.
+fn walk_sample(files: &[(PathBuf, u64)], roots: &[PathBuf]) -> Option<PathBuf> {
+    use std::collections::HashMap;
+    use std::ffi::OsStr;
+    let mut per_dir: HashMap<&OsStr, (u64, u64)> = HashMap::new();
+    for (p, n) in files {
+        let Some(root) = roots.iter().find(|r| p.starts_with(r)) else {
+            continue;
+        };
+        for dir in p.ancestors().skip(1) {
+            let e = per_dir.entry(dir.as_os_str()).or_default();
+            e.0 += 1;
+            e.1 += n;
+            if dir == root.as_path() {
+                break;
+            }
+        }
+    }
+    per_dir
+        .into_iter()
+        .filter(|(_, (n, bytes))| (1_000..=10_000).contains(n) && *bytes <= 64 << 20)
+        .max_by_key(|(d, (n, _))| (*n, std::cmp::Reverse(*d)))
+        .map(|(d, _)| PathBuf::from(d))
+}
+
+/// Seconds per unchanged file in a run with nothing changed, for a source
+/// whose walk ([`walk`]) took `source_walk` seconds over `source_files`
+/// files: the sample's no-change run less an empty one's, per second of
+/// the sample's own walk, times the source's walk.
+///
+/// A sample's figure per file does not carry over by itself: a directory
+/// costs more than a file (a listing, a tree to read and one to write), and
+/// a subtree has its own files per directory. The plain walk pays the same
+/// shape of costs, so the ratio to it does carry over.
+pub fn unchanged_per_file(
+    sample_unchanged: f64,
+    empty_unchanged: f64,
+    sample_walk: f64,
+    source_walk: f64,
+    source_files: u64,
+) -> Option<f64> {
+    (sample_walk > 0.0 && source_walk > 0.0 && source_files > 0).then(|| {
+        (sample_unchanged - empty_unchanged).max(0.0) / sample_walk * source_walk
+            / source_files as f64
+    })
 }
 
 /// This machine's pipeline costs, measured on samples of the source.
@@ -134,6 +218,14 @@ pub struct Calibration {
     pub cached_share: f64,
     /// Seconds per unchanged file in a run with a parent.
     pub per_unchanged_file: f64,
+    /// The subtree whose runs with nothing changed gave `per_unchanged_file`
+    /// (none: the small sample's, for want of a subtree that fits).
+    #[serde(default)]
+    pub unchanged_sample: Option<PathBuf>,
+    /// Seconds of such a run over that subtree per second of a plain walk
+    /// of it, which scales to the whole source's walk.
+    #[serde(default)]
+    pub walk_factor: f64,
     /// Bytes stored per byte read (compression; new data).
     pub stored_ratio: f64,
     /// Files and bytes in the two samples.
@@ -537,7 +629,12 @@ fn small_dirs(files: &[(PathBuf, u64)], want: u64, seed: u64) -> Vec<PathBuf> {
 }
 
 /// Measures this machine's pipeline on samples of `files`.
-pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
+pub fn calibrate(
+    paths: &[PathBuf],
+    files: &[(PathBuf, u64)],
+    source: &SourceScan,
+    work: &Path,
+) -> Result<Calibration> {
     // Small sample: whole leaf directories of small files, about 1,000
     // files, backed up the way the source will be.
     let mut seed = [0u8; 8];
@@ -618,12 +715,40 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
             )?);
             crate::check_interrupt()?;
         }
+        seconds.sort_by(|a, b| a.backup_secs.total_cmp(&b.backup_secs));
         let (cold, warm) = cold_and_warm(&firsts);
         Ok(Some(Rounds {
             cold: cold.clone(),
             warm: warm.clone(),
-            unchanged: pick_round(&seconds).clone(),
+            unchanged: seconds[seconds.len() / 2].clone(),
         }))
+    };
+    // Runs with nothing changed over one whole subtree of the source: the
+    // median of a few (each takes milliseconds, near the noise of one run)
+    // and the fastest plain walk of it, both warm as the source's second
+    // walk is.
+    let unchanged_sample = |paths: &[PathBuf]| -> Result<(f64, f64)> {
+        let dest = Destination::Local(work.join("tree"));
+        let cache = work.join("cache");
+        let step = |init| {
+            backup_step(
+                &conn,
+                &dest,
+                &password,
+                paths,
+                init,
+                &cache,
+                Hints::default(),
+            )
+        };
+        step(true)?;
+        let mut secs = Vec::new();
+        for _ in 0..UNCHANGED_ROUNDS {
+            secs.push(step(false)?.backup_secs);
+            crate::check_interrupt()?;
+        }
+        let fastest = (0..5).map(|_| walk(paths)).fold(f64::INFINITY, f64::min);
+        Ok((median(&mut secs), fastest))
     };
     // Restores of the same samples from their local repositories: the
     // median of three, each into a directory of its own, with the CPU
@@ -691,14 +816,27 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
     );
     let blend = |cold: f64, warm: f64| share * warm + (1.0 - share) * cold;
     let (per_file, per_byte) = (blend(cold_file, warm_file), blend(cold_byte, warm_byte));
+    let e2 = e.unchanged.backup_secs;
+    let unchanged_sample_path = walk_sample(files, paths);
+    let tree = match &unchanged_sample_path {
+        Some(t) => Some(unchanged_sample(std::slice::from_ref(t))?),
+        None => None,
+    };
+    let walk_factor = tree
+        .map(|(secs, w)| (secs - e2).max(0.0) / w.max(1e-9))
+        .unwrap_or(0.0);
+    let unchanged = tree
+        .and_then(|(secs, w)| unchanged_per_file(secs, e2, w, source.walk_secs, source.files))
+        .or_else(|| {
+            // No subtree of a fitting size (one flat directory): the small
+            // sample's own figure per file.
+            s.as_ref()
+                .or(l.as_ref())
+                .map(|r| (r.unchanged.backup_secs - e2).max(0.0) / r.unchanged.files.max(1) as f64)
+        })
+        .unwrap_or(0.0);
     let s = s.map(|r| (r.warm, r.unchanged));
     let l = l.map(|r| (r.warm, r.unchanged));
-    let e2 = e.unchanged;
-    let unchanged = s
-        .as_ref()
-        .or(l.as_ref())
-        .map(|(_, n)| (n.backup_secs - e2.backup_secs).max(0.0) / n.files.max(1) as f64)
-        .unwrap_or(0.0);
     let ratio = l
         .as_ref()
         .or(s.as_ref())
@@ -744,6 +882,8 @@ pub fn calibrate(files: &[(PathBuf, u64)], work: &Path) -> Result<Calibration> {
         warm: (warm_file, warm_byte),
         cached_share: share,
         per_unchanged_file: unchanged,
+        unchanged_sample: unchanged_sample_path,
+        walk_factor,
         stored_ratio: ratio.clamp(0.01, 1.2),
         samples: [dims(&s), dims(&l)],
         restore_per_file,
@@ -882,29 +1022,8 @@ fn cached_share(files: &[(PathBuf, u64)], mut seed: u64) -> f64 {
 /// How many times each calibration sample is backed up.
 const SAMPLE_ROUNDS: usize = 3;
 
-/// The round of a sample that stands for the backup being predicted.
-///
-/// A first round that read the source cold (its threads spent at least
-/// twice as long in `read` as the others', and over 20 ms more) shows what
-/// the source costs to read as it is now: the backup will read it cold too,
-/// so that round stands. Otherwise the median round: the rounds did the
-/// same work, and one disturbed by something else on the machine is
-/// discounted.
-pub fn pick_round(rounds: &[RunRecord]) -> &RunRecord {
-    let mut by_time: Vec<&RunRecord> = rounds.iter().collect();
-    by_time.sort_by(|a, b| a.backup_secs.total_cmp(&b.backup_secs));
-    let middle = by_time[by_time.len() / 2];
-    if let Some((first, rest)) = rounds.split_first() {
-        let mut warm: Vec<f64> = rest.iter().map(|r| r.stages.read).collect();
-        if !warm.is_empty() {
-            let warm = median(&mut warm);
-            if first.stages.read > 2.0 * warm && first.stages.read - warm > 0.02 {
-                return first;
-            }
-        }
-    }
-    middle
-}
+/// How many runs with nothing changed the subtree sample gets.
+const UNCHANGED_ROUNDS: usize = 5;
 
 /// Cost per file and per byte from the small and the large restore sample,
 /// each (files, bytes, cost): solved exactly when both exist and the
@@ -1190,7 +1309,8 @@ pub fn estimate(
     .map_err(|e| LabError::io("create a scratch directory", Path::new("temp"), e))?;
     crate::check_interrupt()?;
     say("measuring this machine on samples of the source");
-    let calibration = calibrate(&files, work.path()).map_err(crate::or_interrupted)?;
+    let calibration =
+        calibrate(paths, &files, &source, work.path()).map_err(crate::or_interrupted)?;
     crate::check_interrupt()?;
     say(&format!("probing {dest}"));
     let probe = probe_destination(conn, dest, work.path()).map_err(crate::or_interrupted)?;
@@ -1465,21 +1585,41 @@ mod tests {
     /// source cold is recognised and stands for the backup, which will
     /// read it cold too.
     #[test]
-    fn a_noisy_round_is_discounted_and_a_cold_one_recognised() {
-        // Warm rounds, the second disturbed: the median.
-        let warm = [round(0.20, 0.010), round(0.41, 0.012), round(0.21, 0.011)];
-        assert_eq!(pick_round(&warm).backup_secs, 0.21);
-        // The first read cold: 0.30 s in `read` against 0.01 s after.
-        let cold = [round(0.55, 0.30), round(0.20, 0.010), round(0.21, 0.011)];
-        assert_eq!(pick_round(&cold).backup_secs, 0.55);
-        // Slower reads that are not twice the warm ones, or only a few
-        // milliseconds more: not cold, the median.
-        let close = [round(0.30, 0.018), round(0.20, 0.010), round(0.21, 0.011)];
-        assert_eq!(pick_round(&close).backup_secs, 0.21);
-        let tiny = [round(0.22, 0.004), round(0.20, 0.001), round(0.21, 0.001)];
-        assert_eq!(pick_round(&tiny).backup_secs, 0.21);
-        // One round: that round.
-        assert_eq!(pick_round(&warm[..1]).backup_secs, 0.20);
+    fn the_run_with_nothing_changed_is_scaled_by_the_walk_of_a_whole_subtree() {
+        let f = |p: &str, n: u64| (PathBuf::from(p), n);
+        let mut files = Vec::new();
+        // /s/a: 3,000 small files in 30 directories; /s/b: 12,000 (too
+        // many); /s/c: 2,000 of 100 KiB (too many bytes); /s/d: 500 (too
+        // few). /s/a is taken, whole.
+        for i in 0..3_000 {
+            files.push(f(&format!("/s/a/{}/{i}", i % 30), 1_000));
+        }
+        for i in 0..12_000 {
+            files.push(f(&format!("/s/b/{i}"), 10));
+        }
+        for i in 0..2_000 {
+            files.push(f(&format!("/s/c/{i}"), 100 << 10));
+        }
+        for i in 0..500 {
+            files.push(f(&format!("/s/d/{i}"), 10));
+        }
+        let roots = [PathBuf::from("/s")];
+        assert_eq!(walk_sample(&files, &roots), Some(PathBuf::from("/s/a")));
+        // One flat directory of 20,000 files: nothing fits.
+        let flat: Vec<_> = (0..20_000).map(|i| f(&format!("/flat/{i}"), 1)).collect();
+        assert_eq!(walk_sample(&flat, &[PathBuf::from("/flat")]), None);
+        // The sample's run took 12 ms over an empty run's 2 ms, its walk
+        // 20 ms: half a walk. The source's walk took 300 ms over 100,000
+        // files: 1.5 µs a file.
+        let per = unchanged_per_file(0.012, 0.002, 0.020, 0.300, 100_000).unwrap();
+        assert!((per - 1.5e-6).abs() < 1e-12, "{per}");
+        // No walk to scale by: none.
+        assert_eq!(unchanged_per_file(0.012, 0.002, 0.0, 0.3, 100_000), None);
+        // An empty run slower than the sample's (noise): no negative cost.
+        assert_eq!(
+            unchanged_per_file(0.002, 0.003, 0.02, 0.3, 100_000),
+            Some(0.0)
+        );
     }
 
     #[test]
