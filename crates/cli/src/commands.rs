@@ -1,5 +1,6 @@
 //! One function per subcommand: open the repository, call the engine, print.
 
+use crate::settings::UsageError;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -555,7 +556,9 @@ pub fn snapshots(g: &GlobalArgs, out: &Output, a: SnapshotsArgs) -> Result<u8> {
 /// Arguments of `ls`.
 #[derive(Args, Debug)]
 pub struct LsArgs {
-    /// Snapshot ID (or prefix), or "latest".
+    /// Snapshot: an ID or its prefix, "latest", "latest~N" (the Nth before
+    /// it), or a time ("2026-11-20 14:00", local; a date alone is the end
+    /// of that day): the newest snapshot at or before it.
     snapshot: String,
     /// Only list below this path of the snapshot.
     path: Option<String>,
@@ -636,8 +639,21 @@ pub fn ls(g: &GlobalArgs, out: &Output, a: LsArgs) -> Result<u8> {
 /// Arguments of `restore`.
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
-    /// Snapshot ID (or prefix), or "latest".
-    snapshot: String,
+    /// Snapshot: an ID or its prefix, "latest", "latest~N" (the Nth before
+    /// it), or a time ("2026-11-20 14:00", local; a date alone is the end
+    /// of that day): the newest snapshot at or before it.
+    /// With --version: the path whose version to restore.
+    #[arg(required_unless_present = "at", value_name = "SNAPSHOT|PATH")]
+    snapshot: Option<String>,
+    /// Restore the newest snapshot at or before this time (as for
+    /// SNAPSHOT), instead of naming one.
+    #[arg(long, value_name = "TIME", conflicts_with_all = ["snapshot", "version"])]
+    at: Option<String>,
+    /// Restore version N of the path given instead of a snapshot, as
+    /// `capsule versions PATH` numbers them, from the newest snapshot
+    /// holding it.
+    #[arg(long, value_name = "N")]
+    version: Option<usize>,
     /// Directory to restore into; snapshot paths are recreated below it.
     #[arg(short, long)]
     target: PathBuf,
@@ -713,7 +729,28 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
             None
         }
     };
-    let (id, snap) = resolve(&repo, out, &a.snapshot)?;
+    let mut includes = a.includes;
+    let spec = match (a.version, a.at, a.snapshot) {
+        (Some(n), _, Some(path)) => {
+            let (id, path) = version_snapshot(&repo, out, &path, n)?;
+            if !includes.is_empty() {
+                return Err(UsageError(
+                    "--version restores one path: give no --include beside it".into(),
+                )
+                .into());
+            }
+            includes.push(capsule_engine::restore::literal_pattern(&path));
+            id
+        }
+        (None, Some(at), _) => at,
+        (None, None, Some(s)) => s,
+        (Some(_), _, None) | (None, None, None) => {
+            return Err(
+                UsageError("name a snapshot, a --at time, or a PATH with --version".into()).into(),
+            )
+        }
+    };
+    let (id, snap) = resolve(&repo, out, &spec)?;
     if a.delete {
         // Snapshot paths are kept as text; one that was not UTF-8 is kept
         // with U+FFFD in place of its bad bytes and matches no directory
@@ -737,7 +774,7 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
     let bar = out.progress(&progress, "restore");
     let opts = RestoreOptions {
         target: a.target.clone(),
-        includes: a.includes,
+        includes,
         excludes: a.excludes,
         max_entries: treewalk::entry_budget(&snap),
         connections: 0,
@@ -973,9 +1010,9 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
 /// Arguments of `diff`.
 #[derive(Args, Debug)]
 pub struct DiffArgs {
-    /// Older snapshot.
+    /// Older snapshot (an ID or prefix, "latest", "latest~N", or a time).
     a: String,
-    /// Newer snapshot.
+    /// Newer snapshot (as the older).
     b: String,
 }
 
@@ -1217,4 +1254,148 @@ fn repair_snapshots(g: &GlobalArgs, out: &Output, dry_run: bool) -> Result<u8> {
         }
     ));
     Ok(exit::OK)
+}
+
+/// Arguments of `versions`.
+#[derive(Args, Debug)]
+pub struct VersionsArgs {
+    /// The file or directory, as it was backed up: an absolute path, or one
+    /// relative to the current directory.
+    path: PathBuf,
+    /// Only snapshots made by this host.
+    #[arg(long)]
+    host: Option<String>,
+}
+
+/// `path` as snapshots store it: absolute, `.` and `..` taken out as the
+/// shell would, symlinks left alone (a snapshot holds the link).
+fn snapshot_path_of(path: &std::path::Path) -> Result<PathBuf> {
+    let abs =
+        std::path::absolute(path).map_err(|e| UsageError(format!("{}: {e}", path.display())))?;
+    let mut clean = PathBuf::from("/");
+    for c in abs.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                clean.pop();
+            }
+            std::path::Component::Normal(n) => clean.push(n),
+            _ => {}
+        }
+    }
+    Ok(clean)
+}
+
+/// The snapshots to look in, oldest first; damaged ones are warned about.
+fn snapshots_for_versions(
+    repo: &Repository,
+    out: &Output,
+    host: Option<&str>,
+) -> Result<Vec<(capsule_format::ObjectId, capsule_format::snapshot::Snapshot)>> {
+    let (snaps, bad) = repo.list_snapshots()?;
+    for e in &bad {
+        out.warn(format!("{e} (its versions are not shown)"));
+    }
+    Ok(snaps
+        .into_iter()
+        .filter(|(_, s)| host.is_none_or(|h| s.hostname == h))
+        .collect())
+}
+
+pub fn versions(g: &GlobalArgs, out: &Output, a: VersionsArgs) -> Result<u8> {
+    let (repo, _) = open(g, out)?;
+    let path = snapshot_path_of(&a.path)?;
+    let snaps = snapshots_for_versions(&repo, out, a.host.as_deref())?;
+    let (mut index, _) = repo.load_index()?;
+    capsule_engine::prune::add_marked_packs(&repo, &mut index)?;
+    let v = capsule_engine::versions::versions(&repo, &index, &snaps, &path)?;
+    for d in &v.damaged {
+        out.warn(format!("{d}: its version of {} is not known", v.path));
+    }
+    if out.json {
+        out.json(&v);
+    } else {
+        let held = v.timeline.iter().filter(|h| h.version.is_some()).count();
+        out.result(format!(
+            "{}: {} version{} in {held} of {} snapshots",
+            v.path,
+            v.versions.len(),
+            if v.versions.len() == 1 { "" } else { "s" },
+            v.timeline.len()
+        ));
+        out.result(format!(
+            "{:>3}  {:<8} {:>10}  {:<20}  {:<20}  {:<20}  {:>5}",
+            "#", "type", "size", "modified", "first seen", "last seen", "snaps"
+        ));
+        for x in &v.versions {
+            out.result(format!(
+                "{:>3}  {:<8} {:>10}  {:<20}  {:<20}  {:<20}  {:>5}",
+                x.number,
+                x.kind,
+                crate::output::bytes(x.size),
+                capsule_engine::timefmt::rfc3339(x.mtime),
+                x.first_time,
+                x.last_time,
+                x.snapshots
+            ));
+        }
+        // Where it was absent between versions: deleted, then back.
+        let gaps = v
+            .timeline
+            .windows(2)
+            .filter(|w| w[0].version.is_some() && w[1].version.is_none())
+            .count();
+        if gaps > 0 {
+            out.result(format!(
+                "absent from {} snapshot(s) in between (deleted, then back); `--json` has each snapshot's version",
+                v.timeline.iter().filter(|h| h.version.is_none()).count()
+            ));
+        }
+        out.result(format!(
+            "restore one with: capsule restore --version N {} --target DIR",
+            shell_quote(&v.path)
+        ));
+    }
+    Ok(exit::OK)
+}
+
+/// Quotes `s` for a POSIX shell when it needs it.
+fn shell_quote(s: &str) -> String {
+    if s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@%,".contains(&b))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// The newest snapshot holding version `n` of `path`, and the path as
+/// stored, for `restore --version`.
+fn version_snapshot(
+    repo: &Repository,
+    out: &Output,
+    path: &str,
+    n: usize,
+) -> Result<(String, String)> {
+    let path = snapshot_path_of(std::path::Path::new(path))?;
+    let Some(text) = path.to_str().map(str::to_string) else {
+        return Err(UsageError(format!(
+            "{}: --version takes a path in UTF-8; restore this one with --include and a pattern",
+            path.display()
+        ))
+        .into());
+    };
+    let snaps = snapshots_for_versions(repo, out, None)?;
+    let (mut index, _) = repo.load_index()?;
+    capsule_engine::prune::add_marked_packs(repo, &mut index)?;
+    let v = capsule_engine::versions::versions(repo, &index, &snaps, &path)?;
+    let Some(x) = n.checked_sub(1).and_then(|i| v.versions.get(i)) else {
+        return Err(UsageError(format!(
+            "{text} has {} version(s) (`capsule versions {}`); there is no version {n}",
+            v.versions.len(),
+            shell_quote(&text)
+        ))
+        .into());
+    };
+    Ok((x.last_snapshot.clone(), text))
 }

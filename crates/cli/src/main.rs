@@ -153,6 +153,8 @@ enum Command {
     Quota(forget_cmd::QuotaCommand),
     /// Restore a snapshot (or part of it) into a directory.
     Restore(commands::RestoreArgs),
+    /// Show the distinct versions of a file or directory across snapshots.
+    Versions(commands::VersionsArgs),
     /// Verify the repository's integrity.
     Check(commands::CheckArgs),
     /// Show what changed between two snapshots.
@@ -303,6 +305,7 @@ fn main() -> ExitCode {
         Command::Quota(q) => forget_cmd::quota(&cli.global, &out, q),
         Command::Ls(a) => commands::ls(&cli.global, &out, a),
         Command::Restore(a) => commands::restore(&cli.global, &out, a),
+        Command::Versions(a) => commands::versions(&cli.global, &out, a),
         Command::Check(a) => {
             let started = capsule_engine::timefmt::now_unix();
             let read_data = a.read_data;

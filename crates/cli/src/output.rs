@@ -285,6 +285,7 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         }
         Some(
             EngineError::SnapshotNotFound(_)
+            | EngineError::NoSnapshotBefore { .. }
             | EngineError::AmbiguousSnapshot(_)
             | EngineError::PathNotFound(_),
         ) => exit::NOT_FOUND,

@@ -618,3 +618,141 @@ fn a_killed_restore_never_leaves_a_wrong_file_under_its_real_name() {
     }
     assert_eq!(wrong_before_fix, 0, "wrong files under real names");
 }
+
+/// `versions` of a file added, changed, removed and restored again; the
+/// versions restored by number; snapshots named by time and by `latest~N`.
+#[test]
+fn versions_of_a_file_and_snapshots_named_by_time() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    init(&repo);
+    let file = src.join("notes.txt");
+    let at = |hour: u32, args: &[&str]| {
+        let now = format!("2026-11-20T{hour:02}:00:00Z");
+        let o = capsule_env(
+            &repo,
+            args,
+            &[
+                ("CAPSULE_PASSWORD", PASSWORD),
+                ("CAPSULE_TEST_NOW", &now),
+                ("TZ", "UTC"),
+            ],
+        );
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let s = src.to_str().unwrap();
+    std::fs::write(src.join("other"), "x").unwrap();
+    at(9, &["backup", s]); // 09:00: no notes.txt yet
+    std::fs::write(&file, "first").unwrap();
+    at(10, &["backup", s]); // 10:00: version 1
+    at(11, &["backup", s]); // 11:00: the same
+    std::fs::write(&file, "second, longer").unwrap();
+    at(12, &["backup", s]); // 12:00: version 2
+    std::fs::remove_file(&file).unwrap();
+    at(13, &["backup", s]); // 13:00: gone
+    std::fs::write(&file, "first").unwrap();
+    at(14, &["backup", s]); // 14:00: version 1 again
+
+    let v = json(&repo, &["versions", file.to_str().unwrap()]);
+    let vs = v["versions"].as_array().unwrap();
+    assert_eq!(vs.len(), 2, "{v}");
+    assert_eq!(vs[0]["size"], 5);
+    assert_eq!(vs[0]["snapshots"], 3);
+    assert_eq!(vs[0]["first_time"], "2026-11-20T10:00:00Z");
+    assert_eq!(vs[0]["last_time"], "2026-11-20T14:00:00Z");
+    assert_eq!(vs[1]["size"], 14);
+    assert_eq!(vs[1]["snapshots"], 1);
+    let held: Vec<_> = v["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["version"].as_u64())
+        .collect();
+    assert_eq!(held, [None, Some(1), Some(1), Some(2), None, Some(1)]);
+    // A relative path is taken from the current directory, as typed.
+    let o = Command::new(env!("CARGO_BIN_EXE_capsule"))
+        .current_dir(&src)
+        .args([
+            "--repo",
+            repo.to_str().unwrap(),
+            "versions",
+            "./sub/../notes.txt",
+        ])
+        .env("CAPSULE_PASSWORD", PASSWORD)
+        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("2 versions in 4 of 6 snapshots"));
+    // A path in no snapshot: not found (13), named.
+    let o = capsule(&repo, &["versions", src.join("nope").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(13), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nope"));
+
+    // Version 2 restored by number, and only that path.
+    let target = t.path().join("v2");
+    ok(
+        &repo,
+        &[
+            "restore",
+            "--version",
+            "2",
+            file.to_str().unwrap(),
+            "--target",
+            target.to_str().unwrap(),
+        ],
+    );
+    let back = restored(&target, &src);
+    assert_eq!(
+        std::fs::read_to_string(back.join("notes.txt")).unwrap(),
+        "second, longer"
+    );
+    assert!(!back.join("other").exists(), "only the path asked for");
+    let o = capsule(
+        &repo,
+        &[
+            "restore",
+            "--version",
+            "3",
+            file.to_str().unwrap(),
+            "--target",
+            target.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(2), "no version 3: {o:?}");
+
+    // By time: 12:30 is the 12:00 snapshot; a date alone is its last.
+    let when = |spec: &[&str]| -> String {
+        let dir = t
+            .path()
+            .join(format!("at{}", spec.join("_").replace([' ', ':'], "-")));
+        let mut a = vec!["restore"];
+        a.extend_from_slice(spec);
+        a.extend(["--target", dir.to_str().unwrap()]);
+        at(15, &a);
+        std::fs::read_to_string(restored(&dir, &src).join("notes.txt")).unwrap_or_default()
+    };
+    assert_eq!(when(&["--at", "2026-11-20 12:30"]), "second, longer");
+    assert_eq!(when(&["2026-11-20 11:59"]), "first");
+    assert_eq!(when(&["2026-11-20 13:00"]), "", "gone at 13:00");
+    assert_eq!(when(&["2026-11-20"]), "first", "the day's last");
+    assert_eq!(when(&["latest~2"]), "second, longer");
+    // Before the first snapshot: not found, and says which is the oldest.
+    let o = capsule_env(
+        &repo,
+        &[
+            "restore",
+            "--at",
+            "2026-11-19 23:00",
+            "--target",
+            t.path().join("x").to_str().unwrap(),
+        ],
+        &[("CAPSULE_PASSWORD", PASSWORD), ("TZ", "UTC")],
+    );
+    assert_eq!(o.status.code(), Some(13), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("the oldest is of 2026-11-20T09:00:00Z"));
+    let o = capsule(&repo, &["ls", "latest~6"]);
+    assert_eq!(o.status.code(), Some(13), "only six snapshots: {o:?}");
+}

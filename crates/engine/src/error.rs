@@ -84,6 +84,14 @@ pub enum EngineError {
     /// Snapshot selector matched nothing.
     #[error("no snapshot matches {0:?}")]
     SnapshotNotFound(String),
+    /// No snapshot is as old as the time asked for.
+    #[error("no snapshot at or before {when}{}", .oldest.as_ref().map(|o| format!(" (the oldest is of {o})")).unwrap_or_default())]
+    NoSnapshotBefore {
+        /// The time as given.
+        when: String,
+        /// The oldest snapshot's time, if any.
+        oldest: Option<String>,
+    },
     /// Snapshot prefix matched several.
     #[error("snapshot prefix {0:?} is ambiguous")]
     AmbiguousSnapshot(String),

@@ -23,6 +23,7 @@ pub mod session;
 pub mod stats;
 pub mod timefmt;
 pub mod treewalk;
+pub mod versions;
 
 pub use error::EngineError;
 pub use repo::{EarlyKey, KeyHint, KeySource, Repository};

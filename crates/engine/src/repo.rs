@@ -1045,7 +1045,8 @@ impl Repository {
         Ok((good, bad))
     }
 
-    /// Resolves `latest`, a full ID, or a unique hex prefix.
+    /// Resolves `latest`, `latest~N`, a point in time (the newest snapshot
+    /// at or before it), a full ID, or a unique hex prefix.
     pub fn resolve_snapshot(&self, spec: &str) -> Result<(ObjectId, Snapshot)> {
         self.resolve_snapshot_noting(spec)
             .map(|r| (r.id, r.snapshot))
@@ -1060,7 +1061,7 @@ impl Repository {
     pub fn resolve_snapshot_noting(&self, spec: &str) -> Result<Resolved> {
         let (snaps, mut bad) = self.list_snapshots()?;
         let mut future = Vec::new();
-        let snaps = if spec == "latest" {
+        let snaps = if spec == "latest" || spec.starts_with("latest~") {
             let now = crate::timefmt::now_unix();
             let (f, rest): (Vec<_>, Vec<_>) = snaps
                 .into_iter()
@@ -1092,12 +1093,29 @@ impl Repository {
         }
     }
 
-    fn pick(snaps: Vec<(ObjectId, Snapshot)>, spec: &str) -> Result<(ObjectId, Snapshot)> {
+    /// The snapshot `spec` names: `latest`; `latest~N`, the Nth before it;
+    /// a point in time ([`crate::timefmt::parse_when`]), the newest at or
+    /// before it; or an ID prefix. `snaps` are oldest first. A time can
+    /// never be taken for an ID prefix: IDs are hex, times have dashes.
+    fn pick(mut snaps: Vec<(ObjectId, Snapshot)>, spec: &str) -> Result<(ObjectId, Snapshot)> {
+        let not_found = || EngineError::SnapshotNotFound(spec.into());
         if spec == "latest" {
-            return snaps
-                .into_iter()
-                .last()
-                .ok_or_else(|| EngineError::SnapshotNotFound(spec.into()));
+            return snaps.pop().ok_or_else(not_found);
+        }
+        if let Some(n) = spec.strip_prefix("latest~") {
+            let n: usize = n.parse().map_err(|_| not_found())?;
+            let i = snaps.len().checked_sub(n + 1).ok_or_else(not_found)?;
+            return Ok(snaps.swap_remove(i));
+        }
+        if let Some(t) = crate::timefmt::parse_when(spec) {
+            let i = snaps.partition_point(|(_, s)| s.time_unix <= t);
+            return match i.checked_sub(1) {
+                Some(i) => Ok(snaps.swap_remove(i)),
+                None => Err(EngineError::NoSnapshotBefore {
+                    when: spec.into(),
+                    oldest: snaps.first().map(|(_, s)| s.time.clone()),
+                }),
+            };
         }
         let mut m: Vec<_> = snaps
             .into_iter()

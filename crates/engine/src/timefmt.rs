@@ -77,6 +77,31 @@ pub fn now_unix() -> i64 {
     now_precise().0
 }
 
+/// Parses a point in time as a user names one: `2026-11-20 14:00`,
+/// `2026-11-20T14:00:30` (local time), `2026-11-20` (the end of that day,
+/// local time: "as it was on the 20th" means after that day's last
+/// backup), or RFC 3339 with an offset (`2026-11-20T13:00:00Z`). Returns
+/// Unix seconds, or None when `s` is none of these.
+pub fn parse_when(s: &str) -> Option<i64> {
+    let s = s.trim();
+    if let Ok(t) = s.parse::<jiff::Timestamp>() {
+        return Some(t.as_second());
+    }
+    let local = |dt: jiff::civil::DateTime| {
+        dt.to_zoned(jiff::tz::TimeZone::system())
+            .ok()
+            .map(|z| z.timestamp().as_second())
+    };
+    if let Ok(dt) = s.parse::<jiff::civil::DateTime>() {
+        // A date alone parses as its midnight; it means the whole day.
+        if !s.contains([' ', 'T', 't']) {
+            return local(dt.date().at(23, 59, 59, 0));
+        }
+        return local(dt);
+    }
+    None
+}
+
 /// How far a snapshot's time may lie ahead of this machine's clock before
 /// it counts as dated in the future (a clock that ran ahead when it was
 /// made): clocks of machines sharing a repository differ by this much
@@ -87,6 +112,30 @@ pub const FUTURE_SKEW_SECS: i64 = 300;
 /// (beyond [`FUTURE_SKEW_SECS`]).
 pub fn is_future(time_unix: i64, now: i64) -> bool {
     time_unix > now.saturating_add(FUTURE_SKEW_SECS)
+}
+
+#[cfg(test)]
+mod when_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn times_are_read_as_a_user_writes_them() {
+        assert_eq!(parse_when("2026-11-20T13:00:00Z"), Some(1_763_643_600));
+        assert_eq!(parse_when("2026-11-20T14:00:00+01:00"), Some(1_763_643_600));
+        // Local forms: whatever the zone, a minute later is 60 s later and
+        // the date alone is the last second of that day.
+        let a = parse_when("2026-11-20 14:00").unwrap();
+        assert_eq!(parse_when("2026-11-20T14:01").unwrap(), a + 60);
+        assert_eq!(parse_when("2026-11-20 14:00:30").unwrap(), a + 30);
+        assert_eq!(
+            parse_when("2026-11-20").unwrap(),
+            parse_when("2026-11-20 23:59:59").unwrap()
+        );
+        for bad in ["", "latest", "abc123", "2026-13-01", "yesterday"] {
+            assert_eq!(parse_when(bad), None, "{bad}");
+        }
+    }
 }
 
 // Howard Hinnant's days-to-civil algorithm.

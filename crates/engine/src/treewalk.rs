@@ -5,6 +5,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use capsule_format::tree::{Node, NodeKind};
 use capsule_format::BlobId;
@@ -100,6 +101,20 @@ pub fn find(
     root: &BlobId,
     path: &Path,
 ) -> Result<Option<Node>> {
+    find_in(
+        &mut |id| repo.load_tree(index, id).map(Arc::new),
+        root,
+        path,
+    )
+}
+
+/// [`find`] with trees from `load`, which may serve them from a cache: a
+/// path looked up in many snapshots meets the same trees again and again.
+pub fn find_in(
+    load: &mut dyn FnMut(&BlobId) -> Result<Arc<Vec<Node>>>,
+    root: &BlobId,
+    path: &Path,
+) -> Result<Option<Node>> {
     let mut tree = *root;
     let mut found: Option<Node> = None;
     for c in path.components() {
@@ -114,12 +129,12 @@ pub fn find(
                 .filter(|_| n.kind() == NodeKind::Dir)
                 .ok_or_else(|| EngineError::PathNotFound(path.display().to_string()))?;
         }
-        let nodes = repo.load_tree(index, &tree)?;
-        let n = nodes
-            .into_iter()
-            .find(|n| n.name == name.as_bytes())
-            .ok_or_else(|| EngineError::PathNotFound(path.display().to_string()))?;
-        found = Some(n);
+        let nodes = load(&tree)?;
+        // Decoding refuses a tree not strictly sorted by name.
+        let i = nodes
+            .binary_search_by(|n| n.name.as_slice().cmp(name.as_bytes()))
+            .map_err(|_| EngineError::PathNotFound(path.display().to_string()))?;
+        found = Some(nodes[i].clone());
     }
     Ok(found)
 }

@@ -132,6 +132,12 @@ pub struct Deleted {
     pub entries: u64,
 }
 
+/// An include or exclude pattern matching exactly `path` (a snapshot path,
+/// starting with `/`): its glob characters escaped.
+pub fn literal_pattern(path: &str) -> String {
+    globset::escape(path)
+}
+
 /// Path patterns: a pattern containing `/` matches the whole snapshot path,
 /// one without matches the entry name.
 struct Patterns {
