@@ -11,6 +11,7 @@ mod forget_cmd;
 mod held_key;
 mod journal;
 mod lab_cmd;
+mod mount_cmd;
 mod output;
 mod schedule_cmd;
 mod settings;
@@ -155,6 +156,8 @@ enum Command {
     Restore(commands::RestoreArgs),
     /// Show the distinct versions of a file or directory across snapshots.
     Versions(commands::VersionsArgs),
+    /// Show the snapshots as a read-only file system (FUSE) until Ctrl-C.
+    Mount(mount_cmd::MountArgs),
     /// Verify the repository's integrity.
     Check(commands::CheckArgs),
     /// Show what changed between two snapshots.
@@ -306,6 +309,7 @@ fn main() -> ExitCode {
         Command::Ls(a) => commands::ls(&cli.global, &out, a),
         Command::Restore(a) => commands::restore(&cli.global, &out, a),
         Command::Versions(a) => commands::versions(&cli.global, &out, a),
+        Command::Mount(a) => mount_cmd::mount(&cli.global, &out, a),
         Command::Check(a) => {
             let started = capsule_engine::timefmt::now_unix();
             let read_data = a.read_data;

@@ -3,6 +3,7 @@
 //! through the [`capsule_backend::Backend`] contract.
 
 pub mod backup;
+pub mod browse;
 pub mod check;
 pub mod diff;
 pub mod error;

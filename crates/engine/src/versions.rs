@@ -117,14 +117,27 @@ pub fn versions(
     path: &Path,
 ) -> Result<Versions> {
     let mut trees: HashMap<BlobId, Arc<Vec<Node>>> = HashMap::new();
-    let mut load = |id: &BlobId| -> Result<Arc<Vec<Node>>> {
-        if let Some(t) = trees.get(id) {
-            return Ok(t.clone());
-        }
-        let t = Arc::new(repo.load_tree(index, id)?);
-        trees.insert(*id, t.clone());
-        Ok(t)
-    };
+    versions_with(
+        &mut |id: &BlobId| -> Result<Arc<Vec<Node>>> {
+            if let Some(t) = trees.get(id) {
+                return Ok(t.clone());
+            }
+            let t = Arc::new(repo.load_tree(index, id)?);
+            trees.insert(*id, t.clone());
+            Ok(t)
+        },
+        snaps,
+        path,
+    )
+}
+
+/// [`versions`] with trees from `load` (a cache shared with other
+/// requests: [`crate::browse::Browser`]).
+pub fn versions_with(
+    load: &mut dyn FnMut(&BlobId) -> Result<Arc<Vec<Node>>>,
+    snaps: &[(ObjectId, Snapshot)],
+    path: &Path,
+) -> Result<Versions> {
     let mut by_print: HashMap<[u8; 32], usize> = HashMap::new();
     let mut out = Versions {
         path: path.to_string_lossy().into_owned(),
@@ -137,7 +150,7 @@ pub fn versions(
             .tree
             .parse::<BlobId>()
             .map_err(|_| EngineError::corrupt("snapshot", "bad tree id"))
-            .and_then(|root| find_in(&mut load, &root, path));
+            .and_then(|root| find_in(load, &root, path));
         let node = match found {
             Ok(n) => n,
             Err(EngineError::PathNotFound(_)) => None,

@@ -1,0 +1,108 @@
+//! `capsule mount`: the repository as a read-only file system, until Ctrl-C,
+//! SIGTERM or an unmount from outside.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use capsule_engine::browse::Browser;
+use capsule_engine::Repository;
+use capsule_mount::{CapsuleFs, View};
+
+use crate::output::Output;
+use crate::{commands, exit, GlobalArgs};
+
+/// Arguments of `mount`.
+#[derive(Args, Debug)]
+pub struct MountArgs {
+    /// An empty directory to show the repository in.
+    mountpoint: PathBuf,
+    /// Requests served at once.
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+}
+
+/// The snapshots and a browser of the index holding them.
+fn view(repo: &Arc<Repository>, out: Option<&Output>) -> capsule_engine::Result<View> {
+    let (snapshots, bad) = repo.list_snapshots()?;
+    let (mut index, bad_index) = repo.load_index()?;
+    capsule_engine::prune::add_marked_packs(repo, &mut index)?;
+    if let Some(out) = out {
+        for e in &bad {
+            out.warn(format!("{e} (not shown)"));
+        }
+        for e in &bad_index {
+            out.warn(format!("{e} (blobs it lists are unavailable)"));
+        }
+    }
+    Ok(View {
+        browser: Browser::new(repo.clone(), Arc::new(index)),
+        snapshots,
+    })
+}
+
+pub fn mount(g: &GlobalArgs, out: &Output, a: MountArgs) -> Result<u8> {
+    // Before opening the repository: a wrong mount point is said at once.
+    capsule_mount::check_mount_point(&a.mountpoint)
+        .map_err(|e| crate::settings::UsageError(e.to_string()))?;
+    let (repo, _) = commands::open(g, out)?;
+    let repo = Arc::new(repo);
+    let first = view(&repo, Some(out))?;
+    let count = first.snapshots.len();
+    let shown_now = std::sync::Mutex::new(
+        first
+            .snapshots
+            .iter()
+            .map(|(id, _)| *id)
+            .collect::<Vec<_>>(),
+    );
+    let again = repo.clone();
+    // A backup or forget since: the snapshots, and the index, again.
+    let refresh = Box::new(move || {
+        let (snaps, _) = again.list_snapshots().ok()?;
+        let ids: Vec<_> = snaps.iter().map(|(id, _)| *id).collect();
+        let mut last = shown_now
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *last == ids {
+            return None;
+        }
+        let v = view(&again, None).ok()?;
+        *last = v.snapshots.iter().map(|(id, _)| *id).collect();
+        Some(v)
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    for s in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(s, stop.clone())?;
+    }
+    let m = capsule_mount::mount(CapsuleFs::new(first, refresh), &a.mountpoint, a.threads)?;
+    out.say(format!(
+        "{count} snapshots mounted at {} (snapshots/, hosts/, latest, versions/); Ctrl-C unmounts",
+        a.mountpoint.display()
+    ));
+    // Bounded only by the user: the mount lasts until asked to end.
+    while !stop.load(Ordering::Relaxed) {
+        if m.ended() {
+            out.say(format!("{} was unmounted", a.mountpoint.display()));
+            return Ok(exit::OK);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if m.unmount()? {
+        out.say(format!(
+            "unmounted {}; it was in use (a shell or a program inside it), which now loses it",
+            a.mountpoint.display()
+        ));
+    } else {
+        out.say(format!("unmounted {}", a.mountpoint.display()));
+    }
+    Ok(exit::OK)
+}
