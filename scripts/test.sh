@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (the README's, and what CI runs).
 # Needs only the Rust and Go toolchains; installs any missing system tool it
-# uses (util-linux, Samba, OpenSSH, curl from Debian; MinIO and Toxiproxy
+# uses (util-linux, fuse3, Samba, OpenSSH, curl from Debian; MinIO and Toxiproxy
 # with `go install`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,13 @@ fi
 # systemd-analyze checks the unit `capsule schedule install` writes.
 if ! command -v systemd-analyze >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || true
+fi
+
+# FUSE for the mount tests: as root the kernel mounts directly, otherwise
+# through fusermount (fuse3, or the older fuse already installed).
+if [ -e /dev/fuse ] && ! command -v fusermount3 >/dev/null 2>&1 \
+   && ! command -v fusermount >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 >/dev/null || true
 fi
 
 echo "== format and lints"

@@ -3,6 +3,7 @@
 //! Everything of substance lives in `capsule-engine`.
 
 mod commands;
+mod completions;
 mod conditions;
 mod config;
 mod config_cmd;
@@ -158,6 +159,8 @@ enum Command {
     Versions(commands::VersionsArgs),
     /// Show the snapshots as a read-only file system (FUSE) until Ctrl-C.
     Mount(mount_cmd::MountArgs),
+    /// Print or install shell completions (bash, zsh, fish) and man pages.
+    Completions(completions::CompletionsArgs),
     /// Verify the repository's integrity.
     Check(commands::CheckArgs),
     /// Show what changed between two snapshots.
@@ -262,6 +265,15 @@ fn main() -> ExitCode {
     let mut cli = Cli::parse();
     tune_allocator(matches!(cli.command, Command::Restore(_)));
     let out = output::Output::new(cli.global.json, cli.global.quiet);
+    if let Command::Completions(a) = cli.command {
+        return match completions::completions(&out, a) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                out.error(&e);
+                ExitCode::from(output::exit_code_for(&e))
+            }
+        };
+    }
     // `config check` reads the file itself (its mistakes are its result).
     if !matches!(
         cli.command,
@@ -310,6 +322,7 @@ fn main() -> ExitCode {
         Command::Restore(a) => commands::restore(&cli.global, &out, a),
         Command::Versions(a) => commands::versions(&cli.global, &out, a),
         Command::Mount(a) => mount_cmd::mount(&cli.global, &out, a),
+        Command::Completions(_) => unreachable!("answered above"),
         Command::Check(a) => {
             let started = capsule_engine::timefmt::now_unix();
             let read_data = a.read_data;

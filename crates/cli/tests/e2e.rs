@@ -5,6 +5,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -724,4 +725,45 @@ fn files_vanishing_during_backup() {
         &repo,
         &["restore", "latest", "-t", target.to_str().unwrap()],
     );
+}
+
+/// Completions for each shell and the man pages come from the command
+/// definitions; `--install` puts them where each shell and `man` look.
+#[test]
+fn completions_and_man_pages_are_generated_and_installed() {
+    let t = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_capsule"))
+            .args(args)
+            .env("HOME", t.path())
+            .env("XDG_DATA_HOME", t.path().join("data"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    for shell in ["bash", "zsh", "fish"] {
+        let s = run(&["completions", shell]);
+        assert!(
+            s.contains("versions") && s.contains("mount"),
+            "{shell}: {s}"
+        );
+    }
+    let man = t.path().join("man");
+    run(&["completions", "--man", man.to_str().unwrap()]);
+    let page = std::fs::read_to_string(man.join("capsule-restore.1")).unwrap();
+    assert!(
+        page.contains("\\-\\-version") || page.contains("--version"),
+        "{page}"
+    );
+    assert!(man.join("capsule.1").exists() && man.join("capsule-mount.1").exists());
+    run(&["completions", "--install"]);
+    for p in [
+        "data/bash-completion/completions/capsule",
+        ".zfunc/_capsule",
+        ".config/fish/completions/capsule.fish",
+        "data/man/man1/capsule-versions.1",
+    ] {
+        assert!(t.path().join(p).is_file(), "{p} not installed");
+    }
 }
