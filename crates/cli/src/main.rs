@@ -17,6 +17,7 @@ mod output;
 mod schedule_cmd;
 mod settings;
 mod status_cmd;
+mod ui_cmd;
 
 use std::process::ExitCode;
 
@@ -159,6 +160,9 @@ enum Command {
     Versions(commands::VersionsArgs),
     /// Show the snapshots as a read-only file system (FUSE) until Ctrl-C.
     Mount(mount_cmd::MountArgs),
+    /// Serve a local web page to browse snapshots, versions and diffs, and to
+    /// download and restore, until Ctrl-C.
+    Ui(ui_cmd::UiArgs),
     /// Print or install shell completions (bash, zsh, fish) and man pages.
     Completions(completions::CompletionsArgs),
     /// Verify the repository's integrity.
@@ -322,6 +326,7 @@ fn main() -> ExitCode {
         Command::Restore(a) => commands::restore(&cli.global, &out, a),
         Command::Versions(a) => commands::versions(&cli.global, &out, a),
         Command::Mount(a) => mount_cmd::mount(&cli.global, &out, a),
+        Command::Ui(a) => ui_cmd::ui(&cli.global, &out, a),
         Command::Completions(_) => unreachable!("answered above"),
         Command::Check(a) => {
             let started = capsule_engine::timefmt::now_unix();

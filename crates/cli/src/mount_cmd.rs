@@ -27,7 +27,7 @@ pub struct MountArgs {
 }
 
 /// The snapshots and a browser of the index holding them.
-fn view(repo: &Arc<Repository>, out: Option<&Output>) -> capsule_engine::Result<View> {
+pub(crate) fn view(repo: &Arc<Repository>, out: Option<&Output>) -> capsule_engine::Result<View> {
     let (snapshots, bad) = repo.list_snapshots()?;
     let (mut index, bad_index) = repo.load_index()?;
     capsule_engine::prune::add_marked_packs(repo, &mut index)?;
@@ -45,6 +45,32 @@ fn view(repo: &Arc<Repository>, out: Option<&Output>) -> capsule_engine::Result<
     })
 }
 
+/// A refresh of `first`: the snapshots listed again, and when they changed
+/// the index loaded again (a backup or forget since).
+pub(crate) fn refresher(repo: &Arc<Repository>, first: &View) -> capsule_mount::Refresh {
+    let shown = std::sync::Mutex::new(
+        first
+            .snapshots
+            .iter()
+            .map(|(id, _)| *id)
+            .collect::<Vec<_>>(),
+    );
+    let repo = repo.clone();
+    Box::new(move || {
+        let (snaps, _) = repo.list_snapshots().ok()?;
+        let ids: Vec<_> = snaps.iter().map(|(id, _)| *id).collect();
+        let mut last = shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *last == ids {
+            return None;
+        }
+        let v = view(&repo, None).ok()?;
+        *last = v.snapshots.iter().map(|(id, _)| *id).collect();
+        Some(v)
+    })
+}
+
 pub fn mount(g: &GlobalArgs, out: &Output, a: MountArgs) -> Result<u8> {
     // Before opening the repository: a wrong mount point is said at once.
     capsule_mount::check_mount_point(&a.mountpoint)
@@ -53,28 +79,7 @@ pub fn mount(g: &GlobalArgs, out: &Output, a: MountArgs) -> Result<u8> {
     let repo = Arc::new(repo);
     let first = view(&repo, Some(out))?;
     let count = first.snapshots.len();
-    let shown_now = std::sync::Mutex::new(
-        first
-            .snapshots
-            .iter()
-            .map(|(id, _)| *id)
-            .collect::<Vec<_>>(),
-    );
-    let again = repo.clone();
-    // A backup or forget since: the snapshots, and the index, again.
-    let refresh = Box::new(move || {
-        let (snaps, _) = again.list_snapshots().ok()?;
-        let ids: Vec<_> = snaps.iter().map(|(id, _)| *id).collect();
-        let mut last = shown_now
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *last == ids {
-            return None;
-        }
-        let v = view(&again, None).ok()?;
-        *last = v.snapshots.iter().map(|(id, _)| *id).collect();
-        Some(v)
-    });
+    let refresh = refresher(&repo, &first);
     let stop = Arc::new(AtomicBool::new(false));
     for s in [
         signal_hook::consts::SIGINT,

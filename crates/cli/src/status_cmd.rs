@@ -373,6 +373,60 @@ fn journal_view(name: &str, daemon: bool, st: &ProfileState) -> serde_json::Valu
 }
 
 /// `capsule status`.
+/// One profile's status as `status --json` gives it, and whether it is
+/// stale and failing.
+fn profile_row(
+    name: &str,
+    p: &config::Profile,
+    st: &ProfileState,
+    refresh_error: Option<String>,
+    now: i64,
+) -> (serde_json::Value, bool, bool) {
+    let limit = stale_after(p);
+    let age = st
+        .last_success
+        .as_ref()
+        .map(|r| now.saturating_sub(r.started_unix));
+    let stale = is_stale(p, st.last_success.as_ref().map(|r| r.started_unix), now);
+    let failing = st.last_run.as_ref().is_some_and(|r| r.result == "failed");
+    let daemon = load_daemon_view(name);
+    let journal = journal_view(name, daemon.is_some(), st);
+    let row = serde_json::json!({
+        "profile": name,
+        "next_backup_unix": daemon.as_ref().map(|d| d.next_backup_unix),
+        "waiting_for": daemon.as_ref().and_then(|d| d.waiting_for.clone()),
+        "daemon": daemon.is_some(),
+        "stale": stale,
+        "stale_after_secs": limit,
+        "last_success_age_secs": age,
+        "failing": failing,
+        "last_run": st.last_run,
+        "last_success": st.last_success,
+        "repository": st.repository,
+        "last_check": st.last_check,
+        "refresh_error": refresh_error,
+        "journal": journal,
+    });
+    (row, stale, failing)
+}
+
+/// Every profile's status, as `status --json` gives it (none without a
+/// configuration file): for `capsule ui`.
+pub fn all_rows(g: &GlobalArgs) -> Vec<serde_json::Value> {
+    let Some((path, _)) = config::config_path(g.config.as_deref()) else {
+        return Vec::new();
+    };
+    let Ok(cfg) = config::Config::load(&path) else {
+        return Vec::new();
+    };
+    let now = capsule_engine::timefmt::now_unix();
+    cfg.file
+        .profiles
+        .iter()
+        .map(|(name, p)| profile_row(name, p, &load_state(name), None, now).0)
+        .collect()
+}
+
 pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
     let Some((path, named)) = config::config_path(g.config.as_deref()) else {
         anyhow::bail!(config::ConfigError(
@@ -406,33 +460,17 @@ pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
         let p = &cfg.file.profiles[name];
         let st = load_state(name);
         let refresh_error = refreshed.get(name).cloned().flatten();
+        let (row, stale, failing) = profile_row(name, p, &st, refresh_error.clone(), now);
         let limit = stale_after(p);
         let age = st
             .last_success
             .as_ref()
             .map(|r| now.saturating_sub(r.started_unix));
-        let stale = is_stale(p, st.last_success.as_ref().map(|r| r.started_unix), now);
-        let failing = st.last_run.as_ref().is_some_and(|r| r.result == "failed");
+        let daemon = load_daemon_view(name);
+        let journal = row["journal"].clone();
         any_stale |= stale;
         any_failing |= failing;
-        let daemon = load_daemon_view(name);
-        let journal = journal_view(name, daemon.is_some(), &st);
-        rows.push(serde_json::json!({
-            "profile": name,
-            "next_backup_unix": daemon.as_ref().map(|d| d.next_backup_unix),
-            "waiting_for": daemon.as_ref().and_then(|d| d.waiting_for.clone()),
-            "daemon": daemon.is_some(),
-            "stale": stale,
-            "stale_after_secs": limit,
-            "last_success_age_secs": age,
-            "failing": failing,
-            "last_run": st.last_run,
-            "last_success": st.last_success,
-            "repository": st.repository,
-            "last_check": st.last_check,
-            "refresh_error": refresh_error,
-            "journal": journal,
-        }));
+        rows.push(row);
         if !out.json {
             let when = |r: &RunOutcome| capsule_engine::timefmt::rfc3339(r.started_unix);
             out.result(format!(

@@ -114,6 +114,19 @@ impl FileMap {
     }
 }
 
+/// The snapshots a long-lived process shows, and a browser of the index
+/// that holds them.
+pub struct View {
+    /// The browser.
+    pub browser: Arc<Browser>,
+    /// Snapshots, oldest first.
+    pub snapshots: Vec<(ObjectId, Snapshot)>,
+}
+
+/// Lists the snapshots again, and loads the index again when they
+/// changed (None: nothing changed, or it could not be read now).
+pub type Refresh = Box<dyn Fn() -> Option<View> + Send + Sync>;
+
 /// A repository opened for browsing.
 pub struct Browser {
     repo: Arc<Repository>,

@@ -177,7 +177,7 @@ fn walk_sample(files: &[(PathBuf, u64)], roots: &[PathBuf]) -> Option<PathBuf> {
 }
 
 /// Seconds per unchanged file in a run with nothing changed, for a source
-/// whose walk ([`walk`]) took `source_walk` seconds over `source_files`
+/// whose plain walk took `source_walk` seconds over `source_files`
 /// files: the sample's no-change run less an empty one's, per second of
 /// the sample's own walk, times the source's walk.
 ///

@@ -10,7 +10,7 @@
 //!                            is a directory of its distinct versions
 //! ```
 //!
-//! Everything is served from one [`Browser`]: a directory costs its own
+//! Everything is served from one [`Browser`](capsule_engine::browse::Browser): a directory costs its own
 //! tree, from a bounded cache; a file read fetches neighbouring blobs of a
 //! pack in one ranged read and reads ahead of a reader reading in order.
 //! Inode numbers of entries are a hash of their parent's and their name,
@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use capsule_engine::browse::{Browser, FileMap};
-use capsule_format::snapshot::Snapshot;
+use capsule_engine::browse::FileMap;
+pub use capsule_engine::browse::{Refresh, View};
 use capsule_format::tree::{Node, NodeKind, Timestamp};
 use capsule_format::ObjectId;
 use fuser::{
@@ -57,18 +57,6 @@ pub enum MountError {
         source: std::io::Error,
     },
 }
-
-/// The snapshots to show, and a browser of the index that holds them.
-pub struct View {
-    /// The browser.
-    pub browser: Arc<Browser>,
-    /// Snapshots, oldest first.
-    pub snapshots: Vec<(ObjectId, Snapshot)>,
-}
-
-/// Lists the snapshots again (and loads the index again when they
-/// changed), for a mount left up while backups run.
-pub type Refresh = Box<dyn Fn() -> Option<View> + Send + Sync>;
 
 /// How long the kernel may keep what it was told: snapshot contents never
 /// change; the lists of snapshots do, when a backup or forget runs.

@@ -1,0 +1,98 @@
+//! `capsule ui`: serves the local web page until Ctrl-C or SIGTERM.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+
+use crate::output::Output;
+use crate::{commands, exit, mount_cmd, GlobalArgs};
+
+/// Arguments of `ui`.
+#[derive(Args, Debug)]
+pub struct UiArgs {
+    /// Serve on this address instead of a free loopback port. Anything
+    /// but loopback lets other machines reach the page: it is served over
+    /// plain HTTP (no TLS), guarded only by the token, and said so.
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<SocketAddr>,
+    /// Do not open a browser ($BROWSER) on the page.
+    #[arg(long)]
+    no_browser: bool,
+}
+
+pub fn ui(g: &GlobalArgs, out: &Output, a: UiArgs) -> Result<u8> {
+    let (repo, _) = commands::open(g, out)?;
+    let repo = Arc::new(repo);
+    let first = mount_cmd::view(&repo, Some(out))?;
+    let refresh = mount_cmd::refresher(&repo, &first);
+    let mut token = [0u8; 24];
+    getrandom::fill(&mut token).map_err(|e| anyhow::anyhow!("no randomness for the token: {e}"))?;
+    let token = hex::encode(token);
+    let listen = a
+        .listen
+        .unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0));
+    if !listen.ip().is_loopback() {
+        out.warn(format!(
+            "serving on {listen}, reachable from other machines, over plain HTTP: the token travels unencrypted, and anyone who learns it can read every file in the repository. Prefer the default (loopback) and an SSH tunnel"
+        ));
+    }
+    let socket =
+        std::net::TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
+    socket.set_nonblocking(true)?;
+    let addr = socket.local_addr()?;
+    let url = format!("http://{addr}/?t={token}");
+    let g2 = g.clone();
+    let ui = Arc::new(capsule_ui::Ui {
+        view: RwLock::new(Arc::new(first)),
+        token,
+        refresh,
+        status: Box::new(
+            move || serde_json::json!({ "profiles": crate::status_cmd::all_rows(&g2) }),
+        ),
+        addr,
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    for s in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(s, stop.clone())?;
+    }
+    if out.json {
+        out.json(&serde_json::json!({ "url": url, "addr": addr.to_string() }));
+    } else {
+        out.result(&url);
+        out.say("the page is served until Ctrl-C");
+    }
+    if !a.no_browser {
+        if let Some(b) = std::env::var_os("BROWSER").filter(|b| !b.is_empty()) {
+            let _ = std::process::Command::new(b)
+                .arg(&url)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn();
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(socket)?;
+        let stopped = async move {
+            // Bounded only by the user: served until asked to stop.
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        capsule_ui::serve(listener, ui, stopped).await
+    })?;
+    out.say("stopped");
+    Ok(exit::OK)
+}

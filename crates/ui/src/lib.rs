@@ -1,0 +1,767 @@
+//! `capsule ui`: a local web page to go back in time. One long-lived
+//! process serves it from one [`Browser`], so opening a directory costs its
+//! own tree from a shared cache, never a process or a walk of a snapshot.
+//!
+//! Every request must carry the token printed with the page's address: in
+//! the address (`?t=`), which sets a cookie for the rest, or in the
+//! `x-capsule-token` header. Requests naming another host than the one
+//! listened on are refused too (a page elsewhere cannot rebind a name to
+//! loopback and read it). Every asset is in the binary.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use axum::body::Body;
+use axum::extract::{Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use capsule_engine::browse::Browser;
+use capsule_engine::EngineError;
+use capsule_format::snapshot::Snapshot;
+use capsule_format::tree::NodeKind;
+use capsule_format::{BlobId, ObjectId};
+use serde::{Deserialize, Serialize};
+
+pub use capsule_engine::browse::{Refresh, View};
+
+/// What the page needs from the process serving it.
+pub struct Ui {
+    /// The repository's snapshots and browser; replaced by `refresh`.
+    pub view: RwLock<Arc<View>>,
+    /// The token every request must carry.
+    pub token: String,
+    /// Lists the snapshots again (None: nothing changed).
+    pub refresh: Refresh,
+    /// Each profile's status (`capsule status --json`).
+    pub status: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
+    /// The address served, for the Host check.
+    pub addr: SocketAddr,
+}
+
+/// A request refused or failed, as the page shows it.
+#[derive(Debug)]
+pub struct Failure(StatusCode, String);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<EngineError> for Failure {
+    fn from(e: EngineError) -> Self {
+        let code = match e {
+            EngineError::PathNotFound(_)
+            | EngineError::SnapshotNotFound(_)
+            | EngineError::NoSnapshotBefore { .. } => StatusCode::NOT_FOUND,
+            EngineError::AmbiguousSnapshot(_) | EngineError::Invalid(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Failure(code, e.to_string())
+    }
+}
+
+fn bad(why: impl Into<String>) -> Failure {
+    Failure(StatusCode::BAD_REQUEST, why.into())
+}
+
+type Shared = Arc<Ui>;
+
+impl Ui {
+    fn view(&self) -> Arc<View> {
+        self.view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Equal without telling by its timing how much was equal.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+fn cookie_token(h: &HeaderMap) -> Option<&str> {
+    h.get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| c.trim().strip_prefix("capsule_token="))
+}
+
+fn query_token(q: Option<&str>) -> Option<&str> {
+    q?.split('&').find_map(|kv| kv.strip_prefix("t="))
+}
+
+/// Refuses what lacks the token or names another host; the page's first
+/// load, with the token in the address, gets it as a cookie.
+async fn guard(State(ui): State<Shared>, req: Request, next: Next) -> Response {
+    let host_ok = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .is_some_and(|h| {
+            let port = ui.addr.port();
+            h == ui.addr.to_string()
+                || h == format!("localhost:{port}")
+                || (ui.addr.ip().is_unspecified() && h.ends_with(&format!(":{port}")))
+        });
+    if !host_ok {
+        return Failure(StatusCode::FORBIDDEN, "wrong host".into()).into_response();
+    }
+    let from_query = query_token(req.uri().query());
+    let given = from_query
+        .or_else(|| {
+            req.headers()
+                .get("x-capsule-token")
+                .and_then(|v| v.to_str().ok())
+        })
+        .or_else(|| cookie_token(req.headers()));
+    if !given.is_some_and(|t| same(t.as_bytes(), ui.token.as_bytes())) {
+        return Failure(
+            StatusCode::UNAUTHORIZED,
+            "no token, or the wrong one: open the address `capsule ui` printed".into(),
+        )
+        .into_response();
+    }
+    let set_cookie = from_query.is_some();
+    let mut resp = next.run(req).await;
+    if set_cookie {
+        if let Ok(v) = HeaderValue::from_str(&format!(
+            "capsule_token={}; HttpOnly; SameSite=Strict; Path=/",
+            ui.token
+        )) {
+            resp.headers_mut().insert(header::SET_COOKIE, v);
+        }
+    }
+    resp
+}
+
+/// A snapshot path as the page gives it: absolute, no `..`, no NUL, not
+/// absurdly long.
+fn snapshot_path(p: &str) -> Result<PathBuf, Failure> {
+    if p.len() > 4096 || p.contains('\0') || !p.starts_with('/') {
+        return Err(bad(format!("not a path in a snapshot: {p:.100}")));
+    }
+    let path = PathBuf::from(p);
+    if path
+        .components()
+        .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
+    {
+        return Err(bad(format!("not a path in a snapshot: {p:.100}")));
+    }
+    Ok(path)
+}
+
+/// Runs `f` on a blocking thread: the engine reads the destination.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+}
+
+fn resolve(v: &View, spec: &str) -> Result<(ObjectId, Snapshot), Failure> {
+    let lower = spec.to_ascii_lowercase();
+    let hits: Vec<_> = v
+        .snapshots
+        .iter()
+        .filter(|(id, _)| id.to_hex().starts_with(&lower))
+        .collect();
+    match (spec, hits.as_slice()) {
+        ("latest", _) => v.snapshots.last().cloned(),
+        (_, [one]) => Some((*one).clone()),
+        _ => None,
+    }
+    .ok_or_else(|| Failure(StatusCode::NOT_FOUND, format!("no snapshot {spec:.80}")))
+}
+
+#[derive(Serialize)]
+struct SnapshotRow {
+    id: String,
+    time: String,
+    time_unix: i64,
+    host: String,
+    paths: Vec<String>,
+    files: u64,
+    bytes: u64,
+    files_read: u64,
+    bytes_added: u64,
+    incomplete: bool,
+}
+
+async fn snapshots(State(ui): State<Shared>) -> Result<Json<Vec<SnapshotRow>>, Failure> {
+    let ui2 = ui.clone();
+    blocking(move || {
+        if let Some(v) = (ui2.refresh)() {
+            *ui2.view.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(v);
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(Json(
+        ui.view()
+            .snapshots
+            .iter()
+            .map(|(id, s)| SnapshotRow {
+                id: id.to_hex(),
+                time: s.time.clone(),
+                time_unix: s.time_unix,
+                host: s.hostname.clone(),
+                paths: s.paths.clone(),
+                files: s.summary.files,
+                bytes: s.summary.bytes,
+                files_read: s.summary.files_read,
+                bytes_added: s.summary.bytes_added,
+                incomplete: s.incomplete,
+            })
+            .collect(),
+    ))
+}
+
+#[derive(Deserialize)]
+struct At {
+    snapshot: String,
+    path: String,
+}
+
+#[derive(Serialize)]
+struct EntryRow {
+    name: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    size: u64,
+    mtime: i64,
+    mode: u32,
+    /// False when the name is not UTF-8: shown, but not opened from here.
+    utf8: bool,
+}
+
+/// The tree of the directory at `path` in snapshot `snap`.
+fn dir_tree(b: &Browser, snap: &Snapshot, path: &Path) -> Result<BlobId, Failure> {
+    let root: BlobId = snap
+        .tree
+        .parse()
+        .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))?;
+    match b.find(&root, path)? {
+        None => Ok(root),
+        Some(n) if n.kind() == NodeKind::Dir => n
+            .subtree
+            .ok_or_else(|| bad(format!("{} has no tree", path.display()))),
+        Some(_) => Err(bad(format!("{} is not a directory", path.display()))),
+    }
+}
+
+async fn ls(State(ui): State<Shared>, Query(q): Query<At>) -> Result<Json<Vec<EntryRow>>, Failure> {
+    let path = snapshot_path(&q.path)?;
+    let v = ui.view();
+    blocking(move || {
+        let (_, snap) = resolve(&v, &q.snapshot)?;
+        let tree = dir_tree(&v.browser, &snap, &path)?;
+        Ok(v.browser
+            .tree(&tree)?
+            .iter()
+            .map(|n| EntryRow {
+                name: String::from_utf8_lossy(&n.name).into_owned(),
+                kind: n.kind().as_str(),
+                size: n.size,
+                mtime: n.mtime.secs,
+                mode: n.mode,
+                utf8: std::str::from_utf8(&n.name).is_ok(),
+            })
+            .collect())
+    })
+    .await
+    .map(Json)
+}
+
+#[derive(Deserialize)]
+struct PathOnly {
+    path: String,
+}
+
+async fn versions(
+    State(ui): State<Shared>,
+    Query(q): Query<PathOnly>,
+) -> Result<Json<capsule_engine::versions::Versions>, Failure> {
+    let path = snapshot_path(&q.path)?;
+    let v = ui.view();
+    blocking(move || Ok(v.browser.versions(&v.snapshots, &path)?))
+        .await
+        .map(Json)
+}
+
+/// A body fed by a blocking writer: what `write` writes is sent as it
+/// comes, with at most a few MiB in flight.
+fn streamed(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + 'static) -> Body {
+    struct Chan(tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>);
+    impl Write for Chan {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .blocking_send(Ok(b.to_vec()))
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "closed"))?;
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::task::spawn_blocking(move || {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, Chan(tx.clone()));
+        let r = write(&mut w).and_then(|()| w.flush());
+        if let Err(e) = r {
+            // The client sees the stream end in an error, not a short file.
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    let mut rx = rx;
+    Body::from_stream(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+}
+
+fn attachment(name: &str) -> HeaderValue {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && c != '"' && c != '\\' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    HeaderValue::from_str(&format!("attachment; filename=\"{safe}\""))
+        .unwrap_or(HeaderValue::from_static("attachment"))
+}
+
+/// A stored file's content as a reader, fetched a MiB at a time with the
+/// browser's read-ahead.
+struct Content {
+    b: Arc<Browser>,
+    map: capsule_engine::browse::FileMap,
+    at: u64,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Content {
+    fn new(b: &Arc<Browser>, node: &capsule_format::tree::Node) -> std::io::Result<Self> {
+        Ok(Content {
+            map: b.file_map(node).map_err(std::io::Error::other)?,
+            b: b.clone(),
+            at: 0,
+            buf: Vec::new(),
+            pos: 0,
+        })
+    }
+}
+
+impl std::io::Read for Content {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos == self.buf.len() {
+            if self.at >= self.map.size() {
+                return Ok(0);
+            }
+            self.buf = self
+                .b
+                .read_at(&self.map, self.at, 1 << 20, true)
+                .map_err(std::io::Error::other)?;
+            self.pos = 0;
+            self.at += self.buf.len() as u64;
+            if self.buf.is_empty() {
+                return Ok(0);
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Writes file `node`'s content to `w`.
+fn copy_file(
+    b: &Arc<Browser>,
+    node: &capsule_format::tree::Node,
+    w: &mut dyn Write,
+) -> std::io::Result<()> {
+    std::io::copy(&mut Content::new(b, node)?, w).map(|_| ())
+}
+
+async fn file(State(ui): State<Shared>, Query(q): Query<At>) -> Result<Response, Failure> {
+    let path = snapshot_path(&q.path)?;
+    let v = ui.view();
+    let (node, b) = blocking(move || {
+        let (_, snap) = resolve(&v, &q.snapshot)?;
+        let root: BlobId = snap
+            .tree
+            .parse()
+            .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))?;
+        let n = v
+            .browser
+            .find(&root, &path)?
+            .ok_or_else(|| bad("the root is not a file"))?;
+        if n.kind() != NodeKind::File {
+            return Err(bad(format!("{} is not a file", path.display())));
+        }
+        Ok((n, v.browser.clone()))
+    })
+    .await?;
+    let name = String::from_utf8_lossy(&node.name).into_owned();
+    let size = node.size;
+    let body = streamed(move |w| copy_file(&b, &node, w));
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_DISPOSITION, attachment(&name));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    Ok(r)
+}
+
+/// A directory as a tar stream: its entries as stored (modes, times,
+/// owners, symlinks), files streamed one after another.
+async fn tarball(State(ui): State<Shared>, Query(q): Query<At>) -> Result<Response, Failure> {
+    let path = snapshot_path(&q.path)?;
+    let v = ui.view();
+    let v2 = v.clone();
+    let spec = q.snapshot.clone();
+    let path2 = path.clone();
+    let tree = blocking(move || {
+        let (_, snap) = resolve(&v2, &spec)?;
+        dir_tree(&v2.browser, &snap, &path2)
+    })
+    .await?;
+    let top = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "snapshot".into());
+    let name = format!("{top}.tar");
+    let b = v.browser.clone();
+    let body = streamed(move |w| {
+        let mut t = tar::Builder::new(w);
+        t.mode(tar::HeaderMode::Complete);
+        add_tree(&b, &tree, Path::new(&top), &mut t, 0)?;
+        t.finish()
+    });
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-tar"),
+    );
+    h.insert(header::CONTENT_DISPOSITION, attachment(&name));
+    Ok(r)
+}
+
+fn add_tree(
+    b: &Arc<Browser>,
+    tree: &BlobId,
+    at: &Path,
+    t: &mut tar::Builder<&mut dyn Write>,
+    depth: usize,
+) -> std::io::Result<()> {
+    if depth > 512 {
+        return Err(std::io::Error::other("trees nested over 512 deep: damaged"));
+    }
+    let nodes = b.tree(tree).map_err(std::io::Error::other)?;
+    for n in nodes.iter() {
+        let p = at.join(std::ffi::OsStr::new(&*String::from_utf8_lossy(&n.name)));
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(n.mode & 0o7777);
+        h.set_uid(u64::from(n.uid));
+        h.set_gid(u64::from(n.gid));
+        h.set_mtime(n.mtime.secs.max(0) as u64);
+        match n.kind() {
+            NodeKind::Dir => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_size(0);
+                t.append_data(&mut h, &p, std::io::empty())?;
+                if let Some(sub) = &n.subtree {
+                    add_tree(b, sub, &p, t, depth + 1)?;
+                }
+            }
+            NodeKind::File => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_size(n.size);
+                t.append_data(&mut h, &p, Content::new(b, n)?)?;
+            }
+            NodeKind::Symlink => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(0);
+                let target = String::from_utf8_lossy(&n.target).into_owned();
+                t.append_link(&mut h, &p, target)?;
+            }
+            // FIFOs and devices are not something to download.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct TextDiff {
+    path: String,
+    a: usize,
+    b: usize,
+}
+
+/// A unified diff between two versions of a text file (at most 4 MiB
+/// each; larger or binary ones are refused).
+async fn textdiff(State(ui): State<Shared>, Query(q): Query<TextDiff>) -> Result<String, Failure> {
+    let path = snapshot_path(&q.path)?;
+    let v = ui.view();
+    blocking(move || {
+        let vs = v.browser.versions(&v.snapshots, &path)?;
+        let text = |n: usize| -> Result<String, Failure> {
+            let x = n
+                .checked_sub(1)
+                .and_then(|i| vs.versions.get(i))
+                .ok_or_else(|| bad(format!("no version {n}")))?;
+            if x.node.kind() != NodeKind::File || x.size > 4 << 20 {
+                return Err(bad(format!(
+                    "version {n} is not a text file of at most 4 MiB"
+                )));
+            }
+            let mut data = Vec::new();
+            copy_file(&v.browser, &x.node, &mut data)
+                .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+            String::from_utf8(data).map_err(|_| bad(format!("version {n} is not text (UTF-8)")))
+        };
+        let (a, b) = (text(q.a)?, text(q.b)?);
+        Ok(similar::TextDiff::from_lines(&a, &b)
+            .unified_diff()
+            .header(&format!("version {}", q.a), &format!("version {}", q.b))
+            .to_string())
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct DiffQ {
+    a: String,
+    b: String,
+}
+
+async fn diff(
+    State(ui): State<Shared>,
+    Query(q): Query<DiffQ>,
+) -> Result<Json<Vec<capsule_engine::diff::DiffEntry>>, Failure> {
+    let v = ui.view();
+    blocking(move || {
+        let (_, sa) = resolve(&v, &q.a)?;
+        let (_, sb) = resolve(&v, &q.b)?;
+        let tree = |s: &Snapshot| -> Result<BlobId, Failure> {
+            s.tree
+                .parse()
+                .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))
+        };
+        let mut budget = capsule_engine::treewalk::Budget::new(
+            capsule_engine::treewalk::entry_budget(&sa)
+                .saturating_add(capsule_engine::treewalk::entry_budget(&sb)),
+        );
+        Ok(capsule_engine::diff::diff(
+            v.browser.repo(),
+            v.browser.index(),
+            &tree(&sa)?,
+            &tree(&sb)?,
+            &mut budget,
+        )?)
+    })
+    .await
+    .map(Json)
+}
+
+#[derive(Deserialize)]
+struct SearchQ {
+    snapshot: String,
+    q: String,
+}
+
+/// Entries of a snapshot whose name contains `q` (case-insensitive), at
+/// most 1,000.
+async fn search(
+    State(ui): State<Shared>,
+    Query(q): Query<SearchQ>,
+) -> Result<Json<Vec<String>>, Failure> {
+    if q.q.is_empty() || q.q.len() > 256 {
+        return Err(bad("search for 1 to 256 characters"));
+    }
+    let v = ui.view();
+    blocking(move || {
+        let (_, snap) = resolve(&v, &q.snapshot)?;
+        let root: BlobId = snap
+            .tree
+            .parse()
+            .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))?;
+        let want = q.q.to_lowercase();
+        let mut hits = Vec::new();
+        let mut stack = vec![(root, PathBuf::from("/"))];
+        let mut budget = capsule_engine::treewalk::entry_budget(&snap);
+        while let Some((tree, at)) = stack.pop() {
+            let nodes = v.browser.tree(&tree)?;
+            budget = budget.saturating_sub(nodes.len() as u64);
+            if budget == 0 {
+                return Err(Failure::from(EngineError::corrupt(
+                    "snapshot",
+                    "its trees hold more entries than it records",
+                )));
+            }
+            for n in nodes.iter() {
+                let name = String::from_utf8_lossy(&n.name);
+                let p = at.join(&*name);
+                if name.to_lowercase().contains(&want) {
+                    hits.push(p.to_string_lossy().into_owned());
+                    if hits.len() >= 1000 {
+                        return Ok(hits);
+                    }
+                }
+                if let (NodeKind::Dir, Some(sub)) = (n.kind(), n.subtree) {
+                    stack.push((sub, p));
+                }
+            }
+        }
+        hits.sort();
+        Ok(hits)
+    })
+    .await
+    .map(Json)
+}
+
+#[derive(Deserialize)]
+struct RestoreQ {
+    snapshot: String,
+    path: String,
+    target: String,
+    /// Replace files already in the target (asked for after a first
+    /// answer listed them).
+    #[serde(default)]
+    replace: bool,
+}
+
+/// Restores one path of a snapshot into a directory. Without `replace`,
+/// a target already holding any of the files restored is answered with
+/// the list (409) and nothing written.
+async fn restore(State(ui): State<Shared>, Json(q): Json<RestoreQ>) -> Result<Response, Failure> {
+    let path = snapshot_path(&q.path)?;
+    let target = PathBuf::from(&q.target);
+    if !target.is_absolute() || q.target.contains('\0') {
+        return Err(bad("the target must be an absolute path"));
+    }
+    let v = ui.view();
+    blocking(move || {
+        let (_, snap) = resolve(&v, &q.snapshot)?;
+        let root: BlobId = snap
+            .tree
+            .parse()
+            .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))?;
+        let include = capsule_engine::restore::literal_pattern(&path.to_string_lossy());
+        let progress = capsule_engine::progress::Progress::default();
+        let opts = capsule_engine::restore::RestoreOptions {
+            target: target.clone(),
+            includes: vec![include],
+            max_entries: capsule_engine::treewalk::entry_budget(&snap),
+            // Asked for, when anything was in the way.
+            overwrite: capsule_engine::restore::Overwrite::Always,
+            ..capsule_engine::restore::RestoreOptions::default()
+        };
+        if !q.replace {
+            // What is in the way: whatever a restore that keeps existing
+            // files would leave as it is or fail on.
+            let existing = conflicts(&target, &path);
+            if !existing.is_empty() {
+                return Ok((
+                    StatusCode::CONFLICT,
+                    Json(serde_json::json!({
+                        "error": "the target holds files this restore would replace",
+                        "replace": existing,
+                    })),
+                )
+                    .into_response());
+            }
+        }
+        let r = capsule_engine::restore::restore(
+            v.browser.repo(),
+            v.browser.index(),
+            &root,
+            &opts,
+            &progress,
+        )?;
+        Ok(Json(serde_json::to_value(&r).unwrap_or_default()).into_response())
+    })
+    .await
+}
+
+/// Files under `target` + `path` that a restore of `path` would replace.
+fn conflicts(target: &Path, path: &Path) -> Vec<String> {
+    let at = target.join(path.strip_prefix("/").unwrap_or(path));
+    let mut found = Vec::new();
+    let mut stack = vec![at];
+    while let Some(p) = stack.pop() {
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if m.is_dir() {
+            if let Ok(rd) = std::fs::read_dir(&p) {
+                stack.extend(rd.flatten().map(|e| e.path()));
+            }
+        } else {
+            found.push(p.to_string_lossy().into_owned());
+            if found.len() >= 100 {
+                break;
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+async fn status(State(ui): State<Shared>) -> Json<serde_json::Value> {
+    let ui2 = ui.clone();
+    Json(
+        tokio::task::spawn_blocking(move || (ui2.status)())
+            .await
+            .unwrap_or_default(),
+    )
+}
+
+async fn page() -> Html<&'static str> {
+    Html(include_str!("page.html"))
+}
+
+/// The page and its API.
+pub fn router(ui: Shared) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/api/snapshots", get(snapshots))
+        .route("/api/ls", get(ls))
+        .route("/api/versions", get(versions))
+        .route("/api/file", get(file))
+        .route("/api/tar", get(tarball))
+        .route("/api/textdiff", get(textdiff))
+        .route("/api/diff", get(diff))
+        .route("/api/search", get(search))
+        .route("/api/restore", post(restore))
+        .route("/api/status", get(status))
+        .layer(axum::middleware::from_fn_with_state(ui.clone(), guard))
+        .with_state(ui)
+}
+
+/// Serves the page on `listener` until `stop` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ui: Shared,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(ui))
+        .with_graceful_shutdown(stop)
+        .await
+}
