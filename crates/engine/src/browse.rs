@@ -276,6 +276,21 @@ impl Browser {
         Ok(out)
     }
 
+    /// Fetches the contents of `files` in the background, in the order
+    /// they lie in their packs: what reading them one after another will
+    /// need, in as few ranged reads as a restore makes.
+    pub fn prefetch(self: &Arc<Self>, files: &[Node]) {
+        let mut ids: Vec<(BlobId, BlobLoc)> = files
+            .iter()
+            .flat_map(|n| n.content.iter())
+            .filter_map(|id| self.index.get(id).map(|l| (*id, *l)))
+            .collect();
+        ids.sort_by_key(|(_, l)| (l.pack, l.offset));
+        ids.dedup_by_key(|(id, _)| *id);
+        let ids: Vec<(BlobId, u64)> = ids.into_iter().map(|(id, _)| (id, 0)).collect();
+        self.fetch_ahead(&ids);
+    }
+
     /// Fetches `ids` in a background thread unless they are cached or
     /// being fetched, or enough fetches run already.
     fn fetch_ahead(self: &Arc<Self>, ids: &[(BlobId, u64)]) {

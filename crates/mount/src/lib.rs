@@ -64,6 +64,10 @@ const TTL_CONTENT: Duration = Duration::from_secs(3600);
 const TTL_LISTS: Duration = Duration::from_secs(1);
 /// How often the snapshot lists are read again, at most.
 const REFRESH_EVERY: Duration = Duration::from_secs(30);
+/// Read-ahead across the files of a directory: at most this many files,
+/// and this many bytes, past the one opened.
+const AHEAD_FILES: usize = 256;
+const AHEAD_BYTES: u64 = 32 << 20;
 
 const ROOT: u64 = 1;
 const SNAPSHOTS: u64 = 2;
@@ -115,6 +119,8 @@ pub struct CapsuleFs {
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
+    /// Per directory inode: how far its files were fetched ahead.
+    ahead_marks: Mutex<HashMap<u64, usize>>,
 }
 
 /// A view with each snapshot's directory name.
@@ -241,6 +247,7 @@ impl CapsuleFs {
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
             mounted_at: SystemTime::now(),
+            ahead_marks: Mutex::new(HashMap::new()),
         }
     }
 
@@ -484,16 +491,27 @@ impl CapsuleFs {
         }
     }
 
-    /// Remembers entry `name` of `parent` (one more lookup) and answers.
-    fn remember(&self, parent: u64, name: &[u8], what: What) -> FileAttr {
-        let ino = match what {
+    /// The inode number of entry `name` of `parent`, standing for `what`.
+    fn ino_for(parent: u64, name: &[u8], what: &What) -> u64 {
+        match what {
             What::HostsDir => HOSTS,
             What::SnapshotsDir => SNAPSHOTS,
             What::VersionsRoot => VERSIONS,
             What::Link(_) if parent == ROOT => LATEST,
             _ => ino_of(parent, name),
-        };
+        }
+    }
+
+    /// Remembers entry `name` of `parent` (one more lookup) and answers.
+    fn remember(&self, parent: u64, name: &[u8], what: What) -> FileAttr {
+        let ino = Self::ino_for(parent, name, &what);
         let attr = self.attr(ino, &what);
+        self.note(ino, parent, name, what);
+        attr
+    }
+
+    /// Counts one lookup of `ino`, which the kernel now holds.
+    fn note(&self, ino: u64, parent: u64, name: &[u8], what: What) {
         let mut inos = lock(&self.inos);
         let e = inos.entry(ino).or_insert(Ino {
             what,
@@ -502,7 +520,38 @@ impl CapsuleFs {
             lookups: 0,
         });
         e.lookups += 1;
-        attr
+    }
+
+    /// Read-ahead across files: opening entry `index` of the tree `tree`
+    /// (a directory of parent `parent`) fetches the files after it, in the
+    /// order `cp -r` and most readers take them, up to [`AHEAD_FILES`]
+    /// files or [`AHEAD_BYTES`], unless that stretch was fetched already.
+    /// One ranged read then serves many small files, as in a restore.
+    fn read_ahead_siblings(&self, parent: u64, tree: &[Node], index: usize) {
+        let from = {
+            let mut marks = lock(&self.ahead_marks);
+            let mark = marks.entry(parent).or_insert(0);
+            // Still well inside what was fetched: nothing to do yet.
+            if index + AHEAD_FILES / 4 < *mark {
+                return;
+            }
+            let from = (*mark).max(index + 1);
+            *mark = (from + AHEAD_FILES).min(tree.len());
+            from
+        };
+        let mut bytes = 0u64;
+        let files: Vec<Node> = tree
+            .iter()
+            .skip(from)
+            .take(AHEAD_FILES)
+            .filter(|n| n.kind() == NodeKind::File)
+            .take_while(|n| {
+                bytes += n.size;
+                bytes <= AHEAD_BYTES
+            })
+            .cloned()
+            .collect();
+        self.view().view.browser.prefetch(&files);
     }
 
     fn ttl(what: &What) -> Duration {
@@ -514,6 +563,18 @@ impl CapsuleFs {
 }
 
 impl Filesystem for CapsuleFs {
+    fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
+        // Attributes with the listing, when the kernel sees they are
+        // wanted (`ls -l`): a lookup a name saved. Where the kernel cannot,
+        // plain listings and lookups serve.
+        let _ = config.add_capabilities(
+            fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
+        );
+        // Larger reads ahead of a reader in the kernel too.
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let parent = u64::from(parent);
         let Some(pw) = self.what(parent) else {
@@ -596,6 +657,16 @@ impl Filesystem for CapsuleFs {
             Ok(m) => m,
             Err(e) => return reply.error(self.failed(&self.path_of(ino), &e)),
         };
+        let parent = lock(&self.inos)
+            .get(&ino)
+            .map(|i| (i.parent, i.name.clone()));
+        if let Some((parent, name)) = parent {
+            if let Some(Ok(tree)) = self.what(parent).and_then(|w| self.tree_of(&w)) {
+                if let Ok(i) = tree.binary_search_by(|x| x.name.as_slice().cmp(&name)) {
+                    self.read_ahead_siblings(parent, &tree, i);
+                }
+            }
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.handles).insert(
             fh,
@@ -708,6 +779,73 @@ impl Filesystem for CapsuleFs {
                 Err(e) => reply.error(e),
             },
         }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: fuser::ReplyDirectoryPlus,
+    ) {
+        let ino = u64::from(ino);
+        let Some(w) = self.what(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let parent = lock(&self.inos).get(&ino).map_or(ROOT, |i| i.parent);
+        // "." and ".." carry attributes too, but the kernel takes no
+        // reference on them: they are not counted as lookups.
+        let mut at = offset;
+        for (k, (name, i)) in [(".", ino), ("..", parent)].into_iter().enumerate() {
+            if at == k as u64 {
+                let attr = self.dir_attr(i, self.mounted_at);
+                if reply.add(INodeNo(i), at + 1, name, &TTL_LISTS, &attr, Generation(0)) {
+                    return reply.ok();
+                }
+                at += 1;
+            }
+        }
+        let skip = (at - 2) as usize;
+        // Entries as (name, what); only those the reply took are counted.
+        let mut add = |k: usize, name: &[u8], what: What| -> bool {
+            let child = Self::ino_for(ino, name, &what);
+            let attr = self.attr(child, &what);
+            let ttl = Self::ttl(&what);
+            let full = reply.add(
+                INodeNo(child),
+                k as u64 + 3,
+                OsStr::from_bytes(name),
+                &ttl,
+                &attr,
+                Generation(0),
+            );
+            if !full {
+                self.note(child, ino, name, what);
+            }
+            full
+        };
+        match self.tree_of(&w) {
+            Some(Ok(t)) => {
+                for (k, n) in t.iter().enumerate().skip(skip) {
+                    if add(k, &n.name, What::Entry(Arc::new(n.clone()))) {
+                        break;
+                    }
+                }
+            }
+            Some(Err(e)) => return reply.error(e),
+            None => match self.listing(&w) {
+                Ok(l) => {
+                    for (k, (name, what, _)) in l.into_iter().enumerate().skip(skip) {
+                        if add(k, &name, what) {
+                            break;
+                        }
+                    }
+                }
+                Err(e) => return reply.error(e),
+            },
+        }
+        reply.ok();
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
