@@ -45,6 +45,20 @@ pub(crate) fn view(repo: &Arc<Repository>, out: Option<&Output>) -> capsule_engi
     })
 }
 
+/// A flag raised by Ctrl-C, SIGTERM or SIGHUP: a long-lived command
+/// (`mount`, `ui`) ends cleanly when it sees it.
+pub(crate) fn stop_flag() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for s in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        signal_hook::flag::register(s, stop.clone())?;
+    }
+    Ok(stop)
+}
+
 /// A refresh of `first`: the snapshots listed again, and when they changed
 /// the index loaded again (a backup or forget since).
 pub(crate) fn refresher(repo: &Arc<Repository>, first: &View) -> capsule_mount::Refresh {
@@ -80,14 +94,7 @@ pub fn mount(g: &GlobalArgs, out: &Output, a: MountArgs) -> Result<u8> {
     let first = view(&repo, Some(out))?;
     let count = first.snapshots.len();
     let refresh = refresher(&repo, &first);
-    let stop = Arc::new(AtomicBool::new(false));
-    for s in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        signal_hook::flag::register(s, stop.clone())?;
-    }
+    let stop = stop_flag()?;
     let m = capsule_mount::mount(CapsuleFs::new(first, refresh), &a.mountpoint, a.threads)?;
     out.say(format!(
         "{count} snapshots mounted at {} (snapshots/, hosts/, latest, versions/); Ctrl-C unmounts",

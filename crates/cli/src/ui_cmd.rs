@@ -1,7 +1,7 @@
 //! `capsule ui`: serves the local web page until Ctrl-C or SIGTERM.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -55,14 +55,7 @@ pub fn ui(g: &GlobalArgs, out: &Output, a: UiArgs) -> Result<u8> {
         ),
         addr,
     });
-    let stop = Arc::new(AtomicBool::new(false));
-    for s in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        signal_hook::flag::register(s, stop.clone())?;
-    }
+    let stop = mount_cmd::stop_flag()?;
     if out.json {
         out.json(&serde_json::json!({ "url": url, "addr": addr.to_string() }));
     } else {

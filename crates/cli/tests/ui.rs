@@ -297,8 +297,7 @@ fn the_page_browses_diffs_downloads_and_restores_only_with_its_token() {
     // Restore: into an empty directory; then, with a file changed there,
     // asked first (409, the file named, nothing written); then replaced.
     let target = t.path().join("restored");
-    let post = |replace: bool| {
-        let body = serde_json::json!({"snapshot": first, "path": notes, "target": target, "replace": replace}).to_string();
+    let restore = |body: serde_json::Value| {
         http(
             &s,
             "POST",
@@ -307,7 +306,12 @@ fn the_page_browses_diffs_downloads_and_restores_only_with_its_token() {
                 ("x-capsule-token", &s.token.clone()),
                 ("content-type", "application/json"),
             ],
-            body.as_bytes(),
+            body.to_string().as_bytes(),
+        )
+    };
+    let post = |replace: bool| {
+        restore(
+            serde_json::json!({"snapshot": first, "path": notes, "target": target, "replace": replace}),
         )
     };
     assert_eq!(post(false).0, 200);
@@ -325,16 +329,7 @@ fn the_page_browses_diffs_downloads_and_restores_only_with_its_token() {
     assert_eq!(post(true).0, 200);
     assert_eq!(std::fs::read(&there).unwrap(), b"first line\nsame\n");
     // A relative target is refused.
-    let body = serde_json::json!({"snapshot": first, "path": notes, "target": "rel"}).to_string();
-    let (code, _, _) = http(
-        &s,
-        "POST",
-        "/api/restore",
-        &[
-            ("x-capsule-token", &s.token.clone()),
-            ("content-type", "application/json"),
-        ],
-        body.as_bytes(),
-    );
+    let (code, _, _) =
+        restore(serde_json::json!({"snapshot": first, "path": notes, "target": "rel"}));
     assert_eq!(code, 400);
 }

@@ -243,12 +243,16 @@ struct EntryRow {
     utf8: bool,
 }
 
+/// The root tree of `snap`.
+fn root_tree(snap: &Snapshot) -> Result<BlobId, Failure> {
+    snap.tree
+        .parse()
+        .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))
+}
+
 /// The tree of the directory at `path` in snapshot `snap`.
 fn dir_tree(b: &Browser, snap: &Snapshot, path: &Path) -> Result<BlobId, Failure> {
-    let root: BlobId = snap
-        .tree
-        .parse()
-        .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))?;
+    let root = root_tree(snap)?;
     match b.find(&root, path)? {
         None => Ok(root),
         Some(n) if n.kind() == NodeKind::Dir => n
@@ -399,10 +403,7 @@ async fn file(State(ui): State<Shared>, Query(q): Query<At>) -> Result<Response,
     let v = ui.view();
     let (node, b) = blocking(move || {
         let (_, snap) = resolve(&v, &q.snapshot)?;
-        let root: BlobId = snap
-            .tree
-            .parse()
-            .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))?;
+        let root = root_tree(&snap)?;
         let n = v
             .browser
             .find(&root, &path)?
@@ -559,11 +560,7 @@ async fn diff(
     blocking(move || {
         let (_, sa) = resolve(&v, &q.a)?;
         let (_, sb) = resolve(&v, &q.b)?;
-        let tree = |s: &Snapshot| -> Result<BlobId, Failure> {
-            s.tree
-                .parse()
-                .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))
-        };
+        let tree = root_tree;
         let mut budget = capsule_engine::treewalk::Budget::new(
             capsule_engine::treewalk::entry_budget(&sa)
                 .saturating_add(capsule_engine::treewalk::entry_budget(&sb)),
@@ -598,10 +595,7 @@ async fn search(
     let v = ui.view();
     blocking(move || {
         let (_, snap) = resolve(&v, &q.snapshot)?;
-        let root: BlobId = snap
-            .tree
-            .parse()
-            .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))?;
+        let root = root_tree(&snap)?;
         let want = q.q.to_lowercase();
         let mut hits = Vec::new();
         let mut stack = vec![(root, PathBuf::from("/"))];
@@ -659,10 +653,7 @@ async fn restore(State(ui): State<Shared>, Json(q): Json<RestoreQ>) -> Result<Re
     let v = ui.view();
     blocking(move || {
         let (_, snap) = resolve(&v, &q.snapshot)?;
-        let root: BlobId = snap
-            .tree
-            .parse()
-            .map_err(|_| Failure::from(EngineError::corrupt("snapshot", "bad tree id")))?;
+        let root = root_tree(&snap)?;
         let include = capsule_engine::restore::literal_pattern(&path.to_string_lossy());
         let progress = capsule_engine::progress::Progress::default();
         let opts = capsule_engine::restore::RestoreOptions {
