@@ -1355,7 +1355,12 @@ pub fn versions(g: &GlobalArgs, out: &Output, a: VersionsArgs) -> Result<u8> {
             shell_quote(&v.path)
         ));
     }
-    Ok(exit::OK)
+    // Some snapshots could not be looked in: the answer is partial.
+    Ok(if v.damaged.is_empty() {
+        exit::OK
+    } else {
+        exit::INCOMPLETE
+    })
 }
 
 /// Quotes `s` for a POSIX shell when it needs it.

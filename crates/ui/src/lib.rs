@@ -686,7 +686,24 @@ async fn restore(State(ui): State<Shared>, Json(q): Json<RestoreQ>) -> Result<Re
             &opts,
             &progress,
         )?;
-        Ok(Json(serde_json::to_value(&r).unwrap_or_default()).into_response())
+        let mut report = serde_json::to_value(&r).unwrap_or_default();
+        // Restored less than asked: not a success, whatever was written.
+        let code = if r.errors.is_empty() {
+            StatusCode::OK
+        } else {
+            report["error"] = serde_json::Value::from(format!(
+                "{} entries could not be restored: {}",
+                r.errors.len(),
+                r.errors
+                    .iter()
+                    .take(3)
+                    .map(|w| format!("{}: {}", w.path, w.message))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ));
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        Ok((code, Json(report)).into_response())
     })
     .await
 }
