@@ -430,7 +430,15 @@ impl Backend for S3Backend {
         }
         let body = bytes::Bytes::from(data);
         let r = self.put_bytes(name, body.clone());
-        (r, body.try_into_mut().ok().map(Vec::from))
+        // The buffer always goes back, so that a failed put can be retried:
+        // after a reset the HTTP client may still hold its copy of the body
+        // for a moment, and then it is copied. Giving nothing back made the
+        // retry layer give up after two attempts on a 300 ms blip.
+        let back = body
+            .try_into_mut()
+            .map(Vec::from)
+            .unwrap_or_else(|shared| shared.to_vec());
+        (r, Some(back))
     }
 
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
