@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use capsule_engine::browse::FileMap;
+use capsule_engine::browse::{FileMap, Lru};
 pub use capsule_engine::browse::{Refresh, View};
 use capsule_format::tree::{Node, NodeKind, Timestamp};
 use capsule_format::ObjectId;
@@ -68,6 +68,8 @@ const REFRESH_EVERY: Duration = Duration::from_secs(30);
 /// and this many bytes, past the one opened.
 const AHEAD_FILES: usize = 256;
 const AHEAD_BYTES: u64 = 32 << 20;
+/// Entries of `versions/` listings kept, over all of them.
+const LISTING_CACHE_ENTRIES: usize = 1_000_000;
 
 const ROOT: u64 = 1;
 const SNAPSHOTS: u64 = 2;
@@ -121,6 +123,8 @@ pub struct CapsuleFs {
     mounted_at: SystemTime,
     /// Per directory inode: how far its files were fetched ahead.
     ahead_marks: Mutex<HashMap<u64, usize>>,
+    /// Lists under `versions/`, by inode ([`CapsuleFs::cached_listing`]).
+    listings: Mutex<Lru<u64, Arc<Listing>>>,
 }
 
 /// A view with each snapshot's directory name.
@@ -248,6 +252,7 @@ impl CapsuleFs {
             gid: rustix::process::getgid().as_raw(),
             mounted_at: SystemTime::now(),
             ahead_marks: Mutex::new(HashMap::new()),
+            listings: Mutex::new(Lru::new(LISTING_CACHE_ENTRIES)),
         }
     }
 
@@ -271,7 +276,30 @@ impl CapsuleFs {
         if let Some(v) = (self.refresh)() {
             *self.view.write().unwrap_or_else(PoisonError::into_inner) =
                 Arc::new(ViewNames::new(v));
+            // versions/ is a union over the snapshots: listed again.
+            *lock(&self.listings) = Lru::new(LISTING_CACHE_ENTRIES);
         }
+    }
+
+    /// What directory `ino` (standing for `what`) lists. The lists under
+    /// `versions/` are unions over every snapshot: built once and kept
+    /// (within [`LISTING_CACHE_ENTRIES`] entries in all), since the kernel
+    /// reads a listing in many calls and looks each name up after, which
+    /// would otherwise build it again each time: quadratic in its size.
+    fn cached_listing(&self, ino: u64, what: &What) -> Result<Arc<Listing>, Errno> {
+        let costly = matches!(
+            what,
+            What::VersionsRoot | What::VersionsDir(_) | What::FileVersions(_)
+        );
+        if !costly {
+            return self.listing(what).map(Arc::new);
+        }
+        if let Some(l) = lock(&self.listings).get(&ino) {
+            return Ok(l);
+        }
+        let l = Arc::new(self.listing(what)?);
+        lock(&self.listings).put(ino, l.clone(), l.len().max(1));
+        Ok(l)
     }
 
     fn what(&self, ino: u64) -> Option<What> {
@@ -595,8 +623,11 @@ impl Filesystem for CapsuleFs {
                         What::SnapRoot(*id, s.time_unix)
                     })
                 } else {
-                    match self.listing(&pw) {
-                        Ok(l) => l.into_iter().find(|(n, _, _)| n == name).map(|(_, w, _)| w),
+                    match self.cached_listing(parent, &pw) {
+                        Ok(l) => l
+                            .iter()
+                            .find(|(n, _, _)| n == name)
+                            .map(|(_, w, _)| w.clone()),
                         Err(e) => return reply.error(e),
                     }
                 }
@@ -760,7 +791,7 @@ impl Filesystem for CapsuleFs {
                 reply.ok();
             }
             Some(Err(e)) => reply.error(e),
-            None => match self.listing(&w) {
+            None => match self.cached_listing(ino, &w) {
                 Ok(l) => {
                     for (k, (name, what, kind)) in l.iter().enumerate().skip(skip) {
                         let child = match what {
@@ -834,10 +865,10 @@ impl Filesystem for CapsuleFs {
                 }
             }
             Some(Err(e)) => return reply.error(e),
-            None => match self.listing(&w) {
+            None => match self.cached_listing(ino, &w) {
                 Ok(l) => {
-                    for (k, (name, what, _)) in l.into_iter().enumerate().skip(skip) {
-                        if add(k, &name, what) {
+                    for (k, (name, what, _)) in l.iter().enumerate().skip(skip) {
+                        if add(k, name, what.clone()) {
                             break;
                         }
                     }

@@ -560,7 +560,6 @@ async fn diff(
     blocking(move || {
         let (_, sa) = resolve(&v, &q.a)?;
         let (_, sb) = resolve(&v, &q.b)?;
-        let tree = root_tree;
         let mut budget = capsule_engine::treewalk::Budget::new(
             capsule_engine::treewalk::entry_budget(&sa)
                 .saturating_add(capsule_engine::treewalk::entry_budget(&sb)),
@@ -568,8 +567,8 @@ async fn diff(
         Ok(capsule_engine::diff::diff(
             v.browser.repo(),
             v.browser.index(),
-            &tree(&sa)?,
-            &tree(&sb)?,
+            &root_tree(&sa)?,
+            &root_tree(&sb)?,
             &mut budget,
         )?)
     })
