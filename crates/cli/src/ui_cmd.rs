@@ -53,7 +53,10 @@ pub fn ui(g: &GlobalArgs, out: &Output, a: UiArgs) -> Result<u8> {
         status: Box::new(
             move || serde_json::json!({ "profiles": crate::status_cmd::all_rows(&g2) }),
         ),
+        reports: Box::new(reports),
+        report_page: Box::new(report_page),
         addr,
+        jobs: capsule_ui::Jobs::default(),
     });
     let stop = mount_cmd::stop_flag()?;
     if out.json {
@@ -88,4 +91,32 @@ pub fn ui(g: &GlobalArgs, out: &Output, a: UiArgs) -> Result<u8> {
     })?;
     out.say("stopped");
     Ok(exit::OK)
+}
+
+/// Recorded backups and lab runs, newest first, as `report --list --json`
+/// gives them.
+fn reports() -> serde_json::Value {
+    let Some(h) = capsule_lab::history::History::open_default() else {
+        return serde_json::json!({ "backups": [], "lab": [] });
+    };
+    let mut runs = h.runs();
+    runs.reverse();
+    let mut labs = h.lab_ids();
+    labs.reverse();
+    serde_json::json!({
+        "backups": runs.iter().take(200).map(|r| serde_json::json!({
+            "snapshot": r.snapshot, "time": r.time, "destination": r.destination,
+            "secs": r.total_secs(), "bound": r.bound.kind.label(),
+        })).collect::<Vec<_>>(),
+        "lab": labs.into_iter().take(50).collect::<Vec<_>>(),
+    })
+}
+
+/// One report's page, as `report ID --html` writes it.
+fn report_page(id: &str) -> Option<String> {
+    let h = capsule_lab::history::History::open_default()?;
+    if id.contains('T') {
+        return h.find_lab(id).ok().map(|r| capsule_lab::html::lab_page(&r));
+    }
+    h.find_run(id).ok().map(|r| capsule_lab::html::run_page(&r))
 }

@@ -8,11 +8,14 @@ mod common;
 
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use headless_chrome::protocol::cdp::Browser as BrowserDomain;
+use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
+use headless_chrome::{Browser, LaunchOptions, Tab};
 
 struct Served {
     child: Child,
@@ -280,7 +283,33 @@ fn the_page_browses_diffs_downloads_and_restores_only_with_its_token() {
         "{d}"
     );
     let hits = get_json(&s, "/api/search?snapshot=latest&q=DATA");
-    assert_eq!(hits.as_array().unwrap().len(), 1, "{hits}");
+    assert_eq!(hits["hits"].as_array().unwrap().len(), 1, "{hits}");
+    // Across time: a name found in both snapshots, with when it was first
+    // and last seen.
+    let hits = get_json(&s, "/api/search?q=notes");
+    let h = &hits["hits"][0];
+    assert_eq!(h["path"].as_str().unwrap(), notes, "{hits}");
+    assert_eq!(
+        (h["snapshots"].as_u64(), h["last_snapshot"].as_str()),
+        (Some(2), Some(last)),
+        "{hits}"
+    );
+    assert_eq!(h["first_time"], snaps[0]["time"]);
+    assert_eq!(get(&s, "/api/progress?job=nothing").0, 404);
+    // The recorded backups' reports, with their charts.
+    let r = get_json(&s, "/api/reports");
+    let backups = r["backups"].as_array().unwrap();
+    assert_eq!(backups.len(), 2, "{r}");
+    let id = backups[0]["snapshot"].as_str().unwrap();
+    let (code, page) = get(&s, &format!("/report?id={id}"));
+    let page = String::from_utf8_lossy(&page);
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        page.contains("<svg") && page.contains(&id[..8]),
+        "{page:.300}"
+    );
+    assert_eq!(get(&s, "/report?id=../../etc").0, 400);
+    assert_eq!(get(&s, "/report?id=ffffffff").0, 404);
 
     // Crafted paths: refused, nothing read.
     for bad in [
@@ -332,4 +361,297 @@ fn the_page_browses_diffs_downloads_and_restores_only_with_its_token() {
     let (code, _, _) =
         restore(serde_json::json!({"snapshot": first, "path": notes, "target": "rel"}));
     assert_eq!(code, 400);
+}
+
+/// Headless Chromium, or None where it is missing and not required
+/// (scripts/servers.sh installs it).
+fn chromium() -> Option<PathBuf> {
+    for c in ["chromium", "chromium-browser", "google-chrome"] {
+        if let Ok(o) = Command::new("which").arg(c).output() {
+            if o.status.success() {
+                return Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+            }
+        }
+    }
+    assert!(
+        std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
+        "chromium is not installed (scripts/servers.sh installs it)"
+    );
+    eprintln!("skipped: no chromium");
+    None
+}
+
+/// Waits, bounded, until `js` (an expression) is true in the page.
+fn until(tab: &Tab, js: &str, what: &str) {
+    for _ in 0..600 {
+        let v = tab.evaluate(js, false).unwrap().value;
+        if v == Some(serde_json::Value::Bool(true)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let text = tab
+        .evaluate("document.body.innerText", false)
+        .ok()
+        .and_then(|r| r.value);
+    panic!("gave up after 60 s waiting for {what} ({js}); the page says: {text:?}");
+}
+
+fn click(tab: &Tab, selector: &str) {
+    tab.wait_for_element_with_custom_timeout(selector, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{selector}: {e}"))
+        .click()
+        .unwrap_or_else(|e| panic!("click {selector}: {e}"));
+}
+
+fn screenshot(tab: &Tab, name: &str) {
+    let png = tab
+        .capture_screenshot(CaptureScreenshotFormatOption::Png, None, None, true)
+        .unwrap();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("page-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(name), png).unwrap();
+    eprintln!("screenshot: {}", dir.join(name).display());
+}
+
+/// A JavaScript string literal.
+fn js(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
+}
+
+/// The page itself, in a real browser: refused without the token; the
+/// timeline drawn; browsing to a file; its versions and their diff; a
+/// download compared by its bytes; search across time; a folder restored,
+/// then asked about before anything is replaced.
+#[test]
+fn the_page_works_in_headless_chromium() {
+    let Some(bin) = chromium() else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    let docs = src.join("docs");
+    std::fs::create_dir_all(docs.join("deep")).unwrap();
+    std::fs::create_dir_all(src.join("photos")).unwrap();
+    for i in 0..20 {
+        std::fs::write(
+            src.join(format!("photos/img_{i:04}.jpg")),
+            noise(20_000 + i * 1000, i as u64),
+        )
+        .unwrap();
+    }
+    std::fs::write(docs.join("deep/data.bin"), noise(300_000, 3)).unwrap();
+    init(&repo);
+    // Hourly backups with a stretch of eight hours without any: the gap
+    // the timeline must show.
+    let notes = docs.join("notes.txt");
+    for (i, hour) in [9, 10, 11, 12, 20, 21].into_iter().enumerate() {
+        std::fs::write(&notes, format!("line one\nedit {}\nsame\n", i / 2)).unwrap();
+        let now = format!("2026-11-20T{hour:02}:00:00Z");
+        let o = capsule_env(
+            &repo,
+            &["backup", src.to_str().unwrap()],
+            &[("CAPSULE_PASSWORD", PASSWORD), ("CAPSULE_TEST_NOW", &now)],
+        );
+        assert!(o.status.success(), "{o:?}");
+    }
+    let s = serve(&repo);
+    let browser = Browser::new(LaunchOptions {
+        path: Some(bin),
+        headless: true,
+        // Root in a container: Chromium's sandbox cannot start there.
+        sandbox: false,
+        window_size: Some((1400, 860)),
+        idle_browser_timeout: Duration::from_secs(300),
+        ..LaunchOptions::default()
+    })
+    .unwrap();
+    let tab = browser.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(60));
+
+    // Without the token: refused, and nothing of the repository shown.
+    tab.navigate_to(&format!("http://{}/", s.addr))
+        .unwrap()
+        .wait_until_navigated()
+        .unwrap();
+    until(
+        &tab,
+        "document.body.innerText.includes('no token')",
+        "the refusal",
+    );
+    tab.navigate_to(&format!("http://{}/api/snapshots", s.addr))
+        .unwrap()
+        .wait_until_navigated()
+        .unwrap();
+    until(
+        &tab,
+        "document.body.innerText.includes('no token')",
+        "the API's refusal",
+    );
+
+    // With it: the timeline, six snapshots, one gap shaded.
+    tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
+        .unwrap()
+        .wait_until_navigated()
+        .unwrap();
+    until(
+        &tab,
+        "document.querySelectorAll('#chart circle').length === 6 && document.querySelectorAll('#snaps div').length === 6",
+        "six snapshots on the timeline",
+    );
+    until(
+        &tab,
+        "document.querySelectorAll('#chart rect.gap').length === 1",
+        "one gap on the timeline",
+    );
+    // The token left the address bar; the cookie carries it from here.
+    until(
+        &tab,
+        "!location.search.includes('t=')",
+        "the token gone from the address",
+    );
+
+    // Browse down to the source's docs folder, name by name.
+    let mut at = String::new();
+    for c in docs.components().skip(1) {
+        let name = c.as_os_str().to_str().unwrap();
+        click(&tab, &format!("tr.row[data-n={}]", js(name)));
+        at = format!("{at}/{name}");
+        until(
+            &tab,
+            &format!(
+                "[...document.querySelectorAll('#crumbs a')].some(a => a.dataset.p === {})",
+                js(&at)
+            ),
+            &at,
+        );
+    }
+    until(
+        &tab,
+        "document.querySelectorAll('#listing tr.row').length === 2",
+        "docs listed",
+    );
+    // The file: its versions (three contents over six snapshots) and the
+    // diff between the last two.
+    click(&tab, "tr.row[data-n=\"notes.txt\"]");
+    until(
+        &tab,
+        "document.querySelectorAll('#versions a.dl').length === 3",
+        "three versions",
+    );
+    click(&tab, "#dgo");
+    until(
+        &tab,
+        "document.querySelector('#dout').innerText.includes('-edit 1') && document.querySelector('#dout').innerText.includes('+edit 2')",
+        "the diff of versions 2 and 3",
+    );
+    screenshot(&tab, "versions.png");
+
+    // Download the first version; compare its bytes.
+    let downloads = t.path().join("downloads");
+    std::fs::create_dir_all(&downloads).unwrap();
+    tab.call_method(BrowserDomain::SetDownloadBehavior {
+        behavior: BrowserDomain::SetDownloadBehaviorBehaviorOption::Allow,
+        browser_context_id: None,
+        download_path: Some(downloads.to_str().unwrap().to_string()),
+        events_enabled: None,
+    })
+    .unwrap();
+    click(&tab, "#versions a.dl");
+    let got = downloads.join("notes.txt");
+    for _ in 0..600 {
+        if std::fs::read(&got).is_ok_and(|b| b == b"line one\nedit 0\nsame\n") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        std::fs::read(&got).unwrap_or_default(),
+        b"line one\nedit 0\nsame\n",
+        "the downloaded first version"
+    );
+
+    // Search across time: the file found in all six snapshots.
+    tab.evaluate(
+        "document.querySelector('#alltime').checked = true; document.querySelector('#q').value = 'notes';",
+        false,
+    )
+    .unwrap();
+    tab.wait_for_element("#q").unwrap().click().unwrap();
+    tab.press_key("Enter").unwrap();
+    until(
+        &tab,
+        "[...document.querySelectorAll('#listing tr.hit')].some(r => r.dataset.p.endsWith('/docs/notes.txt') && r.innerText.trim().endsWith('6'))",
+        "notes.txt found across time, in 6 snapshots",
+    );
+
+    // Back to docs, and restore it: into an empty directory, then again
+    // with a file there changed, which is asked about before replacing.
+    click(
+        &tab,
+        &format!("#crumbs a[data-p={}]", js(docs.to_str().unwrap())),
+    );
+    until(
+        &tab,
+        "document.querySelectorAll('#listing tr.row').length === 2",
+        "docs listed again",
+    );
+    let target = t.path().join("restored");
+    std::fs::create_dir_all(&target).unwrap();
+    click(&tab, "#restore");
+    tab.evaluate(
+        &format!(
+            "document.querySelector('#rtarget').value = {}",
+            js(target.to_str().unwrap())
+        ),
+        false,
+    )
+    .unwrap();
+    click(&tab, "#rgo");
+    until(
+        &tab,
+        "document.querySelector('#rdone').innerText.includes('Restored 2 files')",
+        "the restore's report",
+    );
+    let back = target.join(docs.strip_prefix("/").unwrap());
+    assert_eq!(
+        std::fs::read(back.join("notes.txt")).unwrap(),
+        std::fs::read(&notes).unwrap()
+    );
+    assert_eq!(
+        std::fs::read(back.join("deep/data.bin")).unwrap(),
+        noise(300_000, 3)
+    );
+    std::fs::write(back.join("notes.txt"), "changed since").unwrap();
+    click(&tab, "#rgo");
+    until(
+        &tab,
+        "!document.querySelector('#rask').hidden && document.querySelector('#rlist').innerText.includes('notes.txt')",
+        "the question before replacing",
+    );
+    screenshot(&tab, "restore.png");
+    assert_eq!(
+        std::fs::read(back.join("notes.txt")).unwrap(),
+        b"changed since",
+        "nothing replaced before the answer"
+    );
+    click(&tab, "#rreplace");
+    until(
+        &tab,
+        "document.querySelector('#rdone').innerText.includes('Restored')",
+        "the restore after the answer",
+    );
+    assert_eq!(
+        std::fs::read(back.join("notes.txt")).unwrap(),
+        std::fs::read(&notes).unwrap()
+    );
+
+    // An older snapshot picked on the timeline: the listing follows it.
+    click(&tab, "#chart g.snap");
+    until(
+        &tab,
+        "document.querySelector('#crumbs a').innerText === '2026-11-20 09:00:00'",
+        "the oldest snapshot picked on the chart",
+    );
+    screenshot(&tab, "timeline.png");
 }

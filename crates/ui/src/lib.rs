@@ -8,10 +8,11 @@
 //! listened on are refused too (a page elsewhere cannot rebind a name to
 //! loopback and read it). Every asset is in the binary.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use axum::body::Body;
 use axum::extract::{Query, Request, State};
@@ -39,8 +40,49 @@ pub struct Ui {
     pub refresh: Refresh,
     /// Each profile's status (`capsule status --json`).
     pub status: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
+    /// Recorded backups and lab runs, newest first (`capsule report
+    /// --list --json`).
+    pub reports: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
+    /// One recorded backup's or lab run's HTML report, with its charts.
+    pub report_page: ReportPage,
     /// The address served, for the Host check.
     pub addr: SocketAddr,
+    /// Restores in progress, by the id the page gave them.
+    pub jobs: Jobs,
+}
+
+/// Renders one report's HTML page by its id (None: no such report).
+pub type ReportPage = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+/// Restores in progress: the page names each one and asks how far it got
+/// while the request that runs it is still open.
+#[derive(Default)]
+pub struct Jobs(Mutex<HashMap<String, Arc<capsule_engine::progress::Progress>>>);
+
+impl Jobs {
+    fn start(&self, id: &str) -> Arc<capsule_engine::progress::Progress> {
+        let p = Arc::new(capsule_engine::progress::Progress::default());
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // A page that never asks leaves nothing behind: ended jobs are
+        // removed, and the map is bounded in any case.
+        if m.len() < 64 {
+            m.insert(id.to_string(), p.clone());
+        }
+        p
+    }
+    fn end(&self, id: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+    }
+    fn get(&self, id: &str) -> Option<Arc<capsule_engine::progress::Progress>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
 }
 
 /// A request refused or failed, as the page shows it.
@@ -578,52 +620,127 @@ async fn diff(
 
 #[derive(Deserialize)]
 struct SearchQ {
-    snapshot: String,
+    /// One snapshot; none: every snapshot (search across time).
+    snapshot: Option<String>,
     q: String,
 }
 
-/// Entries of a snapshot whose name contains `q` (case-insensitive), at
-/// most 1,000.
-async fn search(
-    State(ui): State<Shared>,
-    Query(q): Query<SearchQ>,
-) -> Result<Json<Vec<String>>, Failure> {
+/// At most this many hits are answered, and kept per directory.
+const MAX_HITS: usize = 1000;
+
+/// One path whose name matched, and where in time it was found.
+#[derive(Serialize)]
+struct Hit {
+    path: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    /// Snapshots holding it.
+    snapshots: usize,
+    first_time: String,
+    last_time: String,
+    last_snapshot: String,
+}
+
+#[derive(Serialize)]
+struct Hits {
+    hits: Vec<Hit>,
+    /// More matched than were answered: narrow the search.
+    truncated: bool,
+}
+
+/// The names below a tree that contain what is searched for, found once
+/// per tree: a subtree unchanged across snapshots keeps its ID, so a
+/// search across time costs the trees that differ, not one walk per
+/// snapshot.
+struct Finder<'a> {
+    b: &'a Browser,
+    want: String,
+    memo: HashMap<BlobId, Arc<Vec<(String, &'static str)>>>,
+    truncated: bool,
+}
+
+impl Finder<'_> {
+    fn below(
+        &mut self,
+        tree: &BlobId,
+        depth: usize,
+    ) -> Result<Arc<Vec<(String, &'static str)>>, Failure> {
+        if let Some(h) = self.memo.get(tree) {
+            return Ok(h.clone());
+        }
+        if depth > 512 {
+            return Err(Failure::from(EngineError::corrupt(
+                "tree",
+                "nested over 512 deep",
+            )));
+        }
+        let nodes = self.b.tree(tree)?;
+        let mut out = Vec::new();
+        for n in nodes.iter() {
+            let name = String::from_utf8_lossy(&n.name);
+            if name.to_lowercase().contains(&self.want) {
+                out.push((name.to_string(), n.kind().as_str()));
+            }
+            if let (NodeKind::Dir, Some(sub)) = (n.kind(), n.subtree) {
+                let below = self.below(&sub, depth + 1)?;
+                out.extend(below.iter().map(|(p, k)| (format!("{name}/{p}"), *k)));
+            }
+            if out.len() > MAX_HITS {
+                out.truncate(MAX_HITS);
+                self.truncated = true;
+                break;
+            }
+        }
+        let out = Arc::new(out);
+        self.memo.insert(*tree, out.clone());
+        Ok(out)
+    }
+}
+
+/// Entries whose name contains `q` (case-insensitive), in one snapshot or
+/// across all of them, each with when it was first and last seen.
+async fn search(State(ui): State<Shared>, Query(q): Query<SearchQ>) -> Result<Json<Hits>, Failure> {
     if q.q.is_empty() || q.q.len() > 256 {
         return Err(bad("search for 1 to 256 characters"));
     }
     let v = ui.view();
     blocking(move || {
-        let (_, snap) = resolve(&v, &q.snapshot)?;
-        let root = root_tree(&snap)?;
-        let want = q.q.to_lowercase();
-        let mut hits = Vec::new();
-        let mut stack = vec![(root, PathBuf::from("/"))];
-        let mut budget = capsule_engine::treewalk::entry_budget(&snap);
-        while let Some((tree, at)) = stack.pop() {
-            let nodes = v.browser.tree(&tree)?;
-            budget = budget.saturating_sub(nodes.len() as u64);
-            if budget == 0 {
-                return Err(Failure::from(EngineError::corrupt(
-                    "snapshot",
-                    "its trees hold more entries than it records",
-                )));
-            }
-            for n in nodes.iter() {
-                let name = String::from_utf8_lossy(&n.name);
-                let p = at.join(&*name);
-                if name.to_lowercase().contains(&want) {
-                    hits.push(p.to_string_lossy().into_owned());
-                    if hits.len() >= 1000 {
-                        return Ok(hits);
-                    }
+        let snaps: Vec<(ObjectId, Snapshot)> = match &q.snapshot {
+            Some(spec) => vec![resolve(&v, spec)?],
+            None => v.snapshots.clone(),
+        };
+        let mut f = Finder {
+            b: &v.browser,
+            want: q.q.to_lowercase(),
+            memo: HashMap::new(),
+            truncated: false,
+        };
+        let mut found: BTreeMap<String, Hit> = BTreeMap::new();
+        for (id, snap) in &snaps {
+            for (p, kind) in f.below(&root_tree(snap)?, 0)?.iter() {
+                let path = format!("/{p}");
+                if found.len() >= MAX_HITS && !found.contains_key(&path) {
+                    f.truncated = true;
+                    continue;
                 }
-                if let (NodeKind::Dir, Some(sub)) = (n.kind(), n.subtree) {
-                    stack.push((sub, p));
-                }
+                let h = found.entry(path.clone()).or_insert_with(|| Hit {
+                    path,
+                    kind,
+                    snapshots: 0,
+                    first_time: snap.time.clone(),
+                    last_time: String::new(),
+                    last_snapshot: String::new(),
+                });
+                h.snapshots += 1;
+                h.kind = kind;
+                h.last_time.clone_from(&snap.time);
+                h.last_snapshot = id.to_hex();
             }
         }
-        hits.sort();
-        Ok(hits)
+        Ok(Hits {
+            hits: found.into_values().collect(),
+            truncated: f.truncated,
+        })
     })
     .await
     .map(Json)
@@ -638,6 +755,10 @@ struct RestoreQ {
     /// answer listed them).
     #[serde(default)]
     replace: bool,
+    /// A name the page gives this restore, to ask how far it got
+    /// (`/api/progress?job=`).
+    #[serde(default)]
+    job: Option<String>,
 }
 
 /// Restores one path of a snapshot into a directory. Without `replace`,
@@ -654,7 +775,6 @@ async fn restore(State(ui): State<Shared>, Json(q): Json<RestoreQ>) -> Result<Re
         let (_, snap) = resolve(&v, &q.snapshot)?;
         let root = root_tree(&snap)?;
         let include = capsule_engine::restore::literal_pattern(&path.to_string_lossy());
-        let progress = capsule_engine::progress::Progress::default();
         let opts = capsule_engine::restore::RestoreOptions {
             target: target.clone(),
             includes: vec![include],
@@ -678,13 +798,22 @@ async fn restore(State(ui): State<Shared>, Json(q): Json<RestoreQ>) -> Result<Re
                     .into_response());
             }
         }
+        let job = q.job.filter(|j| !j.is_empty() && j.len() <= 64);
+        let progress = match &job {
+            Some(j) => ui.jobs.start(j),
+            None => Arc::default(),
+        };
         let r = capsule_engine::restore::restore(
             v.browser.repo(),
             v.browser.index(),
             &root,
             &opts,
             &progress,
-        )?;
+        );
+        if let Some(j) = &job {
+            ui.jobs.end(j);
+        }
+        let r = r?;
         let mut report = serde_json::to_value(&r).unwrap_or_default();
         // Restored less than asked: not a success, whatever was written.
         let code = if r.errors.is_empty() {
@@ -705,6 +834,32 @@ async fn restore(State(ui): State<Shared>, Json(q): Json<RestoreQ>) -> Result<Re
         Ok((code, Json(report)).into_response())
     })
     .await
+}
+
+#[derive(Deserialize)]
+struct JobQ {
+    job: String,
+}
+
+/// How far a restore got: files and bytes done of those to restore.
+async fn progress(
+    State(ui): State<Shared>,
+    Query(q): Query<JobQ>,
+) -> Result<Json<serde_json::Value>, Failure> {
+    use capsule_engine::progress::Progress;
+    let p = ui.jobs.get(&q.job).ok_or_else(|| {
+        Failure(
+            StatusCode::NOT_FOUND,
+            "no restore of that name is running".into(),
+        )
+    })?;
+    Ok(Json(serde_json::json!({
+        "files_done": Progress::get(&p.files_done),
+        "files_total": Progress::get(&p.files_total),
+        "bytes_done": Progress::get(&p.bytes_done),
+        "bytes_total": Progress::get(&p.bytes_total),
+        "totals_final": p.totals_final.load(std::sync::atomic::Ordering::Relaxed),
+    })))
 }
 
 /// Files under `target` + `path` that a restore of `path` would replace.
@@ -740,6 +895,34 @@ async fn status(State(ui): State<Shared>) -> Json<serde_json::Value> {
     )
 }
 
+async fn reports(State(ui): State<Shared>) -> Json<serde_json::Value> {
+    let ui2 = ui.clone();
+    Json(
+        tokio::task::spawn_blocking(move || (ui2.reports)())
+            .await
+            .unwrap_or_default(),
+    )
+}
+
+#[derive(Deserialize)]
+struct ReportQ {
+    id: String,
+}
+
+/// A recorded backup's or lab run's report, as `capsule report --html`
+/// writes it: self-contained, charts inline.
+async fn report(State(ui): State<Shared>, Query(q): Query<ReportQ>) -> Result<Response, Failure> {
+    if q.id.is_empty() || q.id.len() > 128 || q.id.contains(['/', '\\', '\0']) {
+        return Err(bad("not a report id"));
+    }
+    let ui2 = ui.clone();
+    let page = tokio::task::spawn_blocking(move || (ui2.report_page)(&q.id))
+        .await
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    page.map(|p| Html(p).into_response())
+        .ok_or_else(|| Failure(StatusCode::NOT_FOUND, "no such report".into()))
+}
+
 async fn page() -> Html<&'static str> {
     Html(include_str!("page.html"))
 }
@@ -757,7 +940,10 @@ pub fn router(ui: Shared) -> Router {
         .route("/api/diff", get(diff))
         .route("/api/search", get(search))
         .route("/api/restore", post(restore))
+        .route("/api/progress", get(progress))
         .route("/api/status", get(status))
+        .route("/api/reports", get(reports))
+        .route("/report", get(report))
         .layer(axum::middleware::from_fn_with_state(ui.clone(), guard))
         .with_state(ui)
 }
