@@ -9,7 +9,7 @@ mod common;
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -441,17 +441,45 @@ fn the_page_works_in_headless_chromium() {
         .unwrap();
     }
     std::fs::write(docs.join("deep/data.bin"), noise(300_000, 3)).unwrap();
+    // A directory longer than a screen: drawn as it scrolls.
+    std::fs::create_dir_all(src.join("many")).unwrap();
+    for i in 0..3000 {
+        std::fs::write(src.join(format!("many/m{i:04}")), "").unwrap();
+    }
     init(&repo);
+    // The snapshots are made tomorrow (the test clock), from files of
+    // today: every file's change time is before each backup then, so each
+    // reads only the file changed, as hourly backups do.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let tomorrow = (now / 86_400 + 1) * 86_400;
+    let day_before = (tomorrow - 86_400, 0);
+    let mut stack = vec![src.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                set_times(&e.path(), day_before, day_before);
+            }
+        }
+    }
     // Hourly backups with a stretch of eight hours without any: the gap
     // the timeline must show.
     let notes = docs.join("notes.txt");
     for (i, hour) in [9, 10, 11, 12, 20, 21].into_iter().enumerate() {
         std::fs::write(&notes, format!("line one\nedit {}\nsame\n", i / 2)).unwrap();
-        let now = format!("2026-11-20T{hour:02}:00:00Z");
+        let at = tomorrow + i64::from(hour) * 3600;
+        set_times(&notes, (at - 1800, 0), (at - 1800, 0));
         let o = capsule_env(
             &repo,
             &["backup", src.to_str().unwrap()],
-            &[("CAPSULE_PASSWORD", PASSWORD), ("CAPSULE_TEST_NOW", &now)],
+            &[
+                ("CAPSULE_PASSWORD", PASSWORD),
+                ("CAPSULE_TEST_NOW", &at.to_string()),
+            ],
         );
         assert!(o.status.success(), "{o:?}");
     }
@@ -511,7 +539,44 @@ fn the_page_works_in_headless_chromium() {
         "the token gone from the address",
     );
 
-    // Browse down to the source's docs folder, name by name.
+    // Browse down to the source's docs folder, name by name, after a look
+    // at the end of a long directory.
+    tab.evaluate(
+        &format!("open({})", js(src.join("many").to_str().unwrap())),
+        false,
+    )
+    .unwrap();
+    until(
+        &tab,
+        "typeof listed === 'object' && listed && listed.rows.length === 3000 && document.querySelectorAll('#listing tr.row').length < 300",
+        "3,000 entries listed, those in sight drawn",
+    );
+    tab.evaluate(
+        "document.querySelector('#listing').parentElement.scrollTop = 1e9",
+        false,
+    )
+    .unwrap();
+    until(
+        &tab,
+        "document.querySelector('#listing tr.row[data-n=\"m2999\"]') !== null",
+        "the last entry drawn after scrolling to the end",
+    );
+    tab.evaluate("open('/')", false).unwrap();
+    let top = src
+        .components()
+        .nth(1)
+        .unwrap()
+        .as_os_str()
+        .to_str()
+        .unwrap();
+    until(
+        &tab,
+        &format!(
+            "document.querySelector('#listing tr.row[data-n=' + {} + ']') !== null",
+            js(&js(top))
+        ),
+        "the root again",
+    );
     let mut at = String::new();
     for c in docs.components().skip(1) {
         let name = c.as_os_str().to_str().unwrap();
@@ -650,8 +715,176 @@ fn the_page_works_in_headless_chromium() {
     click(&tab, "#chart g.snap");
     until(
         &tab,
-        "document.querySelector('#crumbs a').innerText === '2026-11-20 09:00:00'",
+        "document.querySelector('#crumbs a').innerText === when(snaps[0].time)",
         "the oldest snapshot picked on the chart",
     );
     screenshot(&tab, "timeline.png");
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn ms(f: impl FnOnce()) -> f64 {
+    let t = std::time::Instant::now();
+    f();
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// The benchmark behind the page's latency row (bench/page.sh runs it,
+/// in release): a directory of 10,000 entries opened through the page's
+/// API and in Chromium, first and warm, against a process per view
+/// (`capsule ls`, and `restic ls` as restic's web front ends do it).
+#[test]
+#[ignore = "benchmark: bench/page.sh runs it"]
+fn page_latency_of_a_10k_entry_directory() {
+    let bin = chromium().expect("chromium");
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    let big = src.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    for i in 0..10_000 {
+        std::fs::write(big.join(format!("file-{i:05}.txt")), format!("{i}\n")).unwrap();
+    }
+    // The rest of the snapshot, which opening `big` must not walk.
+    for d in 0..200 {
+        let dir = src.join(format!("other/d{d:03}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..100 {
+            std::fs::write(dir.join(format!("{i}")), format!("{d} {i}\n")).unwrap();
+        }
+    }
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let restic = Command::new("restic").arg("version").output().is_ok();
+    let rrepo = t.path().join("restic");
+    let renv = [
+        ("RESTIC_PASSWORD", PASSWORD),
+        ("RESTIC_CACHE_DIR", "/tmp/capsule-page-bench-restic-cache"),
+    ];
+    if restic {
+        for args in [
+            vec!["-q", "init", "-r", rrepo.to_str().unwrap()],
+            vec![
+                "-q",
+                "-r",
+                rrepo.to_str().unwrap(),
+                "backup",
+                src.to_str().unwrap(),
+            ],
+        ] {
+            let o = Command::new("restic")
+                .args(&args)
+                .envs(renv)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{o:?}");
+        }
+    }
+    let path = big.to_str().unwrap().to_string();
+    let s = serve(&repo);
+    let api = format!("/api/ls?snapshot=latest&path={}", enc(&path));
+    let mut first_api = 0.0;
+    let mut warm_api = Vec::new();
+    for i in 0..11 {
+        let took = ms(|| {
+            let v = get_json(&s, &api);
+            assert_eq!(v.as_array().unwrap().len(), 10_000);
+        });
+        if i == 0 {
+            first_api = took;
+        } else {
+            warm_api.push(took);
+        }
+    }
+
+    // The page: a fresh process, so its first open is cold too.
+    drop(s);
+    let s = serve(&repo);
+    let browser = Browser::new(LaunchOptions {
+        path: Some(bin),
+        headless: true,
+        sandbox: false,
+        window_size: Some((1400, 860)),
+        idle_browser_timeout: Duration::from_secs(300),
+        ..LaunchOptions::default()
+    })
+    .unwrap();
+    let tab = browser.new_tab().unwrap();
+    tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
+        .unwrap()
+        .wait_until_navigated()
+        .unwrap();
+    until(
+        &tab,
+        "document.querySelectorAll('#crumbs a').length > 0",
+        "the page",
+    );
+    // From the call to the rows drawn: the request, the table built, and
+    // the frame after it painted.
+    let open = format!(
+        "(async () => {{ const t0 = performance.now(); await open({}); \
+         await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0))); \
+         const n = document.querySelectorAll('#listing tr.row').length; \
+         if (listed.rows.length !== 10000 || n < 20) throw new Error('rows: ' + n); \
+         const t = performance.now() - t0; await open('/'); return t; }})()",
+        js(&path)
+    );
+    let mut first_page = 0.0;
+    let mut warm_page = Vec::new();
+    for i in 0..11 {
+        let took = tab
+            .evaluate(&open, true)
+            .unwrap()
+            .value
+            .unwrap()
+            .as_f64()
+            .unwrap();
+        if i == 0 {
+            first_page = took;
+        } else {
+            warm_page.push(took);
+        }
+    }
+
+    let per_process = |cmd: &mut dyn FnMut() -> Output| {
+        median(
+            (0..5)
+                .map(|_| {
+                    ms(|| {
+                        let o = cmd();
+                        assert!(o.status.success(), "{o:?}");
+                    })
+                })
+                .collect(),
+        )
+    };
+    let cls = per_process(&mut || capsule(&repo, &["ls", "latest", &path]));
+    let rls = restic.then(|| {
+        per_process(&mut || {
+            Command::new("restic")
+                .args(["-q", "-r", rrepo.to_str().unwrap(), "ls", "latest", &path])
+                .envs(renv)
+                .output()
+                .unwrap()
+        })
+    });
+    println!("| a directory of 10,000 entries, in a snapshot of 30,200 files | first open, ms | warm, median of 10, ms |");
+    println!("|---|---:|---:|");
+    println!(
+        "| capsule ui, the API (`/api/ls`) | {first_api:.0} | {:.1} |",
+        median(warm_api)
+    );
+    println!(
+        "| capsule ui, the page in Chromium (call to the rows in sight drawn) | {first_page:.0} | {:.0} |",
+        median(warm_page)
+    );
+    println!("| `capsule ls` (a process per view) | {cls:.0} | {cls:.0} |");
+    if let Some(r) = rls {
+        println!(
+            "| `restic ls` 0.14 (a process per view, as its web front ends do) | {r:.0} | {r:.0} |"
+        );
+    }
+    let _ = std::fs::remove_dir_all("/tmp/capsule-page-bench-restic-cache");
 }
