@@ -483,6 +483,16 @@ fn the_page_works_in_headless_chromium() {
         );
         assert!(o.status.success(), "{o:?}");
     }
+    // Another set of paths (another profile's), once: a row of its own.
+    let o = capsule_env(
+        &repo,
+        &["backup", src.join("photos").to_str().unwrap()],
+        &[
+            ("CAPSULE_PASSWORD", PASSWORD),
+            ("CAPSULE_TEST_NOW", &(tomorrow + 15 * 3600).to_string()),
+        ],
+    );
+    assert!(o.status.success(), "{o:?}");
     let s = serve(&repo);
     let browser = Browser::new(LaunchOptions {
         path: Some(bin),
@@ -517,15 +527,20 @@ fn the_page_works_in_headless_chromium() {
         "the API's refusal",
     );
 
-    // With it: the timeline, six snapshots, one gap shaded.
+    // With it: the timeline, seven snapshots in two rows, one gap shaded.
     tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
         .unwrap()
         .wait_until_navigated()
         .unwrap();
     until(
         &tab,
-        "document.querySelectorAll('#chart circle').length === 6 && document.querySelectorAll('#snaps div').length === 6",
-        "six snapshots on the timeline",
+        "document.querySelectorAll('#chart circle').length === 7 && document.querySelectorAll('#snaps div').length === 7",
+        "seven snapshots on the timeline",
+    );
+    until(
+        &tab,
+        "[...document.querySelectorAll('#chart text')].filter(t => /: (src|photos)$/.test(t.firstChild.nodeValue)).length === 2",
+        "a row for each set of paths",
     );
     until(
         &tab,
