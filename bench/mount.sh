@@ -8,7 +8,8 @@
 #   * `cp -r` of a real tree (--tree, default /usr/share/doc) out of the
 #     mount, against `capsule restore` of the same tree into a new
 #     directory (and restic's mount and restore);
-#   * `cat` of a 1 GiB file out of the mount, against restoring it.
+#   * `cat` of a 1 GiB file out of the mount, against restoring it;
+#   * cp's own floor: the same `cp -r` from the source tree on disk.
 # Each a median of --runs, wall seconds, with the page cache dropped before
 # each cold run (root only).
 #
@@ -102,8 +103,12 @@ measure capsule mount_capsule "$inside"
 measure restic mount_restic "snapshots/latest${src}"
 
 # Restores of the same tree and file, each into a new directory.
-rt=() rb=() qt=() qb=()
+# And cp's own floor: the same `cp -r` from the source tree on the same
+# disk, no FUSE in between.
+rt=() rb=() qt=() qb=() fl=()
 for k in $(seq "$runs"); do
+  rm -rf "$work/cp"; drop
+  fl+=("$(timed cp -r "$src/tree" "$work/cp")")
   rm -rf "$work/rs"; drop
   rt+=("$(timed "$capsule" --repo "$disk/capsule" restore latest -q --target "$work/rs" --include "$src/tree")")
   rm -rf "$work/rs"; drop
@@ -130,6 +135,8 @@ table=$({
   row "\`cat\` of a 1 GiB file" "${r[capsule,cat]}" "${r[restic,cat]}"
   row "restore of $tree" "$(median "${rt[@]}")" "$(median "${qt[@]}")"
   row "restore of the 1 GiB file" "$(median "${rb[@]}")" "$(median "${qb[@]}")"
+  echo
+  echo "cp's own floor: \`cp -r\` of the same tree from the source on the same disk, no FUSE, cold: $(median "${fl[@]}") s."
 })
 echo "$table"
 if [ -n "$output" ]; then echo "$table" >"$output"; fi
