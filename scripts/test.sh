@@ -66,6 +66,9 @@ awk -v secs=$(( $(date +%s) - started )) '
     for (i = 1; i <= n; i++) if (res[order[i]] != "0 passed, 0 failed") printf "  %-28s %s\n", order[i], res[order[i]]
     printf "capsule: %d passed, %d failed, in %d test binaries (%d failing), %d s\n", P, F, n, bad, secs
   }' "$log"
+# The page's screenshots from its test in headless Chromium: test artifacts.
+shots=target/tmp/page-screenshots
+[ -d "$shots" ] && echo "page screenshots: $(cd "$shots" && ls | tr '\n' ' ')in $PWD/$shots"
 
 echo "== fuzz smoke (cargo-fuzz on nightly, ${CAPSULE_FUZZ_SECS:-60} s per decoder)"
 # Only the fuzz targets use nightly; everything above builds on stable.
