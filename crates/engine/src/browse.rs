@@ -135,6 +135,9 @@ pub struct Browser {
     blobs: Mutex<Lru<BlobId, Arc<Vec<u8>>>>,
     /// Blobs a read-ahead is fetching now.
     fetching: Mutex<HashSet<BlobId>>,
+    /// Signalled when blobs leave `fetching`: a read waits for a blob the
+    /// read-ahead is already fetching rather than fetch it twice.
+    fetched: std::sync::Condvar,
     ahead: std::sync::atomic::AtomicUsize,
 }
 
@@ -151,6 +154,7 @@ impl Browser {
             trees: Mutex::new(Lru::new(TREE_CACHE_ENTRIES)),
             blobs: Mutex::new(Lru::new(BLOB_CACHE_BYTES)),
             fetching: Mutex::new(HashSet::new()),
+            fetched: std::sync::Condvar::new(),
             ahead: std::sync::atomic::AtomicUsize::new(0),
         })
     }
@@ -261,7 +265,7 @@ impl Browser {
         }
         let first = f.blobs.partition_point(|(_, s)| *s <= offset) - 1;
         let last = f.blobs.partition_point(|(_, s)| *s < end);
-        let got = self.blobs(&f.blobs[first..last])?;
+        let got = self.blobs(&f.blobs[first..last], true)?;
         let mut out = Vec::with_capacity((end - offset) as usize);
         for ((_, start), b) in f.blobs[first..last].iter().zip(&got) {
             let from = offset.saturating_sub(*start) as usize;
@@ -320,12 +324,13 @@ impl Browser {
             .spawn(move || {
                 // A failure here is met again, and reported, by the read
                 // that needs the blob.
-                let _ = me.blobs(&wanted);
+                let _ = me.blobs(&wanted, false);
                 let mut fetching = lock(&me.fetching);
                 for (id, _) in &wanted {
                     fetching.remove(id);
                 }
                 drop(fetching);
+                me.fetched.notify_all();
                 me.ahead.fetch_sub(1, Relaxed);
             });
         if spawned.is_err() {
@@ -333,13 +338,45 @@ impl Browser {
         }
     }
 
+    /// Waits, bounded, until none of the blobs of `ids` not in `have` is
+    /// being fetched by a read-ahead.
+    fn await_fetches(&self, ids: &[(BlobId, u64)], have: &[Option<Arc<Vec<u8>>>]) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut fetching = lock(&self.fetching);
+        while ids
+            .iter()
+            .zip(have)
+            .any(|((id, _), h)| h.is_none() && fetching.contains(id))
+        {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                // Fetched again here rather than wait longer.
+                return;
+            }
+            fetching = match self.fetched.wait_timeout(fetching, left) {
+                Ok((g, _)) => g,
+                Err(p) => p.into_inner().0,
+            };
+        }
+    }
+
     /// The decoded blobs `ids`, from the cache or fetched: neighbours in
-    /// one pack in one ranged read.
-    fn blobs(&self, ids: &[(BlobId, u64)]) -> Result<Vec<Arc<Vec<u8>>>> {
+    /// one pack in one ranged read. With `wait`, blobs a read-ahead is
+    /// fetching are waited for, not fetched a second time.
+    fn blobs(&self, ids: &[(BlobId, u64)], wait: bool) -> Result<Vec<Arc<Vec<u8>>>> {
         let mut out: Vec<Option<Arc<Vec<u8>>>> = {
             let mut cache = lock(&self.blobs);
             ids.iter().map(|(id, _)| cache.get(id)).collect()
         };
+        if wait && out.iter().any(Option::is_none) {
+            self.await_fetches(ids, &out);
+            let mut cache = lock(&self.blobs);
+            for (o, (id, _)) in out.iter_mut().zip(ids) {
+                if o.is_none() {
+                    *o = cache.get(id);
+                }
+            }
+        }
         let missing: Vec<(usize, BlobId, BlobLoc)> = ids
             .iter()
             .enumerate()
@@ -408,6 +445,16 @@ impl Browser {
             let b = Arc::new(decoded);
             lock(&self.blobs).put(*id, b.clone(), b.len());
             out[*i] = Some(b);
+        }
+        // Whoever waits for these may go on: they are in the cache.
+        let mut fetching = lock(&self.fetching);
+        let mut any = false;
+        for (_, id, _) in run {
+            any |= fetching.remove(id);
+        }
+        drop(fetching);
+        if any {
+            self.fetched.notify_all();
         }
         Ok(())
     }

@@ -32,9 +32,8 @@ pub use capsule_engine::browse::{Refresh, View};
 use capsule_format::tree::{Node, NodeKind, Timestamp};
 use capsule_format::ObjectId;
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
-    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyXattr, Request,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, LockOwner, OpenFlags,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
 /// What can go wrong mounting.
@@ -103,12 +102,18 @@ struct Ino {
     lookups: u64,
 }
 
-struct Open {
+/// A file being read: where its content lies, and where the last read
+/// ended. Kept per inode, not per open: opens cost no request at all
+/// (see `open`).
+struct Reading {
     map: FileMap,
     /// Where the last read ended: a read starting there reads in order.
     next: AtomicU64,
-    ino: u64,
 }
+
+/// At most this many files' maps are kept; beyond it they are dropped and
+/// made again on the next read (a file's map is its list of blobs).
+const MAX_READING: usize = 4096;
 
 /// The file system.
 pub struct CapsuleFs {
@@ -116,8 +121,8 @@ pub struct CapsuleFs {
     refresh: Refresh,
     refreshed: Mutex<Instant>,
     inos: Mutex<HashMap<u64, Ino>>,
-    handles: Mutex<HashMap<u64, Arc<Open>>>,
-    next_fh: AtomicU64,
+    /// Files read lately, by inode.
+    reading: Mutex<HashMap<u64, Arc<Reading>>>,
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
@@ -246,8 +251,7 @@ impl CapsuleFs {
             refresh,
             refreshed: Mutex::new(Instant::now()),
             inos: Mutex::new(inos),
-            handles: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
+            reading: Mutex::new(HashMap::new()),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
             mounted_at: SystemTime::now(),
@@ -582,6 +586,45 @@ impl CapsuleFs {
         self.view().view.browser.prefetch(&files);
     }
 
+    /// The file `ino` as being read. The first read of a file also fetches
+    /// its next siblings ahead, in pack order: a tree copied out of the
+    /// mount reads them next.
+    fn reading(&self, ino: u64) -> Result<Arc<Reading>, Errno> {
+        if let Some(r) = lock(&self.reading).get(&ino) {
+            return Ok(r.clone());
+        }
+        let Some(What::Entry(n)) = self.what(ino) else {
+            return Err(Errno::ENOENT);
+        };
+        if n.kind() != NodeKind::File {
+            return Err(Errno::EISDIR);
+        }
+        let map = match self.view().view.browser.file_map(&n) {
+            Ok(m) => m,
+            Err(e) => return Err(self.failed(&self.path_of(ino), &e)),
+        };
+        let parent = lock(&self.inos)
+            .get(&ino)
+            .map(|i| (i.parent, i.name.clone()));
+        if let Some((parent, name)) = parent {
+            if let Some(Ok(tree)) = self.what(parent).and_then(|w| self.tree_of(&w)) {
+                if let Ok(i) = tree.binary_search_by(|x| x.name.as_slice().cmp(&name)) {
+                    self.read_ahead_siblings(parent, &tree, i);
+                }
+            }
+        }
+        let r = Arc::new(Reading {
+            map,
+            next: AtomicU64::new(0),
+        });
+        let mut reading = lock(&self.reading);
+        if reading.len() >= MAX_READING {
+            reading.clear();
+        }
+        reading.insert(ino, r.clone());
+        Ok(r)
+    }
+
     fn ttl(what: &What) -> Duration {
         match what {
             What::Entry(_) | What::SnapRoot(..) => TTL_CONTENT,
@@ -653,6 +696,7 @@ impl Filesystem for CapsuleFs {
             i.lookups = i.lookups.saturating_sub(nlookup);
             if i.lookups == 0 {
                 inos.remove(&ino);
+                lock(&self.reading).remove(&ino);
             }
         }
     }
@@ -676,75 +720,42 @@ impl Filesystem for CapsuleFs {
         }
     }
 
+    /// Opening a file asks nothing of us: answered ENOSYS, the kernel
+    /// opens files without a request from then on (and sends no RELEASE),
+    /// keeping their page cache (the kernel's default for such opens).
+    /// Copying a tree out of the mount then costs a READ per file, not
+    /// OPEN, READ and RELEASE.
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let ino = u64::from(ino);
-        let Some(What::Entry(n)) = self.what(ino) else {
-            return reply.error(Errno::EISDIR);
-        };
-        if n.kind() != NodeKind::File {
-            return reply.error(Errno::EINVAL);
+        match self.what(u64::from(ino)) {
+            Some(What::Entry(n)) if n.kind() == NodeKind::File => reply.error(Errno::ENOSYS),
+            Some(What::Entry(_)) => reply.error(Errno::EINVAL),
+            Some(_) => reply.error(Errno::EISDIR),
+            None => reply.error(Errno::ENOENT),
         }
-        let map = match self.view().view.browser.file_map(&n) {
-            Ok(m) => m,
-            Err(e) => return reply.error(self.failed(&self.path_of(ino), &e)),
-        };
-        let parent = lock(&self.inos)
-            .get(&ino)
-            .map(|i| (i.parent, i.name.clone()));
-        if let Some((parent, name)) = parent {
-            if let Some(Ok(tree)) = self.what(parent).and_then(|w| self.tree_of(&w)) {
-                if let Ok(i) = tree.binary_search_by(|x| x.name.as_slice().cmp(&name)) {
-                    self.read_ahead_siblings(parent, &tree, i);
-                }
-            }
-        }
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.handles).insert(
-            fh,
-            Arc::new(Open {
-                map,
-                next: AtomicU64::new(0),
-                ino,
-            }),
-        );
-        // Contents never change: the kernel may keep them.
-        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
     }
 
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(open) = lock(&self.handles).get(&u64::from(fh)).cloned() else {
-            return reply.error(Errno::EBADF);
+        let ino = u64::from(ino);
+        let r = match self.reading(ino) {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
         };
-        let in_order = open.next.swap(offset + u64::from(size), Ordering::Relaxed) == offset;
+        let in_order = r.next.swap(offset + u64::from(size), Ordering::Relaxed) == offset;
         let browser = self.view().view.browser.clone();
-        match browser.read_at(&open.map, offset, size as usize, in_order) {
+        match browser.read_at(&r.map, offset, size as usize, in_order) {
             Ok(b) => reply.data(&b),
-            Err(e) => reply.error(self.failed(&self.path_of(open.ino), &e)),
+            Err(e) => reply.error(self.failed(&self.path_of(ino), &e)),
         }
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        lock(&self.handles).remove(&u64::from(fh));
-        reply.ok();
     }
 
     fn readdir(
