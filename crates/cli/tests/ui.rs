@@ -903,3 +903,62 @@ fn page_latency_of_a_10k_entry_directory() {
     }
     let _ = std::fs::remove_dir_all("/tmp/capsule-page-bench-restic-cache");
 }
+
+/// A file whose pack is damaged: its download answers an error naming it;
+/// the page goes on serving everything else.
+#[test]
+fn a_damaged_pack_fails_that_download_only() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("good.txt"), "fine\n").unwrap();
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    // The second backup's new data lands in a pack of its own.
+    let before = files_under(&repo.join("data"));
+    std::fs::write(src.join("damaged.bin"), noise(1 << 20, 9)).unwrap();
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let new: Vec<PathBuf> = files_under(&repo.join("data"))
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    let mut bytes = std::fs::read(&new[0]).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&new[0], &bytes).unwrap();
+
+    let s = serve(&repo);
+    let damaged = format!("{}/damaged.bin", src.display());
+    let (code, body) = get(
+        &s,
+        &format!("/api/file?snapshot=latest&path={}", enc(&damaged)),
+    );
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(code, 500, "{body:.300}");
+    assert!(body.contains("damaged.bin"), "names the file: {body:.300}");
+    // Everything else still serves.
+    let (code, body) = get(
+        &s,
+        &format!(
+            "/api/file?snapshot=latest&path={}",
+            enc(&format!("{}/good.txt", src.display()))
+        ),
+    );
+    assert_eq!((code, body.as_slice()), (200, b"fine\n".as_slice()));
+    let ls = get_json(
+        &s,
+        &format!(
+            "/api/ls?snapshot=latest&path={}",
+            enc(src.to_str().unwrap())
+        ),
+    );
+    assert_eq!(ls.as_array().unwrap().len(), 2);
+    assert_eq!(
+        get_json(&s, &format!("/api/versions?path={}", enc(&damaged)))["versions"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}

@@ -443,7 +443,7 @@ fn copy_file(
 async fn file(State(ui): State<Shared>, Query(q): Query<At>) -> Result<Response, Failure> {
     let path = snapshot_path(&q.path)?;
     let v = ui.view();
-    let (node, b) = blocking(move || {
+    let (node, b, shown) = blocking(move || {
         let (_, snap) = resolve(&v, &q.snapshot)?;
         let root = root_tree(&snap)?;
         let n = v
@@ -453,12 +453,31 @@ async fn file(State(ui): State<Shared>, Query(q): Query<At>) -> Result<Response,
         if n.kind() != NodeKind::File {
             return Err(bad(format!("{} is not a file", path.display())));
         }
-        Ok((n, v.browser.clone()))
+        // The first MiB read before answering: a file whose data is
+        // damaged or missing gets an error naming it, not a 200 and an
+        // empty download. Damage further in ends the stream in an error
+        // (the download fails, never looks whole).
+        let first = v
+            .browser
+            .file_map(&n)
+            .and_then(|m| v.browser.read_at(&m, 0, 1 << 20, true));
+        if let Err(e) = first {
+            eprintln!("capsule ui: {}: {e}", path.display());
+            return Err(Failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{} cannot be read: {e}", path.display()),
+            ));
+        }
+        Ok((n, v.browser.clone(), path))
     })
     .await?;
     let name = String::from_utf8_lossy(&node.name).into_owned();
     let size = node.size;
-    let body = streamed(move |w| copy_file(&b, &node, w));
+    let body = streamed(move |w| {
+        copy_file(&b, &node, w).inspect_err(|e| {
+            eprintln!("capsule ui: {}: {e}", shown.display());
+        })
+    });
     let mut r = Response::new(body);
     let h = r.headers_mut();
     h.insert(
