@@ -726,6 +726,20 @@ fn the_page_works_in_headless_chromium() {
         std::fs::read(&notes).unwrap()
     );
 
+    // The changes from 12:00 to the snapshot shown, as a tree.
+    tab.evaluate(
+        "document.querySelector('#diffbase').value = snaps[3].id",
+        false,
+    )
+    .unwrap();
+    click(&tab, "#diffprev");
+    until(
+        &tab,
+        "/\\n *docs\\/\\n *M notes.txt/.test(document.querySelector('#difftree').innerText) && document.querySelector('#listing p').innerText.includes('1 changed')",
+        "notes.txt changed, under docs/, in the tree of changes",
+    );
+    screenshot(&tab, "diff.png");
+
     // An older snapshot picked on the timeline: the listing follows it.
     click(&tab, "#chart g.snap");
     until(
