@@ -976,3 +976,123 @@ fn a_damaged_pack_fails_that_download_only() {
         1
     );
 }
+
+/// Names that are not UTF-8, or hold `%`, are carried losslessly (`%XX`
+/// for odd bytes, `%25` for `%`): listed, opened, downloaded, searched,
+/// archived and restored byte for byte.
+#[test]
+fn names_that_are_not_utf8_are_listed_opened_and_restored() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    let odd = src.join("odd");
+    let bytes_name = |b: &[u8]| std::ffi::OsStr::from_bytes(b).to_os_string();
+    std::fs::create_dir_all(odd.join(bytes_name(b"dir\xff"))).unwrap();
+    std::fs::write(odd.join(bytes_name(b"caf\xe9.txt")), "latin-1\n").unwrap();
+    std::fs::write(odd.join("100%.txt"), "percent\n").unwrap();
+    std::fs::write(
+        odd.join(bytes_name(b"dir\xff")).join("inside.txt"),
+        "inside\n",
+    )
+    .unwrap();
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let s = serve(&repo);
+    let at = odd.to_str().unwrap().to_string();
+    let ls = get_json(&s, &format!("/api/ls?snapshot=latest&path={}", enc(&at)));
+    let rows: Vec<(String, bool)> = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().into(),
+                e["utf8"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("100%25.txt".into(), true),
+            ("caf%E9.txt".into(), false),
+            ("dir%FF".into(), false)
+        ]
+    );
+    let file = |p: &str| get(&s, &format!("/api/file?snapshot=latest&path={}", enc(p)));
+    assert_eq!(file(&format!("{at}/caf%E9.txt")).1, b"latin-1\n");
+    assert_eq!(file(&format!("{at}/100%25.txt")).1, b"percent\n");
+    assert_eq!(file(&format!("{at}/dir%FF/inside.txt")).1, b"inside\n");
+    let inner = get_json(
+        &s,
+        &format!(
+            "/api/ls?snapshot=latest&path={}",
+            enc(&format!("{at}/dir%FF"))
+        ),
+    );
+    assert_eq!(inner[0]["name"], "inside.txt");
+    let v = get_json(
+        &s,
+        &format!("/api/versions?path={}", enc(&format!("{at}/caf%E9.txt"))),
+    );
+    assert_eq!(v["versions"].as_array().unwrap().len(), 1);
+    let hits = get_json(&s, "/api/search?q=caf");
+    assert_eq!(hits["hits"][0]["path"], format!("{at}/caf%E9.txt"));
+
+    // The folder as tar, extracted: the names byte for byte.
+    let (code, body) = get(&s, &format!("/api/tar?snapshot=latest&path={}", enc(&at)));
+    assert_eq!(code, 200);
+    let out = t.path().join("untar");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(t.path().join("odd.tar"), &body).unwrap();
+    assert!(Command::new("tar")
+        .arg("-xf")
+        .arg(t.path().join("odd.tar"))
+        .arg("-C")
+        .arg(&out)
+        .status()
+        .unwrap()
+        .success());
+    assert_eq!(
+        std::fs::read(out.join("odd").join(bytes_name(b"caf\xe9.txt"))).unwrap(),
+        b"latin-1\n"
+    );
+    assert_eq!(
+        std::fs::read(
+            out.join("odd")
+                .join(bytes_name(b"dir\xff"))
+                .join("inside.txt")
+        )
+        .unwrap(),
+        b"inside\n"
+    );
+
+    // Restored through the page: the folder holding them, byte for byte; a
+    // path that is not UTF-8 itself is refused with what to do instead.
+    let target = t.path().join("restored");
+    let post = |path: &str| {
+        http(
+            &s,
+            "POST",
+            "/api/restore",
+            &[
+                ("x-capsule-token", &s.token.clone()),
+                ("content-type", "application/json"),
+            ],
+            serde_json::json!({"snapshot": "latest", "path": path, "target": target})
+                .to_string()
+                .as_bytes(),
+        )
+    };
+    let (code, _, body) = post(&at);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    let back = target.join(odd.strip_prefix("/").unwrap());
+    assert_eq!(
+        std::fs::read(back.join(bytes_name(b"caf\xe9.txt"))).unwrap(),
+        b"latin-1\n"
+    );
+    assert_eq!(std::fs::read(back.join("100%.txt")).unwrap(), b"percent\n");
+    let (code, _, body) = post(&format!("{at}/caf%E9.txt"));
+    assert_eq!(code, 400);
+    assert!(String::from_utf8_lossy(&body).contains("restore the folder"));
+}

@@ -184,13 +184,62 @@ async fn guard(State(ui): State<Shared>, req: Request, next: Next) -> Response {
     resp
 }
 
-/// A snapshot path as the page gives it: absolute, no `..`, no NUL, not
-/// absurdly long.
+/// A stored name as the page carries it: UTF-8 as it is, except `%`,
+/// written `%25`, and each byte that is not UTF-8, written `%XX`. Lossless,
+/// so a name that is not UTF-8 can be opened, downloaded and restored from
+/// the page like any other ([`unescape`] reverses it).
+fn escape(name: &[u8]) -> String {
+    let mut out = String::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c == '%' {
+                out.push_str("%25");
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The bytes of a name or path written by [`escape`]; a `%` not followed
+/// by two hex digits stands for itself.
+fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |x: u8| (x as char).to_digit(16);
+        match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A snapshot path as the page gives it ([`escape`]d): absolute, no `..`,
+/// no NUL, not absurdly long.
 fn snapshot_path(p: &str) -> Result<PathBuf, Failure> {
-    if p.len() > 4096 || p.contains('\0') || !p.starts_with('/') {
+    use std::os::unix::ffi::OsStrExt;
+    let raw = unescape(p);
+    if raw.len() > 4096 || raw.contains(&0) || !raw.starts_with(b"/") {
         return Err(bad(format!("not a path in a snapshot: {p:.100}")));
     }
-    let path = PathBuf::from(p);
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(&raw));
     if path
         .components()
         .any(|c| !matches!(c, Component::RootDir | Component::Normal(_)))
@@ -281,7 +330,8 @@ struct EntryRow {
     size: u64,
     mtime: i64,
     mode: u32,
-    /// False when the name is not UTF-8: shown, but not opened from here.
+    /// False when the name is not UTF-8 (its odd bytes are `%XX` in
+    /// `name`).
     utf8: bool,
 }
 
@@ -314,7 +364,7 @@ async fn ls(State(ui): State<Shared>, Query(q): Query<At>) -> Result<Json<Vec<En
             .tree(&tree)?
             .iter()
             .map(|n| EntryRow {
-                name: String::from_utf8_lossy(&n.name).into_owned(),
+                name: escape(&n.name),
                 kind: n.kind().as_str(),
                 size: n.size,
                 mtime: n.mtime.secs,
@@ -536,7 +586,8 @@ fn add_tree(
     }
     let nodes = b.tree(tree).map_err(std::io::Error::other)?;
     for n in nodes.iter() {
-        let p = at.join(std::ffi::OsStr::new(&*String::from_utf8_lossy(&n.name)));
+        // Names as stored, bytes and all: tar carries any name.
+        let p = at.join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(&n.name));
         let mut h = tar::Header::new_gnu();
         h.set_mode(n.mode & 0o7777);
         h.set_uid(u64::from(n.uid));
@@ -696,9 +747,12 @@ impl Finder<'_> {
         let nodes = self.b.tree(tree)?;
         let mut out = Vec::new();
         for n in nodes.iter() {
-            let name = String::from_utf8_lossy(&n.name);
-            if name.to_lowercase().contains(&self.want) {
-                out.push((name.to_string(), n.kind().as_str()));
+            let name = escape(&n.name);
+            if String::from_utf8_lossy(&n.name)
+                .to_lowercase()
+                .contains(&self.want)
+            {
+                out.push((name.clone(), n.kind().as_str()));
             }
             if let (NodeKind::Dir, Some(sub)) = (n.kind(), n.subtree) {
                 let below = self.below(&sub, depth + 1)?;
@@ -793,7 +847,14 @@ async fn restore(State(ui): State<Shared>, Json(q): Json<RestoreQ>) -> Result<Re
     blocking(move || {
         let (_, snap) = resolve(&v, &q.snapshot)?;
         let root = root_tree(&snap)?;
-        let include = capsule_engine::restore::literal_pattern(&path.to_string_lossy());
+        let Some(literal) = path.to_str() else {
+            // Restore patterns are text: restore the folder holding it.
+            return Err(bad(format!(
+                "{} is not UTF-8: restore the folder that holds it",
+                path.display()
+            )));
+        };
+        let include = capsule_engine::restore::literal_pattern(literal);
         let opts = capsule_engine::restore::RestoreOptions {
             target: target.clone(),
             includes: vec![include],
