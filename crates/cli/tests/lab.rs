@@ -15,16 +15,14 @@
 
 mod common;
 
+use common::chromium;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use capsule_testkit::echo::Echo;
 use capsule_testkit::toxiproxy::{Proxy, Toxiproxy};
 use serde_json::Value;
-
-fn required() -> bool {
-    std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() == Ok("1")
-}
 
 fn env(key: &str) -> Option<String> {
     capsule_testkit::server_env(key)
@@ -407,23 +405,6 @@ fn lab_nearly_full_loop_filesystem() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("lower percentage"));
     let after = f(&d.lab(&["--no-seed"])["probe"]["space"]["free"]);
     assert!((after - before).abs() < (2 << 20) as f64);
-}
-
-/// Headless Chromium, if installed (scripts/servers.sh installs it).
-fn chromium() -> Option<PathBuf> {
-    for c in ["chromium", "chromium-browser", "google-chrome"] {
-        if let Ok(o) = Command::new("which").arg(c).output() {
-            if o.status.success() {
-                return Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-            }
-        }
-    }
-    assert!(
-        !required(),
-        "chromium is not installed (scripts/servers.sh installs it)"
-    );
-    eprintln!("skipped: no chromium");
-    None
 }
 
 fn headless(bin: &Path, args: &[&str], page: &Path) -> Output {

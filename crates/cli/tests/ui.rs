@@ -363,22 +363,19 @@ fn the_page_browses_diffs_downloads_and_restores_only_with_its_token() {
     assert_eq!(code, 400);
 }
 
-/// Headless Chromium, or None where it is missing and not required
-/// (scripts/servers.sh installs it).
-fn chromium() -> Option<PathBuf> {
-    for c in ["chromium", "chromium-browser", "google-chrome"] {
-        if let Ok(o) = Command::new("which").arg(c).output() {
-            if o.status.success() {
-                return Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-            }
-        }
-    }
-    assert!(
-        std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
-        "chromium is not installed (scripts/servers.sh installs it)"
-    );
-    eprintln!("skipped: no chromium");
-    None
+/// Chromium started headless for a test, with a window large enough for
+/// the page's three columns.
+fn launch(bin: PathBuf) -> Browser {
+    Browser::new(LaunchOptions {
+        path: Some(bin),
+        headless: true,
+        // Root in a container: Chromium's sandbox cannot start there.
+        sandbox: false,
+        window_size: Some((1400, 860)),
+        idle_browser_timeout: Duration::from_secs(300),
+        ..LaunchOptions::default()
+    })
+    .unwrap()
 }
 
 /// Waits, bounded, until `js` (an expression) is true in the page.
@@ -494,16 +491,7 @@ fn the_page_works_in_headless_chromium() {
     );
     assert!(o.status.success(), "{o:?}");
     let s = serve(&repo);
-    let browser = Browser::new(LaunchOptions {
-        path: Some(bin),
-        headless: true,
-        // Root in a container: Chromium's sandbox cannot start there.
-        sandbox: false,
-        window_size: Some((1400, 860)),
-        idle_browser_timeout: Duration::from_secs(300),
-        ..LaunchOptions::default()
-    })
-    .unwrap();
+    let browser = launch(bin);
     let tab = browser.new_tab().unwrap();
     tab.set_default_timeout(Duration::from_secs(60));
 
@@ -831,15 +819,7 @@ fn page_latency_of_a_10k_entry_directory() {
     // The page: a fresh process, so its first open is cold too.
     drop(s);
     let s = serve(&repo);
-    let browser = Browser::new(LaunchOptions {
-        path: Some(bin),
-        headless: true,
-        sandbox: false,
-        window_size: Some((1400, 860)),
-        idle_browser_timeout: Duration::from_secs(300),
-        ..LaunchOptions::default()
-    })
-    .unwrap();
+    let browser = launch(bin);
     let tab = browser.new_tab().unwrap();
     tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
         .unwrap()

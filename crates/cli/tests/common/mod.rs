@@ -717,3 +717,22 @@ pub fn plant_temporaries(repo_dir: &Path) -> (Vec<PathBuf>, PathBuf) {
     let fresh = plant(&data_dir, ".tmp-inflight", None);
     (old, fresh)
 }
+
+/// Headless Chromium, or None where it is missing and not required
+/// (scripts/servers.sh installs it; with CAPSULE_REQUIRE_SERVERS=1 a
+/// missing one fails the test).
+pub fn chromium() -> Option<PathBuf> {
+    for c in ["chromium", "chromium-browser", "google-chrome"] {
+        if let Ok(o) = Command::new("which").arg(c).output() {
+            if o.status.success() {
+                return Some(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+            }
+        }
+    }
+    assert!(
+        std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
+        "chromium is not installed (scripts/servers.sh installs it)"
+    );
+    eprintln!("skipped: no chromium");
+    None
+}
