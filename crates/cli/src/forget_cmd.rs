@@ -44,7 +44,8 @@ Windows (--keep-within*) count back from now, in the local time zone (TZ). \
 A policy applies to each host and set of paths on its own, and never removes every \
 snapshot of one unless --allow-empty is given.")]
 pub struct ForgetArgs {
-    /// Snapshots to forget, by ID or unique prefix.
+    /// Snapshots to forget: IDs or unique prefixes, `latest`, `latest~N`,
+    /// or a time ("2026-11-20 14:00": the newest snapshot at or before it).
     ids: Vec<String>,
     /// Start from a named policy (further --keep-* options add to it).
     #[arg(long, value_enum)]
@@ -243,19 +244,10 @@ pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
     // Every ID is resolved before anything is removed: one typo must not
     // leave half the list forgotten.
     let mut by_id: BTreeSet<ObjectId> = BTreeSet::new();
+    // Named as everywhere else: an ID or prefix, `latest`, `latest~N`,
+    // or a time (the newest at or before it), among the --host's.
     for spec in &a.ids {
-        let spec_lc = spec.to_ascii_lowercase();
-        let m: Vec<_> = snaps
-            .iter()
-            .filter(|(id, _)| id.to_hex().starts_with(&spec_lc))
-            .collect();
-        match m.len() {
-            0 => return Err(capsule_engine::EngineError::SnapshotNotFound(spec.clone()).into()),
-            1 => {
-                by_id.insert(m[0].0);
-            }
-            _ => return Err(capsule_engine::EngineError::AmbiguousSnapshot(spec.clone()).into()),
-        }
+        by_id.insert(capsule_engine::Repository::pick(snaps.clone(), spec)?.0);
     }
 
     let tz = local_zone();

@@ -24,6 +24,10 @@ pub struct MountArgs {
     /// Requests served at once.
     #[arg(long, default_value_t = 4)]
     threads: usize,
+    /// How often, at most, the list of snapshots is read again, in
+    /// seconds: a backup or forget shows within this time.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    refresh: u64,
 }
 
 /// The snapshots and a browser of the index holding them.
@@ -95,7 +99,11 @@ pub fn mount(g: &GlobalArgs, out: &Output, a: MountArgs) -> Result<u8> {
     let count = first.snapshots.len();
     let refresh = refresher(&repo, &first);
     let stop = stop_flag()?;
-    let m = capsule_mount::mount(CapsuleFs::new(first, refresh), &a.mountpoint, a.threads)?;
+    let m = capsule_mount::mount(
+        CapsuleFs::new(first, refresh, std::time::Duration::from_secs(a.refresh)),
+        &a.mountpoint,
+        a.threads,
+    )?;
     out.say(format!(
         "{count} snapshots mounted at {} (snapshots/, hosts/, latest, versions/); Ctrl-C unmounts",
         a.mountpoint.display()

@@ -1,8 +1,9 @@
 //! `capsule mount` against a real FUSE mount: the mounted snapshot equals
 //! its source entry for entry (metadata and content), a directory of
 //! 100,000 entries lists whole, `versions/` holds each distinct content of
-//! a file, and a damaged pack fails one file only. Skipped, saying why,
-//! where there is no `/dev/fuse`.
+//! a file, a damaged pack fails one file only, and a backup or forget
+//! made while mounted shows. Skipped, saying why, where there is no
+//! `/dev/fuse`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -22,6 +23,11 @@ struct Mounted {
 
 impl Mounted {
     fn start(repo: &Path, at: &Path) -> Option<Self> {
+        Self::start_with(repo, at, &[])
+    }
+
+    /// Started with more arguments of `mount`.
+    fn start_with(repo: &Path, at: &Path, more: &[&str]) -> Option<Self> {
         if !Path::new("/dev/fuse").exists() {
             eprintln!("skipped: no /dev/fuse on this machine");
             return None;
@@ -34,6 +40,7 @@ impl Mounted {
                 "mount",
                 at.to_str().unwrap(),
             ])
+            .args(more)
             .env("CAPSULE_PASSWORD", PASSWORD)
             .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
             .env(
@@ -251,4 +258,89 @@ fn a_mounted_snapshot_equals_its_source_and_a_damaged_pack_fails_one_file() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("no such directory"), "{err}");
+}
+
+/// The kernel keeps the listings the mount gave it: a backup and a forget
+/// made while mounted must still show in `snapshots/`, `hosts/`, `latest`
+/// and `versions/`, in listings read before them.
+#[test]
+fn a_backup_and_a_forget_while_mounted_show() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("notes.txt"), "first").unwrap();
+    init(&repo);
+    let s = src.to_str().unwrap();
+    ok(&repo, &["backup", s]);
+    let at = t.path().join("mnt");
+    let Some(m) = Mounted::start_with(&repo, &at, &["--refresh", "1"]) else {
+        return;
+    };
+    let names = |p: &Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let inside = src.strip_prefix("/").unwrap();
+    let vdir = at.join("versions").join(inside).join("notes.txt");
+    let host = names(&at.join("hosts")).remove(0);
+    // Listed, and so kept by the kernel, before the backup.
+    let first = names(&at.join("snapshots"));
+    assert_eq!(first.len(), 1);
+    assert_eq!(names(&at.join("hosts").join(&host)), first);
+    assert_eq!(names(&vdir).len(), 1);
+    assert_eq!(names(&at.join("versions").join(inside)), ["notes.txt"]);
+    let read_latest =
+        |name: &str| std::fs::read_to_string(at.join("latest").join(inside).join(name));
+    assert_eq!(read_latest("notes.txt").unwrap(), "first");
+
+    // Snapshot times are to the second: the next one a second on.
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::write(src.join("notes.txt"), "second").unwrap();
+    std::fs::write(src.join("new.txt"), "new").unwrap();
+    ok(&repo, &["backup", s]);
+    // Shown within the refresh (1 s) and the kernel's 1 s on lists;
+    // waited for at most 30 s.
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while !done() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{what}: not shown in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    until("the new snapshot", &|| {
+        names(&at.join("snapshots")).len() == 2
+    });
+    until("the new snapshot by host", &|| {
+        names(&at.join("hosts").join(&host)).len() == 2
+    });
+    until("latest", &|| {
+        read_latest("notes.txt").is_ok_and(|c| c == "second")
+    });
+    assert_eq!(read_latest("new.txt").unwrap(), "new");
+    until("the new version", &|| names(&vdir).len() == 2);
+    until("the new path", &|| {
+        names(&at.join("versions").join(inside)) == ["new.txt", "notes.txt"]
+    });
+    // The older snapshot still reads as it was.
+    let old = at.join("snapshots").join(&first[0]).join(inside);
+    assert_eq!(
+        std::fs::read_to_string(old.join("notes.txt")).unwrap(),
+        "first"
+    );
+
+    // And a forget: the newest snapshot goes, latest goes back.
+    ok(&repo, &["forget", "latest"]);
+    until("the forget", &|| names(&at.join("snapshots")) == first);
+    until("latest after the forget", &|| {
+        read_latest("notes.txt").is_ok_and(|c| c == "first")
+    });
+    let (code, out, err) = m.stop();
+    assert_eq!(code, Some(0), "{out}\n{err}");
 }

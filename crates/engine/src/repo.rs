@@ -1097,7 +1097,7 @@ impl Repository {
     /// a point in time ([`crate::timefmt::parse_when`]), the newest at or
     /// before it; or an ID prefix. `snaps` are oldest first. A time can
     /// never be taken for an ID prefix: IDs are hex, times have dashes.
-    fn pick(mut snaps: Vec<(ObjectId, Snapshot)>, spec: &str) -> Result<(ObjectId, Snapshot)> {
+    pub fn pick(mut snaps: Vec<(ObjectId, Snapshot)>, spec: &str) -> Result<(ObjectId, Snapshot)> {
         let not_found = || EngineError::SnapshotNotFound(spec.into());
         if spec == "latest" {
             return snaps.pop().ok_or_else(not_found);
