@@ -9,7 +9,9 @@
 #     mount, against `capsule restore` of the same tree into a new
 #     directory (and restic's mount and restore);
 #   * `cat` of a 1 GiB file out of the mount, against restoring it;
-#   * cp's own floor: the same `cp -r` from the source tree on disk.
+#   * cp's own floor: the same `cp -r` from the source tree on disk; and
+#     the floor of any FUSE file system: the same `cp -r` through bindfs,
+#     a FUSE passthrough of the source tree (no decryption, no repository).
 # Each a median of --runs, wall seconds, with the page cache dropped before
 # each cold run (root only).
 #
@@ -27,7 +29,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ -e /dev/fuse ] || { echo "no /dev/fuse: nothing to measure" >&2; exit 1; }
-command -v restic >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq restic >/dev/null; }
+for t in restic bindfs; do
+  command -v $t >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $t >/dev/null; }
+done
 cargo build --release -q -p capsule
 capsule=$PWD/target/release/capsule
 work=$(mktemp -d /tmp/capsule-mountbench.XXXXXX)
@@ -105,10 +109,14 @@ measure restic mount_restic "snapshots/latest${src}"
 # Restores of the same tree and file, each into a new directory.
 # And cp's own floor: the same `cp -r` from the source tree on the same
 # disk, no FUSE in between.
-rt=() rb=() qt=() qb=() fl=()
+rt=() rb=() qt=() qb=() fl=() bf=()
+mkdir -p "$work/bindfs"
 for k in $(seq "$runs"); do
   rm -rf "$work/cp"; drop
   fl+=("$(timed cp -r "$src/tree" "$work/cp")")
+  rm -rf "$work/cp"; bindfs -r "$src" "$work/bindfs"; mounted+=("$work/bindfs"); drop
+  bf+=("$(timed cp -r "$work/bindfs/tree" "$work/cp")")
+  umount "$work/bindfs"; mounted=()
   rm -rf "$work/rs"; drop
   rt+=("$(timed "$capsule" --repo "$disk/capsule" restore latest -q --target "$work/rs" --include "$src/tree")")
   rm -rf "$work/rs"; drop
@@ -136,7 +144,8 @@ table=$({
   row "restore of $tree" "$(median "${rt[@]}")" "$(median "${qt[@]}")"
   row "restore of the 1 GiB file" "$(median "${rb[@]}")" "$(median "${qb[@]}")"
   echo
-  echo "cp's own floor: \`cp -r\` of the same tree from the source on the same disk, no FUSE, cold: $(median "${fl[@]}") s."
+  echo "Floors for \`cp -r\` of the same tree, cold: from the source on the same disk, no FUSE, $(median "${fl[@]}") s;"
+  echo "through bindfs $(bindfs --version 2>/dev/null | head -1 | cut -d' ' -f2), a FUSE passthrough of the source (no repository, no decryption), $(median "${bf[@]}") s."
 })
 echo "$table"
 if [ -n "$output" ]; then echo "$table" >"$output"; fi

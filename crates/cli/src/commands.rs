@@ -710,6 +710,26 @@ impl From<OverwriteArg> for capsule_engine::restore::Overwrite {
     }
 }
 
+/// A session held while a command of `kind` reads the repository, as a
+/// backup's is while it writes: a prune meanwhile then keeps the packs it
+/// marks until the session ends, rather than delete data being read. A
+/// destination this user may only read gets none, and the user is told
+/// `risk`.
+pub(crate) fn reading_session(
+    repo: &Arc<Repository>,
+    out: &Output,
+    kind: &str,
+    risk: &str,
+) -> Option<capsule_engine::session::Session> {
+    match capsule_engine::session::Session::start_kind(repo, kind) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            out.warn(format!("no session could be written ({e}); {risk}"));
+            None
+        }
+    }
+}
+
 pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
     let (repo, _) = open(g, out)?;
     let repo = Arc::new(repo);
@@ -717,18 +737,14 @@ pub fn restore(g: &GlobalArgs, out: &Output, a: RestoreArgs) -> Result<u8> {
     // once when no session is held) waits for this restore before it
     // deletes packs of a snapshot forgotten while it is being read. A
     // destination this user may only read gets none.
-    let _session = match (!a.dry_run)
-        .then(|| capsule_engine::session::Session::start_kind(&repo, "restore"))
-    {
-        None => None,
-        Some(Ok(s)) => Some(s),
-        Some(Err(e)) => {
-            out.warn(format!(
-                "no session could be written ({e}); a prune running meanwhile may delete data this restore is reading"
-            ));
-            None
-        }
-    };
+    let _session = (!a.dry_run).then(|| {
+        reading_session(
+            &repo,
+            out,
+            "restore",
+            "a prune running meanwhile may delete data this restore is reading",
+        )
+    });
     let mut includes = a.includes;
     let spec = match (a.version, a.at, a.snapshot) {
         (Some(n), _, Some(path)) => {
@@ -904,15 +920,12 @@ pub fn check(g: &GlobalArgs, out: &Output, a: CheckArgs) -> Result<u8> {
     // Held like a backup's, so that a prune running meanwhile does not
     // delete packs this check is about to read. A destination this user may
     // only read gets none, and a prune could then race the check.
-    let session = match capsule_engine::session::Session::start_kind(&repo, "check") {
-        Ok(s) => Some(s),
-        Err(e) => {
-            out.warn(format!(
-                "no session could be written ({e}); a prune running meanwhile may make this check report packs it deleted"
-            ));
-            None
-        }
-    };
+    let session = reading_session(
+        &repo,
+        out,
+        "check",
+        "a prune running meanwhile may make this check report packs it deleted",
+    );
     let progress = Arc::new(Progress::default());
     let bar = if a.read_data {
         out.progress(&progress, "check")

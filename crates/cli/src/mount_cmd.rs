@@ -95,6 +95,14 @@ pub fn mount(g: &GlobalArgs, out: &Output, a: MountArgs) -> Result<u8> {
         .map_err(|e| crate::settings::UsageError(e.to_string()))?;
     let (repo, _) = commands::open(g, out)?;
     let repo = Arc::new(repo);
+    // Held as long as the mount is: a prune meanwhile keeps what it
+    // would delete until the mount ends, and files read on.
+    let _session = commands::reading_session(
+        &repo,
+        out,
+        "mount",
+        "a prune running meanwhile may delete data of forgotten snapshots still shown, whose files then fail to read",
+    );
     let first = view(&repo, Some(out))?;
     let count = first.snapshots.len();
     let refresh = refresher(&repo, &first);

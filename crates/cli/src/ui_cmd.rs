@@ -27,6 +27,14 @@ pub struct UiArgs {
 pub fn ui(g: &GlobalArgs, out: &Output, a: UiArgs) -> Result<u8> {
     let (repo, _) = commands::open(g, out)?;
     let repo = Arc::new(repo);
+    // Held as long as the page is served: a prune meanwhile keeps what it
+    // would delete until the page ends, and downloads and restores read on.
+    let _session = commands::reading_session(
+        &repo,
+        out,
+        "ui",
+        "a prune running meanwhile may delete data of forgotten snapshots still shown, whose files then fail to read",
+    );
     let first = mount_cmd::view(&repo, Some(out))?;
     let refresh = mount_cmd::refresher(&repo, &first);
     let mut token = [0u8; 24];

@@ -262,7 +262,8 @@ fn a_mounted_snapshot_equals_its_source_and_a_damaged_pack_fails_one_file() {
 
 /// The kernel keeps the listings the mount gave it: a backup and a forget
 /// made while mounted must still show in `snapshots/`, `hosts/`, `latest`
-/// and `versions/`, in listings read before them.
+/// and `versions/`, in listings read before them. And a prune meanwhile
+/// must not delete what the mount may still read.
 #[test]
 fn a_backup_and_a_forget_while_mounted_show() {
     let t = tempfile::tempdir().unwrap();
@@ -341,6 +342,26 @@ fn a_backup_and_a_forget_while_mounted_show() {
     until("latest after the forget", &|| {
         read_latest("notes.txt").is_ok_and(|c| c == "first")
     });
+
+    // A prune meanwhile deletes nothing: the mount holds a session, which
+    // the prune names as what it waits for.
+    let data = || files_under(&repo.join("data"));
+    let before = data();
+    let o = capsule(&repo, &["prune"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{said}");
+    assert!(
+        said.contains("mount on"),
+        "the prune names the mount: {said}"
+    );
+    assert_eq!(data(), before, "a pack was deleted while mounted");
     let (code, out, err) = m.stop();
     assert_eq!(code, Some(0), "{out}\n{err}");
+    // Unmounted, the next prune deletes what the forget left unused.
+    ok(&repo, &["prune"]);
+    assert_ne!(data(), before, "nothing was pruned after the mount ended");
 }
