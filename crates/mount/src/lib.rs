@@ -14,8 +14,9 @@
 //! tree, from a bounded cache; a file read fetches neighbouring blobs of a
 //! pack in one ranged read and reads ahead of a reader reading in order.
 //! Inode numbers of entries are a hash of their parent's and their name,
-//! so a listing of 100,000 entries allocates nothing: only entries the
-//! kernel looks up are remembered, until it forgets them.
+//! so the same entry is the same inode however it was reached; entries the
+//! kernel holds (looked up, or listed with their attributes) are
+//! remembered until it forgets them.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
