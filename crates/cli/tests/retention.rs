@@ -175,7 +175,7 @@ fn timemachine_policy_keeps_exactly_its_schedule_and_forgetting_touches_no_data(
 }
 
 #[test]
-fn forget_refuses_unknown_ids_empty_policies_and_missing_rules_before_removing_anything() {
+fn forget_takes_ids_and_names_and_refuses_unknown_ones_empty_policies_and_missing_rules_first() {
     let t = tempfile::tempdir().unwrap();
     let (src, repo) = (t.path().join("src"), t.path().join("repo"));
     std::fs::create_dir_all(&src).unwrap();
@@ -203,9 +203,19 @@ fn forget_refuses_unknown_ids_empty_policies_and_missing_rules_before_removing_a
     assert_eq!(code(&["forget", "--keep-within", "soon"]), Some(2));
     assert_eq!(snapshot_times(&repo, false), all);
 
-    // By ID (a prefix), then the rest with --allow-empty.
+    // By ID (a prefix).
     ok_at(&repo, NOW, &["forget", &all[1].0[..10]]);
-    assert_eq!(snapshot_times(&repo, false).len(), 2);
+    let left = vec![all[0].clone(), all[2].clone()];
+    assert_eq!(snapshot_times(&repo, false), left);
+    // By name, as everywhere: a time before the oldest names none, and
+    // nothing is forgotten; so does `latest~2` of two.
+    assert_eq!(code(&["forget", "2026-11-01"]), Some(13));
+    assert_eq!(code(&["forget", "latest~2"]), Some(13));
+    assert_eq!(snapshot_times(&repo, false), left);
+    // A time: the newest at or before it (12:00, not 14:00; 13:00 is gone).
+    ok_at(&repo, NOW, &["forget", "2026-11-13 13:59"]);
+    assert_eq!(snapshot_times(&repo, false), vec![all[2].clone()]);
+    // Then the rest with --allow-empty.
     ok_at(
         &repo,
         NOW,
