@@ -244,10 +244,12 @@ pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
     // Every ID is resolved before anything is removed: one typo must not
     // leave half the list forgotten.
     let mut by_id: BTreeSet<ObjectId> = BTreeSet::new();
-    // Named as everywhere else: an ID or prefix, `latest`, `latest~N`,
-    // or a time (the newest at or before it), among the --host's.
+    // Named as everywhere else: an ID or prefix, `latest`, `latest~N`
+    // (never one dated in the future: that is not the newest backup, and
+    // forgetting it by that name would forget the wrong one), or a time
+    // (the newest at or before it), among the --host's.
     for spec in &a.ids {
-        by_id.insert(capsule_engine::Repository::pick(snaps.clone(), spec)?.0);
+        by_id.insert(capsule_engine::Repository::pick_named(snaps.clone(), spec)?.0);
     }
 
     let tz = local_zone();

@@ -229,7 +229,7 @@ fn forget_takes_ids_and_names_and_refuses_unknown_ones_empty_policies_and_missin
 }
 
 /// A snapshot from a clock that ran ahead is kept, and does not take the
-/// place of today's real one.
+/// place of today's real one, neither for a policy nor as `latest`.
 #[test]
 fn snapshots_dated_in_the_future_are_kept() {
     let t = tempfile::tempdir().unwrap();
@@ -246,6 +246,14 @@ fn snapshots_dated_in_the_future_are_kept() {
         .map(|(_, t)| t)
         .collect();
     assert_eq!(kept, vec![NOW - H, NOW + 30 * D]);
+    // `forget latest` means what `restore latest` does: today's newest,
+    // not the one dated a month ahead.
+    ok_at(&repo, NOW, &["forget", "latest"]);
+    let kept: Vec<i64> = snapshot_times(&repo, false)
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    assert_eq!(kept, vec![NOW + 30 * D]);
 }
 
 /// Pack objects on disk (data and tree).

@@ -20,6 +20,9 @@ use crate::{EngineError, Result};
 /// Readable snapshots (oldest first) and the errors of unreadable ones.
 pub type SnapshotList = (Vec<(ObjectId, Snapshot)>, Vec<EngineError>);
 
+/// Snapshots with their IDs, oldest first.
+type Snapshots = Vec<(ObjectId, Snapshot)>;
+
 /// A snapshot named by the user, and what `latest` passed over to find it.
 #[derive(Debug)]
 pub struct Resolved {
@@ -1060,17 +1063,7 @@ impl Repository {
     /// stand for the newest data for years.
     pub fn resolve_snapshot_noting(&self, spec: &str) -> Result<Resolved> {
         let (snaps, mut bad) = self.list_snapshots()?;
-        let mut future = Vec::new();
-        let snaps = if spec == "latest" || spec.starts_with("latest~") {
-            let now = crate::timefmt::now_unix();
-            let (f, rest): (Vec<_>, Vec<_>) = snaps
-                .into_iter()
-                .partition(|(_, s)| crate::timefmt::is_future(s.time_unix, now));
-            future = f.into_iter().map(|(id, s)| (id, s.time)).collect();
-            rest
-        } else {
-            snaps
-        };
+        let (snaps, future) = Self::split_future(snaps, spec);
         match Self::pick(snaps, spec) {
             Ok((id, snapshot)) => Ok(Resolved {
                 id,
@@ -1093,11 +1086,38 @@ impl Repository {
         }
     }
 
+    /// The snapshot `spec` names among `snaps` (oldest first), as
+    /// [`Repository::resolve_snapshot`] takes it: `latest` and `latest~N`
+    /// pass over snapshots dated in the future of this machine's clock.
+    pub fn pick_named(
+        snaps: Vec<(ObjectId, Snapshot)>,
+        spec: &str,
+    ) -> Result<(ObjectId, Snapshot)> {
+        Self::pick(Self::split_future(snaps, spec).0, spec)
+    }
+
+    /// For `latest` and `latest~N`: `snaps` without those dated in the
+    /// future ([`crate::timefmt::is_future`]), and those (ID and time).
+    /// Any other name: `snaps` as they are.
+    fn split_future(
+        snaps: Vec<(ObjectId, Snapshot)>,
+        spec: &str,
+    ) -> (Snapshots, Vec<(ObjectId, String)>) {
+        if spec != "latest" && !spec.starts_with("latest~") {
+            return (snaps, Vec::new());
+        }
+        let now = crate::timefmt::now_unix();
+        let (f, rest): (Vec<_>, Vec<_>) = snaps
+            .into_iter()
+            .partition(|(_, s)| crate::timefmt::is_future(s.time_unix, now));
+        (rest, f.into_iter().map(|(id, s)| (id, s.time)).collect())
+    }
+
     /// The snapshot `spec` names: `latest`; `latest~N`, the Nth before it;
     /// a point in time ([`crate::timefmt::parse_when`]), the newest at or
     /// before it; or an ID prefix. `snaps` are oldest first. A time can
     /// never be taken for an ID prefix: IDs are hex, times have dashes.
-    pub fn pick(mut snaps: Vec<(ObjectId, Snapshot)>, spec: &str) -> Result<(ObjectId, Snapshot)> {
+    fn pick(mut snaps: Vec<(ObjectId, Snapshot)>, spec: &str) -> Result<(ObjectId, Snapshot)> {
         let not_found = || EngineError::SnapshotNotFound(spec.into());
         if spec == "latest" {
             return snaps.pop().ok_or_else(not_found);
