@@ -19,10 +19,12 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::inotify::{mounts_below, MountWatch, UNWATCHABLE};
+use crate::inotify::UNWATCHABLE;
+use crate::mounts::{mounts_below, MountWatch};
 use crate::{walked_sources, Journal, Result, WatchError, WatchOptions, Watcher};
 
 const MASK: u64 = libc::FAN_CREATE
@@ -36,6 +38,14 @@ const MASK: u64 = libc::FAN_CREATE
     | libc::FAN_MOVE_SELF
     | libc::FAN_ONDIR;
 
+/// Events outside the sources that may change a file of theirs through
+/// another name.
+const OUTSIDE_MASK: u64 = libc::FAN_CREATE
+    | libc::FAN_MOVED_TO
+    | libc::FAN_MODIFY
+    | libc::FAN_ATTRIB
+    | libc::FAN_CLOSE_WRITE;
+
 /// The fanotify watcher.
 pub struct Fanotify {
     fd: OwnedFd,
@@ -45,11 +55,21 @@ pub struct Fanotify {
     sources: Vec<PathBuf>,
     ignore_file: Option<Vec<u8>>,
     skip: Vec<PathBuf>,
-    /// Directory handle → its path (`None`: outside the sources), until a
-    /// directory moves.
-    paths: HashMap<Vec<u8>, Option<PathBuf>>,
+    /// Directory handle → where it is, until a directory moves.
+    paths: HashMap<Vec<u8>, Place>,
     mounts: MountWatch,
     buf: Vec<u8>,
+}
+
+/// Where an event's directory is.
+#[derive(Debug, Clone)]
+enum Place {
+    /// In the sources.
+    Inside(PathBuf),
+    /// Outside them, at this path.
+    Outside(PathBuf),
+    /// Gone since (its parent's event covers it).
+    Gone,
 }
 
 /// A file system's ID as `statfs` gives it, in the bytes events carry
@@ -113,6 +133,7 @@ impl Fanotify {
         for p in places {
             w.mark(&p, journal)?;
         }
+        w.mounts.reshare(journal);
         Ok(w)
     }
 
@@ -164,15 +185,16 @@ impl Fanotify {
         Ok(())
     }
 
-    /// The path of the directory with this handle on the file system
-    /// `fsid`, if it is still there and in the sources.
-    fn resolve(&mut self, fsid: &[u8], handle: &[u8]) -> Option<PathBuf> {
+    /// Where the directory with this handle on the file system `fsid` is.
+    fn resolve(&mut self, fsid: &[u8], handle: &[u8]) -> Place {
         let mut key = fsid.to_vec();
         key.extend_from_slice(handle);
         if let Some(p) = self.paths.get(&key) {
             return p.clone();
         }
-        let (_, on) = self.filesystems.iter().find(|(id, _)| id == fsid)?;
+        let Some((_, on)) = self.filesystems.iter().find(|(id, _)| id == fsid) else {
+            return Place::Gone;
+        };
         // struct file_handle: handle_bytes (u32), handle_type (i32), then
         // the handle; the event carries it in the same layout.
         let mut fh: Vec<u32> = vec![0; handle.len().div_ceil(4) + 1];
@@ -209,15 +231,21 @@ impl Fanotify {
             .map(|p| PathBuf::from(OsStr::from_bytes(p.as_bytes())))
             .filter(|p| !p.as_os_str().as_bytes().ends_with(b" (deleted)"))
         };
-        let inside = path.filter(|p| {
-            self.sources.iter().any(|s| p.starts_with(s))
-                && !self.skip.iter().any(|s| p.starts_with(s))
-        });
+        let place = match path {
+            None => Place::Gone,
+            Some(p)
+                if self.sources.iter().any(|s| p.starts_with(s))
+                    && !self.skip.iter().any(|s| p.starts_with(s)) =>
+            {
+                Place::Inside(p)
+            }
+            Some(p) => Place::Outside(p),
+        };
         if self.paths.len() > 100_000 {
             self.paths.clear();
         }
-        self.paths.insert(key, inside.clone());
-        inside
+        self.paths.insert(key, place.clone());
+        place
     }
 
     /// Records one event: its mask, the directory's file system and
@@ -236,8 +264,25 @@ impl Fanotify {
         if is_dir && mask & (libc::FAN_MOVED_FROM | libc::FAN_MOVED_TO) != 0 {
             self.paths.clear();
         }
-        let Some(dir) = self.resolve(fsid, handle) else {
-            return Ok(());
+        let dir = match self.resolve(fsid, handle) {
+            Place::Inside(dir) => dir,
+            Place::Outside(dir) => {
+                // A file with several names changed (or given one more)
+                // through a name outside the sources: its names inside
+                // them raised no event, and only a scan finds them.
+                if let Some(name) = name.filter(|_| !is_dir && mask & OUTSIDE_MASK != 0) {
+                    let entry = dir.join(OsStr::from_bytes(name));
+                    if std::fs::symlink_metadata(&entry).is_ok_and(|m| m.is_file() && m.nlink() > 1)
+                    {
+                        journal.lose(format!(
+                            "{}, a file with several names, changed outside the sources: its names in them cannot be placed",
+                            entry.display()
+                        ));
+                    }
+                }
+                return Ok(());
+            }
+            Place::Gone => return Ok(()),
         };
         match name {
             Some(name) if !name.is_empty() && name != b"." => {
@@ -365,6 +410,7 @@ impl Watcher for Fanotify {
         }
         if self.mounts.changed() {
             journal.lose("the mounts below the sources changed");
+            self.mounts.reshare(journal);
             for m in mounts_below(&self.sources) {
                 if let Err(e) = self.mark(&m, journal) {
                     journal.degraded = Some(e.to_string());

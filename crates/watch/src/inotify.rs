@@ -18,7 +18,7 @@
 //! (network shares, FUSE, procfs) are not watched but recorded as
 //! unwatchable: every run scans them in full.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, OwnedFd};
@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
+use crate::mounts::MountWatch;
 use crate::{walked_sources, Journal, Result, WatchError, WatchOptions, Watcher};
 
 /// File-system types whose changes made elsewhere raise no inotify event
@@ -103,6 +104,19 @@ impl Inotify {
             mounts: MountWatch::new(&sources),
             buf: vec![MaybeUninit::uninit(); 64 << 10],
         };
+        // A change made through a name outside the sources (a hard link)
+        // raises an event only in the outside directory, which inotify
+        // does not watch: where a file of the sources can have such a
+        // name, events on the sources cannot vouch for their files.
+        let table = crate::mounts::table();
+        for s in &sources {
+            if let Some(why) = crate::mounts::reached_from_outside(s, &table) {
+                return Err(WatchError::Degraded(format!(
+                    "inotify cannot see a change made through a name outside the sources (a hard link): {why}; every run scans in full (the daemon run as root uses fanotify, which sees them)"
+                )));
+            }
+        }
+        w.mounts.reshare(journal);
         for s in &sources {
             if std::fs::symlink_metadata(s).is_ok_and(|m| m.is_dir()) {
                 let dev = std::fs::metadata(s).map(|m| m.dev()).unwrap_or(0);
@@ -118,6 +132,11 @@ impl Inotify {
         let mut stack = vec![dir.to_path_buf()];
         while let Some(d) = stack.pop() {
             if self.skip.iter().any(|s| d.starts_with(s)) {
+                continue;
+            }
+            // Scanned in full by every run: its changes may be made
+            // through another path.
+            if journal.unwatchable.contains(&d) {
                 continue;
             }
             if let Ok(fs) = rustix::fs::statfs(&d) {
@@ -276,80 +295,6 @@ impl Inotify {
     }
 }
 
-/// Mount points at or below any of `sources`.
-pub(crate) fn mounts_below(sources: &[PathBuf]) -> BTreeSet<PathBuf> {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return BTreeSet::new();
-    };
-    text.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape_mount(p)))
-        .filter(|p| sources.iter().any(|s| p.starts_with(s)))
-        .collect()
-}
-
-/// The mount table, polled for a change below the sources: a mount hides
-/// or shows a whole tree without an event in it.
-pub(crate) struct MountWatch {
-    file: Option<std::fs::File>,
-    sources: Vec<PathBuf>,
-    mounts: BTreeSet<PathBuf>,
-}
-
-impl MountWatch {
-    pub(crate) fn new(sources: &[PathBuf]) -> MountWatch {
-        MountWatch {
-            file: std::fs::File::open("/proc/self/mountinfo").ok(),
-            sources: sources.to_vec(),
-            mounts: mounts_below(sources),
-        }
-    }
-
-    /// Whether the mounts below the sources changed since last asked.
-    pub(crate) fn changed(&mut self) -> bool {
-        let Some(f) = &mut self.file else {
-            return false;
-        };
-        let mut fds = [rustix::event::PollFd::new(
-            &*f,
-            rustix::event::PollFlags::PRI,
-        )];
-        let ready =
-            rustix::event::poll(&mut fds, Some(&rustix::time::Timespec::default())).unwrap_or(0);
-        if ready == 0 {
-            return false;
-        }
-        // Reading it to the end re-arms the notification.
-        use std::io::{Read, Seek};
-        let _ = f.seek(std::io::SeekFrom::Start(0));
-        let _ = f.read_to_end(&mut Vec::new());
-        let now = mounts_below(&self.sources);
-        std::mem::replace(&mut self.mounts, now) != self.mounts
-    }
-}
-
-/// `/proc/self/mountinfo` writes space, tab, newline and backslash in
-/// paths as octal escapes.
-fn unescape_mount(p: &str) -> std::ffi::OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = p.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    std::ffi::OsString::from_vec(out)
-}
-
 impl Watcher for Inotify {
     fn kind(&self) -> &'static str {
         "inotify"
@@ -375,8 +320,9 @@ impl Watcher for Inotify {
         }
         if self.mounts.changed() {
             journal.lose("the mounts below the sources changed");
-            // Watch what a new mount shows.
             let sources = self.sources.clone();
+            self.mounts.reshare(journal);
+            // Watch what a new mount shows.
             self.dirs.clear();
             // A fresh set of watches: the kernel keeps the old ones for
             // directories still there, and `add_watch` on them returns the

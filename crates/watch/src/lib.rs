@@ -26,6 +26,7 @@
 
 pub mod fanotify;
 pub mod inotify;
+mod mounts;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};

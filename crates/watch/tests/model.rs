@@ -114,14 +114,20 @@ fn explain(repo: &Repository, a: &str, b: &str) -> String {
     out
 }
 
-/// Every directory below `root` (itself included).
+/// The directory bind-mounted below the source, which the other
+/// mutations leave alone (a mount point cannot be moved or deleted, and
+/// nothing is renamed or linked across it); `bound` writes to it through
+/// its other path.
+const BOUND: &str = "bound";
+
+/// Every directory below `root` (itself included), but the bind mount.
 fn dirs(root: &Path) -> Vec<PathBuf> {
     let mut out = vec![root.to_path_buf()];
     let mut i = 0;
     while i < out.len() {
         if let Ok(rd) = std::fs::read_dir(&out[i]) {
             for e in rd.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                if e.file_type().is_ok_and(|t| t.is_dir()) && e.path() != root.join(BOUND) {
                     out.push(e.path());
                 }
             }
@@ -129,6 +135,67 @@ fn dirs(root: &Path) -> Vec<PathBuf> {
         i += 1;
     }
     out
+}
+
+/// Where the model's links and mounts reach the source from outside.
+#[derive(Default)]
+struct Outside {
+    /// Names outside the sources of files inside them, kept across runs.
+    aliases: Vec<PathBuf>,
+    /// The other path of the directory bind-mounted at `src/bound`.
+    bound: Option<PathBuf>,
+}
+
+/// Moves a tree, as `mv` does: renamed, or copied and deleted where the
+/// two places are on different file systems (the inotify model's source is
+/// a file system of its own).
+fn move_tree(from: &Path, to: &Path) {
+    match std::fs::rename(from, to) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => {
+            let ok = std::process::Command::new("cp")
+                .arg("-a")
+                .arg(from)
+                .arg(to)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "cp -a {} {}", from.display(), to.display());
+            std::fs::remove_dir_all(from).unwrap();
+        }
+        Err(e) => panic!("rename {} {}: {e}", from.display(), to.display()),
+    }
+}
+
+/// The other path's mutations: what a program working there does.
+fn through_bind(rng: &mut Rng, other: &Path, n: u32) -> String {
+    let ds = dirs(other);
+    let d = &ds[rng.below(ds.len())];
+    let fs = files(other);
+    match rng.below(5) {
+        0 => {
+            let p = d.join(format!("bound-new-{n}"));
+            std::fs::write(&p, vec![(n % 251) as u8; rng.below(20_000)]).unwrap();
+            format!("create {} (the bind mount's other path)", p.display())
+        }
+        1 => {
+            let p = d.join(format!("bound-dir-{n}"));
+            std::fs::create_dir(&p).unwrap();
+            std::fs::write(p.join("inside"), format!("{n}")).unwrap();
+            format!("mkdir {} (the bind mount's other path)", p.display())
+        }
+        2 if !fs.is_empty() => {
+            let f = &fs[rng.below(fs.len())];
+            std::fs::remove_file(f).unwrap();
+            format!("delete {} (the bind mount's other path)", f.display())
+        }
+        _ if !fs.is_empty() => {
+            let f = &fs[rng.below(fs.len())];
+            let mut h = std::fs::OpenOptions::new().append(true).open(f).unwrap();
+            std::io::Write::write_all(&mut h, format!("more {n}").as_bytes()).unwrap();
+            format!("append to {} (the bind mount's other path)", f.display())
+        }
+        _ => "nothing".into(),
+    }
 }
 
 fn files(root: &Path) -> Vec<PathBuf> {
@@ -146,7 +213,14 @@ fn files(root: &Path) -> Vec<PathBuf> {
 /// and removed again between two runs changes the other name's file with
 /// no event in its directory, which no directory watcher sees (see
 /// docs/DESIGN.md, "Change journal"; the verification runs catch it).
-fn mutate(rng: &mut Rng, src: &Path, outside: &Path, n: &mut u32, may_link: bool) -> String {
+fn mutate(
+    rng: &mut Rng,
+    src: &Path,
+    outside: &Path,
+    reach: &mut Outside,
+    n: &mut u32,
+    may_link: bool,
+) -> String {
     *n += 1;
     let ds = dirs(src);
     let fs = files(src);
@@ -156,7 +230,7 @@ fn mutate(rng: &mut Rng, src: &Path, outside: &Path, n: &mut u32, may_link: bool
         let subs: Vec<&PathBuf> = ds.iter().filter(|p| *p != src).collect();
         (!subs.is_empty()).then(|| subs[rng.below(subs.len())].clone())
     };
-    let mut op = rng.below(15);
+    let mut op = rng.below(19);
     if op == 9 && !may_link {
         op = 0;
     }
@@ -205,15 +279,15 @@ fn mutate(rng: &mut Rng, src: &Path, outside: &Path, n: &mut u32, may_link: bool
             // Out of the sources, and something else in.
             Some(s) => {
                 let away = outside.join(format!("away-{n}"));
-                std::fs::rename(&s, &away).unwrap();
+                move_tree(&s, &away);
                 let back = outside.join(format!("in-{n}"));
                 std::fs::create_dir_all(back.join("deep/er")).unwrap();
                 std::fs::write(back.join("deep/er/f"), b"from outside").unwrap();
                 let to = d.join(format!("came-in-{n}"));
                 if d.starts_with(&s) {
-                    std::fs::rename(&back, src.join(format!("came-in-{n}"))).unwrap();
+                    move_tree(&back, &src.join(format!("came-in-{n}")));
                 } else {
-                    std::fs::rename(&back, &to).unwrap();
+                    move_tree(&back, &to);
                 }
                 format!("tree {} out, one in", s.display())
             }
@@ -270,6 +344,47 @@ fn mutate(rng: &mut Rng, src: &Path, outside: &Path, n: &mut u32, may_link: bool
             }
             None => "nothing".into(),
         },
+        // A name outside the sources, kept across runs (on the same file
+        // system: a source that is its file system's root has none).
+        15 => match pick_file(rng) {
+            Some(f) => {
+                let to = outside.join(format!("alias-{n}"));
+                match std::fs::hard_link(&f, &to) {
+                    Ok(()) => {
+                        reach.aliases.push(to.clone());
+                        format!("hard link kept outside {} -> {}", f.display(), to.display())
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::CrossesDevices => {
+                        "nothing (another file system)".into()
+                    }
+                    Err(e) => panic!("link {}: {e}", f.display()),
+                }
+            }
+            None => "nothing".into(),
+        },
+        // Written through its name outside: appended to, or rewritten with
+        // the mtime put back.
+        16 if !reach.aliases.is_empty() => {
+            let a = reach.aliases[rng.below(reach.aliases.len())].clone();
+            let m = std::fs::metadata(&a).unwrap();
+            if rng.below(2) == 0 {
+                let mut h = std::fs::OpenOptions::new().append(true).open(&a).unwrap();
+                std::io::Write::write_all(&mut h, format!("outside {n}").as_bytes()).unwrap();
+                format!("append through the outside name {}", a.display())
+            } else {
+                std::fs::write(&a, vec![(*n % 13) as u8 + 1; m.len() as usize]).unwrap();
+                let file = std::fs::File::options().write(true).open(&a).unwrap();
+                file.set_modified(m.modified().unwrap()).unwrap();
+                format!(
+                    "rewrite through the outside name {} with its mtime put back",
+                    a.display()
+                )
+            }
+        }
+        17 | 18 if reach.bound.is_some() => {
+            let other = reach.bound.clone().unwrap();
+            through_bind(rng, &other, *n)
+        }
         13 => match pick_subdir(rng) {
             // A directory replaced by a symlink.
             Some(s) => {
@@ -290,9 +405,48 @@ fn mutate(rng: &mut Rng, src: &Path, outside: &Path, n: &mut u32, may_link: bool
     }
 }
 
+/// inotify sees no change made through a name outside the sources, so it
+/// runs only where there can be none: on a source that is its file
+/// system's root (a tmpfs here, mounted as root); elsewhere it refuses,
+/// and says why.
 #[test]
 fn a_journal_driven_backup_equals_a_full_scan_after_random_changes_inotify() {
+    let probe = tempfile::tempdir().unwrap();
+    let mut j = Journal::new(Identity::new("inotify", String::new(), &[]));
+    let opts = WatchOptions {
+        sources: vec![probe.path().to_path_buf()],
+        ..WatchOptions::default()
+    };
+    let e = Inotify::start(&opts, &mut j)
+        .err()
+        .expect("inotify refuses");
+    assert!(e.to_string().contains("a hard link"), "{e}");
     model("inotify");
+}
+
+/// A mount made by the test, undone (lazily) when dropped.
+struct Mounted(PathBuf);
+
+impl Mounted {
+    /// `mount ARGS... AT`, when this process may (root).
+    fn new(args: &[&str], at: &Path) -> Option<Mounted> {
+        let ok = std::process::Command::new("mount")
+            .args(args)
+            .arg(at)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Mounted(at.to_path_buf()))
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
 }
 
 /// The same with fanotify, where this process may mark a file system
@@ -330,9 +484,41 @@ fn model(kind: &str) {
     eprintln!("{kind}: model seed {seed} ({steps} steps); replay with CAPSULE_MODEL_SEED={seed}");
     let mut rng = Rng(seed);
     let root = tempfile::tempdir().unwrap();
+    // fanotify marks whole file systems: a tmpfs of the model's own keeps
+    // its outside hard links from the other tests' watchers.
+    let _own = match kind {
+        "fanotify" => Mounted::new(&["-t", "tmpfs", "capsule-model"], root.path()),
+        _ => None,
+    };
     let src = root.path().join("src");
     let outside = root.path().join("outside");
     std::fs::create_dir_all(&outside).unwrap();
+    std::fs::create_dir_all(&src).unwrap();
+    // inotify: the source a file system of its own (see above).
+    let _tmpfs = if kind == "inotify" {
+        match Mounted::new(&["-t", "tmpfs", "capsule-model"], &src) {
+            Some(m) => Some(m),
+            None => {
+                eprintln!("inotify: cannot mount a tmpfs (not root): its model is not run");
+                return;
+            }
+        }
+    } else {
+        None
+    };
+    // A directory bind-mounted below the source, written through its
+    // other path too (where this process may mount).
+    let mut reach = Outside::default();
+    let other = outside.join("bound");
+    std::fs::create_dir_all(other.join("sub")).unwrap();
+    std::fs::write(other.join("sub/f"), b"bound").unwrap();
+    std::fs::create_dir_all(src.join(BOUND)).unwrap();
+    let _bind = Mounted::new(&["--bind", &other.display().to_string()], &src.join(BOUND));
+    if _bind.is_some() {
+        reach.bound = Some(other.clone());
+    } else {
+        eprintln!("{kind}: cannot bind-mount (not root): no bind mount in this model");
+    }
     for a in 0..4 {
         for b in 0..3 {
             let d = src.join(format!("a{a}/b{b}"));
@@ -373,7 +559,12 @@ fn model(kind: &str) {
         tops: first.tops.clone(),
     };
     let mut n = 0;
-    let deadline = Instant::now() + Duration::from_secs(240);
+    // The test suite's bound; a soak (bench/journal-soak.sh) sets its own.
+    let secs = std::env::var("CAPSULE_MODEL_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(240);
+    let deadline = Instant::now() + Duration::from_secs(secs);
     let (mut used, mut fell_back, mut quick) = (0, 0, 0);
     for step in 0..steps {
         if Instant::now() > deadline {
@@ -402,7 +593,14 @@ fn model(kind: &str) {
             1 + rng.below(4)
         };
         for i in 0..count {
-            did.push(mutate(&mut rng, &src, &outside, &mut n, i + 1 == count));
+            did.push(mutate(
+                &mut rng,
+                &src,
+                &outside,
+                &mut reach,
+                &mut n,
+                i + 1 == count,
+            ));
         }
         if count == 0 && rng.below(2) == 0 {
             n += 1;
