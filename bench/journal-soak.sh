@@ -11,7 +11,7 @@ steps=${1:-2000}
 for w in inotify fanotify; do
   echo "== $w, $steps steps"
   CAPSULE_MODEL_STEPS=$steps CAPSULE_MODEL_SECS=7200 \
-    cargo test -q -p capsule-watch --test model --release \
+    cargo test -q -p capsule-watch --test model \
     "a_journal_driven_backup_equals_a_full_scan_after_random_changes_$w" -- --nocapture 2>&1 \
     | grep -E "model seed|journal used|stopped|panicked|differs|test result"
 done
