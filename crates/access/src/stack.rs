@@ -80,7 +80,9 @@ impl Stack {
     /// Connects to `dest` and builds the stack. With `create`, makes the
     /// directory (and, on SMB and SFTP, the base directory on the server).
     /// A local directory that is missing (without `create`) or a file is
-    /// "not a repository", named.
+    /// "not a repository", named; a missing directory is a destination
+    /// that is away (an unplugged disk, a share not mounted: exit 14, which
+    /// the daemon skips and retries), named by what is missing.
     pub fn connect(dest: &Destination, how: &Connect, create: bool) -> Result<Stack> {
         let t = Instant::now();
         let raw: Arc<dyn LabBackend> = match dest {
@@ -94,6 +96,9 @@ impl Stack {
                     return Err(EngineError::NotARepository {
                         location: format!("{} (a file, not a directory)", path.display()),
                     });
+                }
+                if !create && std::fs::symlink_metadata(path).is_err() {
+                    return Err(away(path).into());
                 }
                 if create {
                     Arc::new(LocalBackend::create(path, sync)?)
@@ -279,4 +284,25 @@ impl capsule_backend::Layer for KillAtCall {
     ) -> std::result::Result<u64, BackendError> {
         self.count(|| self.inner.get_stream(name, range, out))
     }
+}
+
+/// A local repository directory that is not there: the destination is
+/// away, as a server that does not answer is. Names the first part of the
+/// path that is missing, which tells an unplugged disk (its mount point's
+/// directory is there, empty) from a typing mistake.
+fn away(path: &std::path::Path) -> capsule_backend::BackendError {
+    let missing = path
+        .ancestors()
+        .take_while(|a| std::fs::symlink_metadata(a).is_err())
+        .last()
+        .unwrap_or(path);
+    capsule_backend::BackendError::new(
+        capsule_backend::ErrorKind::Unreachable,
+        "open",
+        &path.display().to_string(),
+        format!(
+            "the repository directory is not there ({} does not exist): a disk not plugged in, or a share not mounted? (`capsule init` makes a new repository)",
+            missing.display()
+        ),
+    )
 }

@@ -81,11 +81,22 @@ fn resolve(
             .map(|(id, t)| format!("{} of {t}", id.short()))
             .collect();
         out.warn(format!(
-            "\"latest\" skips {} snapshot(s) dated in the future ({}): a clock was ahead when they were made; \"latest\" is {} of {}. Name one by ID to use it, or `capsule forget ID` it",
+            "{spec:?} skips {} snapshot(s) dated in the future ({}): a clock was ahead when they were made; {spec:?} is {} of {}. Name one by ID to use it, or `capsule forget ID` it",
             named.len(),
             named.join(", "),
             id.short(),
             snap.time
+        ));
+    }
+    // Named by ID or by a time later than now: it may be one made while a
+    // clock ran ahead, which is worth knowing before it is used.
+    let now = capsule_engine::timefmt::now_unix();
+    if capsule_engine::timefmt::is_future(snap.time_unix, now) {
+        out.warn(format!(
+            "snapshot {} is dated {}, in the future of this machine's clock ({}): a clock was ahead when it was made, or this one is behind",
+            id.short(),
+            snap.time,
+            capsule_engine::timefmt::rfc3339(now)
         ));
     }
     match &snap.repaired {

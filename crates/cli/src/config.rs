@@ -300,6 +300,80 @@ pub struct Config {
     pub file: ConfigFile,
     /// Warnings to show (a secret inline in a file others can read).
     pub warnings: Vec<String>,
+    /// Why users other than its owner (and root) could change the file:
+    /// a profile that runs commands or names secrets is then refused.
+    pub insecure: Option<String>,
+}
+
+/// Why a user other than its owner or root could change the file at
+/// `path`: it, or a directory above it, belongs to another user or may be
+/// written by its group or by everyone (a directory with the sticky bit
+/// owned by root, as /tmp, protects what others own in it). As ssh judges
+/// its configuration.
+pub fn writable_by_others(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid().as_raw();
+    let real = std::fs::canonicalize(path).ok()?;
+    for p in real.ancestors() {
+        let m = std::fs::metadata(p).ok()?;
+        if m.uid() != me && m.uid() != 0 {
+            return Some(format!(
+                "{} belongs to another user (uid {})",
+                p.display(),
+                m.uid()
+            ));
+        }
+        let sticky = m.is_dir() && m.mode() & 0o1000 != 0 && m.uid() == 0 && p != real;
+        if m.mode() & 0o022 != 0 && !sticky {
+            return Some(format!(
+                "{} may be written by {} (mode {:o})",
+                p.display(),
+                if m.mode() & 0o002 != 0 {
+                    "every user"
+                } else {
+                    "its group"
+                },
+                m.mode() & 0o7777
+            ));
+        }
+    }
+    None
+}
+
+impl Profile {
+    /// What in this profile runs a command or names a secret (which a file
+    /// others may change must not hold).
+    pub fn commands_or_secrets(&self) -> Vec<&'static str> {
+        let c = self.credentials.as_ref();
+        let h = self.hooks.as_ref();
+        [
+            ("password-command", self.password_command.is_some()),
+            ("password-file", self.password_file.is_some()),
+            ("password", self.password.is_some()),
+            (
+                "credentials",
+                c.is_some_and(|c| {
+                    c.password_command.is_some()
+                        || c.password_file.is_some()
+                        || c.password.is_some()
+                        || c.sftp_key.is_some()
+                }),
+            ),
+            (
+                "hooks",
+                h.is_some_and(|h| {
+                    h.before.is_some()
+                        || h.after.is_some()
+                        || h.on_failure.is_some()
+                        || h.on_stale.is_some()
+                }),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(k, _)| k)
+        .collect()
+    }
 }
 
 /// Where the configuration file is: `--config`, else `CAPSULE_CONFIG`, else
@@ -341,6 +415,7 @@ impl Config {
             path: path.to_path_buf(),
             file,
             warnings: Vec::new(),
+            insecure: writable_by_others(path),
         };
         c.validate(&text)?;
         c.warn_about_inline_secrets();
@@ -453,8 +528,29 @@ impl Config {
         }
     }
 
-    /// The profile named `name`, or an error listing the known ones.
+    /// Why profile `name`, which runs commands or names secrets, must not
+    /// be used from this file (others may change it).
+    pub fn refused(&self, name: &str, p: &Profile) -> Option<ConfigError> {
+        let why = self.insecure.as_ref()?;
+        let what = p.commands_or_secrets();
+        (!what.is_empty()).then(|| {
+            ConfigError(format!(
+                "{}: {why}, so another user could change what profile {name:?} runs or reads ({}); capsule will not use it. Make it yours alone: `chmod go-w` it and the directories above it (and `chown` what belongs to another user)",
+                self.path.display(),
+                what.join(", ")
+            ))
+        })
+    }
+
+    /// The profile named `name`, or an error listing the known ones (or
+    /// saying why it must not be used: see [`Config::refused`]).
     pub fn profile(&self, name: &str) -> Result<&Profile, ConfigError> {
+        if let Some(p) = self.file.profiles.get(name) {
+            return match self.refused(name, p) {
+                Some(e) => Err(e),
+                None => Ok(p),
+            };
+        }
         self.file.profiles.get(name).ok_or_else(|| {
             let known: Vec<&str> = self.file.profiles.keys().map(String::as_str).collect();
             ConfigError(format!(
@@ -513,21 +609,94 @@ fn line_of(text: &str, profile: &str, key: &str) -> Option<usize> {
     None
 }
 
+/// How long a secret's command may take when `CAPSULE_SECRET_TIMEOUT`
+/// does not say (seconds): long enough to unlock a keyring by hand.
+const SECRET_TIMEOUT: u64 = 120;
+
+/// The most a secret's command may print.
+const SECRET_MAX: usize = 64 << 10;
+
 /// Runs `command` with `sh -c` and returns what it printed, without the
-/// trailing newline. A command that fails or prints nothing is an error
-/// naming `what`.
+/// trailing newline. A command that fails, prints nothing, or has not
+/// ended within `CAPSULE_SECRET_TIMEOUT` seconds (default 120) is an
+/// error naming `what`. The output is taken when the command itself
+/// exits: a child it left in the background (`sleep 1000 & echo pw`) may
+/// hold its output open, and is not waited for. On a terminal, after a
+/// second, capsule says what it waits for.
 pub fn run_secret_command(command: &str, what: &str) -> Result<Vec<u8>, String> {
-    let out = std::process::Command::new("sh")
+    use std::io::{IsTerminal, Read};
+    use std::os::unix::process::CommandExt;
+    let timeout = match std::env::var("CAPSULE_SECRET_TIMEOUT") {
+        Ok(v) => v.trim().parse::<u64>().map_err(|_| {
+            format!("CAPSULE_SECRET_TIMEOUT={v:?}: give the seconds a secret's command may take")
+        })?,
+        Err(_) => SECRET_TIMEOUT,
+    };
+    let mut child = std::process::Command::new("sh")
         .arg("-c")
         .arg(command)
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
-        .output()
+        // Its own process group, so that a command that never ends is
+        // ended with everything it started.
+        .process_group(0)
+        .spawn()
         .map_err(|e| format!("{what}: cannot run its command: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("{what}: its command failed ({})", out.status));
+    let mut stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| format!("{what}: no output"))?;
+    let _ = rustix::io::ioctl_fionbio(&stdout, true);
+    let mut out = Vec::new();
+    let started = std::time::Instant::now();
+    let mut said = false;
+    let mut take = |out: &mut Vec<u8>| {
+        let mut buf = [0u8; 4096];
+        while out.len() <= SECRET_MAX {
+            match stdout.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    };
+    let status = loop {
+        take(&mut out);
+        match child.try_wait() {
+            Ok(Some(st)) => break st,
+            Ok(None) => {}
+            Err(e) => return Err(format!("{what}: cannot wait for its command: {e}")),
+        }
+        let waited = started.elapsed();
+        if waited.as_secs() >= timeout {
+            if let Some(pg) = rustix::process::Pid::from_raw(child.id() as i32) {
+                let _ = rustix::process::kill_process_group(pg, rustix::process::Signal::KILL);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "{what}: its command ({command:?}) did not end within {timeout} s and was stopped; fix it, or give it longer with CAPSULE_SECRET_TIMEOUT=SECS"
+            ));
+        }
+        if !said && waited.as_secs() >= 1 && std::io::stderr().is_terminal() {
+            eprintln!("capsule: waiting for {what} ({command:?}; at most {timeout} s)");
+            said = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    // What it wrote before it ended is in the pipe.
+    take(&mut out);
+    if out.len() > SECRET_MAX {
+        return Err(format!(
+            "{what}: its command printed more than a secret holds"
+        ));
     }
-    let mut s = out.stdout;
+    if !status.success() {
+        return Err(format!("{what}: its command failed ({status})"));
+    }
+    let mut s = out;
     while matches!(s.last(), Some(b'\n' | b'\r')) {
         s.pop();
     }

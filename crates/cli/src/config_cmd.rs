@@ -187,6 +187,22 @@ pub fn config(g: &GlobalArgs, out: &Output, c: ConfigCommand) -> Result<u8> {
             if let Some(name) = &g.profile {
                 cfg.profile(name)?;
             }
+            // Any profile of a file others may change that runs commands
+            // or names secrets: the file is not fit to use.
+            if let Some(e) = cfg
+                .file
+                .profiles
+                .iter()
+                .find_map(|(n, p)| cfg.refused(n, p))
+            {
+                return Err(e.into());
+            }
+            if let Some(why) = &cfg.insecure {
+                out.warn(&format!(
+                    "{}: {why}; another user could change what it backs up and where",
+                    cfg.path.display()
+                ));
+            }
             out.json(&serde_json::json!({
                 "ok": true,
                 "file": cfg.path.display().to_string(),

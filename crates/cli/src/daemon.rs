@@ -177,7 +177,9 @@ fn log(level: &str, profile: &str, event: &str) {
 /// When `job` on `schedule` is next due, given the start of its last
 /// success (or its last attempt, for maintenance jobs): `None` = due now.
 fn next_due(schedule: Schedule, last: Option<i64>, now: i64) -> Option<i64> {
-    let last = last?;
+    // A last run dated after now (the clock was ahead then, or jumped
+    // back since) says nothing of when the next is due: plan from now.
+    let last = last.filter(|&t| t <= now)?;
     match schedule {
         Schedule::Off => Some(i64::MAX),
         Schedule::Every(n) => Some(last.saturating_add(n as i64)).filter(|&t| t > now),
@@ -255,8 +257,8 @@ pub fn daemon(g: &GlobalArgs, out: &Output, _a: DaemonArgs) -> Result<u8> {
                 .profiles
                 .iter()
                 .filter(|(_, p)| p.schedule.is_some())
-                .map(|(n, _)| n.clone())
-                .collect(),
+                .map(|(n, _)| cfg.profile(n).map(|_| n.clone()))
+                .collect::<Result<_, _>>()?,
         })
     };
     let mut profiles = names(&cfg)?;
@@ -777,7 +779,7 @@ fn finished(cfg: &Config, r: &Running, code: Option<i32>, track: &mut Track) {
                     (track.backoff * 2).min(900)
                 };
                 track.retry_at = Some(capsule_engine::timefmt::now_unix() + track.backoff);
-                track.retry_why = "the destination cannot be reached; retrying";
+                track.retry_why = "waiting for the destination, which cannot be reached; retrying";
                 if first {
                     log(
                         "warning",
@@ -912,5 +914,13 @@ mod tests {
         // Ten hours asleep: due (once: the run's success moves `last`).
         assert_eq!(next_due(h, Some(0), 36_000), None);
         assert_eq!(next_due(h, Some(36_000), 36_001), Some(39_600));
+    }
+
+    #[test]
+    fn a_last_run_dated_in_the_future_is_due_now() {
+        // Run while the clock said 2031: not planned for 2031 and after.
+        let t2031 = 1_924_992_000;
+        assert_eq!(next_due(Schedule::Every(3600), Some(t2031), 1000), None);
+        assert_eq!(next_due(Schedule::DailyAt(3, 0), Some(t2031), 1000), None);
     }
 }

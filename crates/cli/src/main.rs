@@ -269,6 +269,10 @@ fn main() -> ExitCode {
     let mut cli = Cli::parse();
     tune_allocator(matches!(cli.command, Command::Restore(_)));
     let out = output::Output::new(cli.global.json, cli.global.quiet);
+    if let Some(why) = capsule_engine::timefmt::test_clock_error() {
+        out.error(&anyhow::anyhow!(why));
+        return ExitCode::from(exit::USAGE);
+    }
     if let Command::Completions(a) = cli.command {
         return match completions::completions(&out, a) {
             Ok(code) => ExitCode::from(code),

@@ -316,49 +316,51 @@ fn destination_exit_code(b: &capsule_backend::BackendError) -> Option<u8> {
     }
 }
 
-fn hint(e: &anyhow::Error) -> Option<&'static str> {
+fn hint(e: &anyhow::Error) -> Option<String> {
+    hint_static(e).map(|h| h.into_owned())
+}
+
+fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
     if let Some(b) = backend_error(e) {
         use capsule_backend::ErrorKind as K;
         match b.kind {
-            K::Unreachable => {
-                return Some("check that the server is up and reachable; the next run resumes where this one stopped")
+            K::Unreachable if b.op == "open" => {
+                return Some("plug in the disk or mount the share, or check --repo / CAPSULE_REPO; nothing was written".into())
             }
-            K::AuthFailed => return Some("check the user name and credentials in the repository URL and environment"),
+            K::Unreachable => {
+                return Some("check that the server is up and reachable; the next run resumes where this one stopped".into())
+            }
+            K::AuthFailed => return Some("check the user name and credentials in the repository URL and environment".into()),
             K::NoContainer => {
-                return Some("create the share, bucket or directory first, or check the repository URL")
+                return Some("create the share, bucket or directory first, or check the repository URL".into())
             }
             _ => {}
         }
     }
     match e.downcast_ref::<EngineError>()? {
-        EngineError::WrongPassword { .. } => {
-            Some("check CAPSULE_PASSWORD / CAPSULE_PASSWORD_FILE; nothing was written")
-        }
+        EngineError::WrongPassword { .. } => Some(match crate::settings::password_source() {
+            Some(from) => format!("the password came from {from}: check it; nothing was written").into(),
+            None => "check CAPSULE_PASSWORD / CAPSULE_PASSWORD_FILE; nothing was written".into(),
+        }),
         EngineError::NotARepository { .. } => {
-            Some("check --repo / CAPSULE_REPO, or create a new repository there with `capsule init`")
+            Some("check --repo / CAPSULE_REPO, or create a new repository there with `capsule init`".into())
         }
-        EngineError::NoUsableKey { .. } => Some(
-            "restore the key files under keys/ from a copy of the repository; do not run `capsule init` here, it cannot read the existing data",
-        ),
-        EngineError::DamagedConfig { .. } | EngineError::MissingConfig { .. } => Some(
-            "restore the `config` object from a copy of the repository (any copy made after `init` will do; it never changes); do not run `capsule init` here, a new config cannot read the existing data",
-        ),
-        EngineError::Corrupt { .. } | EngineError::MissingBlob(_) => Some(
-            "run `capsule check --read-data` to see what is damaged and which files it affects",
-        ),
+        EngineError::NoUsableKey { .. } => Some("restore the key files under keys/ from a copy of the repository; do not run `capsule init` here, it cannot read the existing data".into()),
+        EngineError::DamagedConfig { .. } | EngineError::MissingConfig { .. } => Some("restore the `config` object from a copy of the repository (any copy made after `init` will do; it never changes); do not run `capsule init` here, a new config cannot read the existing data".into()),
+        EngineError::Corrupt { .. } | EngineError::MissingBlob(_) => Some("run `capsule check --read-data` to see what is damaged and which files it affects".into()),
         EngineError::Io { op: "write", source, .. }
             if matches!(
                 source.kind(),
                 std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
             ) =>
         {
-            Some("the disk being written to is full; free space and run the command again (a restore keeps the files it completed and does not fetch them again)")
+            Some("the disk being written to is full; free space and run the command again (a restore keeps the files it completed and does not fetch them again)".into())
         }
         EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::NoSpace => {
-            Some("the repository's disk is full; free space and run the backup again (it resumes)")
+            Some("the repository's disk is full; free space and run the backup again (it resumes)".into())
         }
         EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::PermissionDenied => {
-            Some("capsule cannot write to the repository; check its permissions")
+            Some("capsule cannot write to the repository; check its permissions".into())
         }
         _ => None,
     }

@@ -134,7 +134,10 @@ impl Service {
     }
 }
 
-/// A path as one systemd command-line word.
+/// A path as one systemd command-line word: quoted, with `\\` and `"`
+/// escaped, and `%` (a specifier) and `$` (a variable) doubled, as
+/// systemd.service(5) and systemd.unit(5) say. Paths with control
+/// characters never get here ([`fit_for_a_service`]).
 fn systemd_quote(p: &Path) -> String {
     let s = p.display().to_string();
     if s.chars()
@@ -147,7 +150,29 @@ fn systemd_quote(p: &Path) -> String {
             s.replace('\\', "\\\\")
                 .replace('"', "\\\"")
                 .replace('%', "%%")
+                .replace('$', "$$")
         )
+    }
+}
+
+/// Refuses a path that a service file cannot carry as one word: a control
+/// character (a newline would start a line of its own in a unit, and XML
+/// has no way to write most of them), or bytes that are not UTF-8.
+fn fit_for_a_service(what: &str, p: &Path) -> Result<()> {
+    let bad = match p.to_str() {
+        None => Some("bytes that are not UTF-8".to_string()),
+        Some(s) => s
+            .chars()
+            .find(|c| c.is_control())
+            .map(|c| format!("a control character ({c:?})")),
+    };
+    match bad {
+        Some(why) => Err(crate::config::ConfigError(format!(
+            "{what} {:?} holds {why}, which a service file cannot carry: move it to a plain path",
+            p.as_os_str()
+        ))
+        .into()),
+        None => Ok(()),
     }
 }
 
@@ -232,6 +257,8 @@ pub fn schedule(g: &GlobalArgs, out: &Output, c: ScheduleCommand) -> Result<u8> 
                 restart_secs: 30,
                 system: a.system,
             };
+            fit_for_a_service("the configuration file", &svc.config)?;
+            fit_for_a_service("capsule's program file", &svc.exe)?;
             let path = file(&a)?;
             if let Some(d) = path.parent() {
                 std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
@@ -253,11 +280,19 @@ pub fn schedule(g: &GlobalArgs, out: &Output, c: ScheduleCommand) -> Result<u8> 
                         &["launchctl", "load", "-w", &path.display().to_string()],
                     ),
                 };
-                out.result(if started {
-                    "the daemon is running and starts at login (boot, with --system)"
-                } else {
-                    "the service file is in place, but the manager did not start it (see above)"
-                });
+                if !started {
+                    let run = match manager(&a) {
+                        Manager::Systemd => {
+                            systemctl(&a, &["enable", "--now", "capsule.service"]).join(" ")
+                        }
+                        Manager::Launchd => format!("launchctl load -w {}", path.display()),
+                    };
+                    out.warn(format!(
+                        "the service file is in place, but the manager did not start it (see above): once it can, run `{run}`"
+                    ));
+                    return Ok(exit::ERROR);
+                }
+                out.result("the daemon is running and starts at login (boot, with --system)");
             }
             Ok(exit::OK)
         }

@@ -215,6 +215,40 @@ impl std::fmt::Display for MissingPassword {
 }
 impl std::error::Error for MissingPassword {}
 
+/// Where the password of this process came from, for the hint after a
+/// wrong one: the place to fix.
+static PASSWORD_SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Where the password came from, once one was read.
+pub fn password_source() -> Option<&'static str> {
+    PASSWORD_SOURCE.get().map(String::as_str)
+}
+
+/// Names where `g`'s password comes from, in the words of the hint after a
+/// wrong one.
+fn note_source(g: &GlobalArgs) {
+    let profile = g.profile.as_deref().unwrap_or("?");
+    let p = g.profile_settings.as_ref();
+    let source = if let Some(f) = &g.password_file {
+        if std::env::var_os("CAPSULE_PASSWORD_FILE").is_some_and(|v| v == f.as_os_str()) {
+            format!("CAPSULE_PASSWORD_FILE ({})", f.display())
+        } else if p.and_then(|p| p.password_file.as_ref()) == Some(f) {
+            format!("the password-file of profile {profile:?} ({})", f.display())
+        } else {
+            format!("--password-file {}", f.display())
+        }
+    } else if std::env::var("CAPSULE_PASSWORD").is_ok_and(|v| !v.is_empty()) {
+        "CAPSULE_PASSWORD".to_string()
+    } else if let Some(cmd) = p.and_then(|p| p.password_command.as_ref()) {
+        format!("the password-command of profile {profile:?} ({cmd:?})")
+    } else if p.is_some_and(|p| p.password.is_some()) {
+        format!("the password of profile {profile:?} in the configuration file")
+    } else {
+        "the password typed".to_string()
+    };
+    let _ = PASSWORD_SOURCE.set(source);
+}
+
 /// The password for an existing repository.
 pub fn password(g: &GlobalArgs) -> Result<Vec<u8>> {
     if let Some(p) = from_env_or_file(g)? {
@@ -268,6 +302,7 @@ impl std::error::Error for PasswordFileError {}
 /// script's `--password-file` is never silently overridden by an exported
 /// `CAPSULE_PASSWORD`.
 fn from_env_or_file(g: &GlobalArgs) -> Result<Option<Vec<u8>>> {
+    note_source(g);
     let found = from_flag_or_env(g)?;
     if found.is_some() {
         return Ok(found);

@@ -293,9 +293,27 @@ pub fn outcome(
 }
 
 /// Whether `p`, whose last successful backup started at `last`, is stale
-/// at `now`.
+/// at `now`. A last backup dated after now proves nothing about the
+/// backups being current (the clock was ahead when it ran, or is behind
+/// now): stale too.
 pub fn is_stale(p: &config::Profile, last: Option<i64>, now: i64) -> bool {
-    last.is_none_or(|t| now.saturating_sub(t) > stale_after(p) as i64)
+    last.is_none_or(|t| t > now || now.saturating_sub(t) > stale_after(p) as i64)
+}
+
+/// What is wrong with the clock, when the profile's last run or last
+/// success is dated after `now`.
+pub fn clock_problem(st: &ProfileState, now: i64) -> Option<String> {
+    let future = [st.last_success.as_ref(), st.last_run.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|r| r.started_unix)
+        .filter(|&t| t > now)
+        .max()?;
+    Some(format!(
+        "a run is dated {}, after this machine's clock ({}): the clock was ahead then or is behind now; check it (`timedatectl`). The daemon plans from now",
+        capsule_engine::timefmt::rfc3339(future),
+        capsule_engine::timefmt::rfc3339(now)
+    ))
 }
 
 /// How old the last success may be before `p` is stale, in seconds.
@@ -393,6 +411,7 @@ fn profile_row(
     let journal = journal_view(name, daemon.is_some(), st);
     let row = serde_json::json!({
         "profile": name,
+        "clock_problem": clock_problem(st, now),
         "next_backup_unix": daemon.as_ref().map(|d| d.next_backup_unix),
         "waiting_for": daemon.as_ref().and_then(|d| d.waiting_for.clone()),
         "daemon": daemon.is_some(),
@@ -473,10 +492,31 @@ pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
         rows.push(row);
         if !out.json {
             let when = |r: &RunOutcome| capsule_engine::timefmt::rfc3339(r.started_unix);
+            let failed = st.last_run.as_ref().filter(|r| r.result == "failed");
+            let away = st.last_run.as_ref().filter(|r| r.result == "skipped");
             out.result(format!(
                 "{name}: {}",
                 match (&st.last_success, stale) {
+                    _ if clock_problem(&st, now).is_some() =>
+                        format!("CLOCK: {}", clock_problem(&st, now).unwrap_or_default()),
                     (None, _) => "STALE: never backed up".to_string(),
+                    (Some(r), false) if away.is_some() => format!(
+                        "WAITING for the destination{}; last backup {} ({} ago)",
+                        away.and_then(|f| f.error.as_ref())
+                            .map(|e| format!(" ({e})"))
+                            .unwrap_or_default(),
+                        when(r),
+                        span(age.unwrap_or(0))
+                    ),
+                    (Some(r), false) if failed.is_some() => format!(
+                        "FAILING: the last run failed{}; last backup {} ({} ago)",
+                        failed
+                            .and_then(|f| f.error.as_ref())
+                            .map(|e| format!(" ({e})"))
+                            .unwrap_or_default(),
+                        when(r),
+                        span(age.unwrap_or(0))
+                    ),
                     (Some(r), true) => format!(
                         "STALE: last backup {} ({} ago; stale after {})",
                         when(r),
@@ -496,7 +536,10 @@ pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
                     capsule_engine::timefmt::rfc3339(d.next_backup_unix.max(now)),
                     d.waiting_for
                         .as_ref()
-                        .map(|w| format!(" (waiting: {w})"))
+                        .map(|w| match w.starts_with("waiting") {
+                            true => format!(" ({w})"),
+                            false => format!(" (waiting: {w})"),
+                        })
                         .unwrap_or_default()
                 )),
                 None => out.result("  no daemon runs this profile (`capsule daemon`)"),

@@ -19,9 +19,49 @@ pub fn rfc3339(secs: i64) -> String {
 /// simulate a year of hourly backups in minutes. It takes Unix seconds or
 /// RFC 3339 (`2027-03-28T01:30:00Z`), or `@FILE` to read either from FILE
 /// at every call, so a test can move the clock of a running process (a
-/// process suspended for hours). For tests only; an unreadable value is
-/// ignored.
+/// process suspended for hours). For tests only; a value that does not
+/// parse is an error ([`test_clock_error`], checked when capsule starts),
+/// and the file is read bounded (64 bytes, never blocking).
 pub const TEST_CLOCK_ENV: &str = "CAPSULE_TEST_NOW";
+
+/// Reads the test clock's file: at most 64 bytes, without blocking on a
+/// FIFO or reading an endless device.
+fn read_clock_file(f: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_nonblock())
+        .open(f)
+        .ok()?;
+    let mut s = String::new();
+    file.take(64).read_to_string(&mut s).ok()?;
+    Some(s)
+}
+
+/// `O_NONBLOCK` on Linux.
+const fn libc_nonblock() -> i32 {
+    0o4000
+}
+
+/// Why `CAPSULE_TEST_NOW` cannot be used, when it is set to something
+/// that is not a time (or names a file that does not hold one).
+pub fn test_clock_error() -> Option<String> {
+    let v = std::env::var_os(TEST_CLOCK_ENV)?;
+    let v = v.to_string_lossy().into_owned();
+    let (text, from) = match v.strip_prefix('@') {
+        Some(f) => (
+            read_clock_file(std::path::Path::new(f)).unwrap_or_default(),
+            format!(" (in {f})"),
+        ),
+        None => (v.clone(), String::new()),
+    };
+    parse_time(&text).is_none().then(|| {
+        format!(
+            "{TEST_CLOCK_ENV}={v:?}: not a time{from}; give Unix seconds, RFC 3339, or @FILE holding either (it is for tests: unset it)"
+        )
+    })
+}
 
 fn wall_clock() -> (i64, u32) {
     std::time::SystemTime::now()
@@ -61,7 +101,7 @@ fn test_clock() -> Option<i64> {
     let base = match clock {
         Clock::Off => return None,
         Clock::Fixed(t) => *t,
-        Clock::File(f) => parse_time(&std::fs::read_to_string(f).ok()?)?,
+        Clock::File(f) => parse_time(&read_clock_file(f)?)?,
     };
     Some(base.saturating_add(since.elapsed().as_secs() as i64))
 }

@@ -555,8 +555,52 @@ pub fn boot_secs() -> i64 {
     rustix::time::clock_gettime(rustix::time::ClockId::Boottime).tv_sec
 }
 
+/// The most a state file may hold: a journal at its bound of directories
+/// is about 20 MB.
+const STATE_MAX: u64 = 64 << 20;
+
+/// Reads a state file, bounded: a regular file of at most [`STATE_MAX`]
+/// bytes, not reached through a symlink (a FIFO would block the reader,
+/// `/dev/zero` would fill its memory). Anything else is damaged.
+fn read_state(path: &Path) -> Result<Vec<u8>> {
+    use rustix::fs::{Mode, OFlags};
+    use std::io::Read;
+    let damaged = |why: String| WatchError::Damaged {
+        path: path.display().to_string(),
+        why,
+    };
+    let fd = match rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::LOOP) => return Err(damaged("a symlink, not a file".into())),
+        Err(e) => return Err(WatchError::io("read", path, e.into())),
+    };
+    let f = std::fs::File::from(fd);
+    let m = f.metadata().map_err(|e| WatchError::io("read", path, e))?;
+    if !m.is_file() {
+        return Err(damaged("not a regular file".into()));
+    }
+    if m.len() > STATE_MAX {
+        return Err(damaged(format!(
+            "{} bytes, more than a state file holds",
+            m.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    f.take(STATE_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| WatchError::io("read", path, e))?;
+    if bytes.len() as u64 > STATE_MAX {
+        return Err(damaged("grew past what a state file holds".into()));
+    }
+    Ok(bytes)
+}
+
 fn load_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let bytes = std::fs::read(path).map_err(|e| WatchError::io("read", path, e))?;
+    let bytes = read_state(path)?;
     serde_json::from_slice(&bytes).map_err(|e| WatchError::Damaged {
         path: path.display().to_string(),
         why: e.to_string(),
@@ -774,6 +818,34 @@ mod tests {
             .changes_since(&b, "scope", &j.cut())
             .unwrap_err()
             .contains("more than 3 directories"));
+    }
+
+    #[test]
+    fn a_state_file_is_read_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        // A symlink to an endless file, and a FIFO: refused at once, named.
+        let link = d.path().join("zero.json");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        let e = Journal::load(&link).unwrap_err().to_string();
+        assert!(e.contains("a symlink") && e.contains("not trusted"), "{e}");
+        let fifo = d.path().join("fifo.json");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let e = Journal::load(&fifo).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        let big = d.path().join("big.json");
+        std::fs::File::create(&big)
+            .unwrap()
+            .set_len(STATE_MAX + 1)
+            .unwrap();
+        let e = Base::load(&big).unwrap_err().to_string();
+        assert!(e.contains("more than a state file holds"), "{e}");
     }
 
     #[test]

@@ -27,6 +27,17 @@ impl std::fmt::Debug for Excludes {
     }
 }
 
+/// Checks a path pattern as restore's `--include`/`--exclude` and
+/// backup's `--exclude` take it: one parser, so that a pattern one command
+/// refuses is not taken by the other as a literal name (`[`).
+pub fn check_pattern(p: &str) -> Result<globset::Glob> {
+    globset::GlobBuilder::new(p)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map_err(|e| EngineError::Invalid(format!("bad pattern {p:?}: {e}")))
+}
+
 impl Excludes {
     /// Builds the global matcher. Patterns are matched against absolute
     /// paths, so `/home/me/cache` and `*.tmp` both work.
@@ -37,6 +48,7 @@ impl Excludes {
     ) -> Result<Self> {
         let mut b = GitignoreBuilder::new("/");
         for p in patterns {
+            check_pattern(p)?;
             b.add_line(None, p)
                 .map_err(|e| EngineError::Invalid(format!("bad exclude pattern {p:?}: {e}")))?;
         }

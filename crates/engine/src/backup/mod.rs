@@ -31,7 +31,7 @@ use crate::timefmt::{now_precise, rfc3339};
 use crate::{EngineError, Result};
 
 pub use changes::{tops, Changes, ScanReport};
-pub use exclude::Excludes;
+pub use exclude::{check_pattern, Excludes};
 
 /// How a backup is run.
 #[derive(Debug, Clone, Default)]

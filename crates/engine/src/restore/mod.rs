@@ -28,7 +28,7 @@ use std::time::Instant;
 use capsule_format::tree::NodeKind;
 
 use capsule_format::BlobId;
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::{GlobSet, GlobSetBuilder};
 use item::{Arena, Item};
 
 use crate::backup::Warning;
@@ -151,11 +151,7 @@ impl Patterns {
         let mut full = GlobSetBuilder::new();
         let mut name = GlobSetBuilder::new();
         for p in pats {
-            let g = GlobBuilder::new(p)
-                .literal_separator(true)
-                .backslash_escape(true)
-                .build()
-                .map_err(|e| EngineError::Invalid(format!("bad pattern {p:?}: {e}")))?;
+            let g = crate::backup::check_pattern(p)?;
             if p.contains('/') {
                 full.add(g);
             } else {
