@@ -198,7 +198,7 @@ pub fn config(g: &GlobalArgs, out: &Output, c: ConfigCommand) -> Result<u8> {
                 return Err(e.into());
             }
             if let Some(why) = &cfg.insecure {
-                out.warn(&format!(
+                out.warn(format!(
                     "{}: {why}; another user could change what it backs up and where",
                     cfg.path.display()
                 ));

@@ -110,7 +110,7 @@ fn pw() -> String {
     format!("echo {PASSWORD}")
 }
 
-/// 3. One run while the clock said 2031: `status` says the clock is wrong
+/// Item 3: One run while the clock said 2031: `status` says the clock is wrong
 /// (not "ok", exit 20), and the daemon backs up now, not in 2031.
 #[test]
 fn a_run_dated_in_the_future_is_a_clock_problem_and_the_daemon_plans_from_now() {
@@ -161,7 +161,7 @@ fn a_run_dated_in_the_future_is_a_clock_problem_and_the_daemon_plans_from_now() 
     assert_eq!(code, Some(0), "{text}");
 }
 
-/// 4 and 14. A local repository directory that is not there is away (exit
+/// Item 4 and 14: A local repository directory that is not there is away (exit
 /// 14, "waiting for the destination"), not failing; a directory without a
 /// repository stays an error; a failed run makes the headline say so.
 #[test]
@@ -192,7 +192,7 @@ fn a_missing_local_destination_is_away_and_a_failed_run_says_failing() {
     );
 }
 
-/// 5. A configuration file others may write does not run its commands.
+/// Item 5: A configuration file others may write does not run its commands.
 #[test]
 fn a_configuration_file_others_may_write_runs_no_command() {
     use std::os::unix::fs::PermissionsExt;
@@ -227,7 +227,7 @@ fn a_configuration_file_others_may_write_runs_no_command() {
     assert!(o.status.success(), "{}", err(&o));
 }
 
-/// 6 and 15. `schedule install` refuses a path that would add a line of
+/// Item 6 and 15: `schedule install` refuses a path that would add a line of
 /// its own to the unit, escapes `$`, and exits non-zero when the service
 /// manager did not start the service, saying what to run.
 #[test]
@@ -288,7 +288,7 @@ fn schedule_install_quotes_paths_and_fails_when_the_service_did_not_start() {
     );
 }
 
-/// 7. A password command that never ends is stopped after the timeout,
+/// Item 7: A password command that never ends is stopped after the timeout,
 /// named; one that leaves a child holding its output open is read when it
 /// exits.
 #[test]
@@ -320,7 +320,7 @@ fn a_password_command_that_hangs_is_bounded_and_one_that_forks_is_read_at_exit()
     assert!(err(&o).contains("CAPSULE_SECRET_TIMEOUT"), "{}", err(&o));
 }
 
-/// 8. A journal file that is a FIFO or a link to /dev/zero: `status` and a
+/// Item 8: A journal file that is a FIFO or a link to /dev/zero: `status` and a
 /// backup end, and the backup scans in full saying why.
 #[test]
 fn a_journal_file_that_is_a_fifo_or_a_device_is_not_read() {
@@ -361,7 +361,7 @@ fn a_journal_file_that_is_a_fifo_or_a_device_is_not_read() {
     );
 }
 
-/// 9. The test clock: a file that never ends, a FIFO, or garbage is an
+/// Item 9: The test clock: a file that never ends, a FIFO, or garbage is an
 /// error at once (exit 2), not a hang or the real clock.
 #[test]
 fn a_test_clock_that_is_not_a_time_is_an_error() {
@@ -390,7 +390,7 @@ fn a_test_clock_that_is_not_a_time_is_an_error() {
     }
 }
 
-/// 10, 11 and 12. Names say what they resolved; a snapshot dated in the
+/// Item 10, 11 and 12: Names say what they resolved; a snapshot dated in the
 /// future is named as such; backup and restore parse patterns alike.
 #[test]
 fn names_say_what_they_resolved_and_patterns_parse_alike() {
@@ -454,7 +454,7 @@ fn names_say_what_they_resolved_and_patterns_parse_alike() {
     assert!(err(&o).contains("bad pattern \"[\""), "{}", err(&o));
 }
 
-/// 13. A wrong password from a profile's command: the hint names it.
+/// Item 13: A wrong password from a profile's command: the hint names it.
 #[test]
 fn a_wrong_password_names_where_it_came_from() {
     let w = World::new(&pw());
