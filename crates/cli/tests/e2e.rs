@@ -182,8 +182,12 @@ fn wrong_or_missing_password_writes_nothing() {
     );
     assert!(String::from_utf8_lossy(&o.stderr).contains("CAPSULE_PASSWORD"));
     assert_eq!(files_under(&repo), before);
-    // Not a repository at all.
+    // No directory there: the destination is away (an unplugged disk),
+    // exit 14; a directory that holds no repository: exit 11.
     let o = capsule(&t.path().join("nothing"), &["snapshots"]);
+    assert_eq!(o.status.code(), Some(14));
+    std::fs::create_dir(t.path().join("empty")).unwrap();
+    let o = capsule(&t.path().join("empty"), &["snapshots"]);
     assert_eq!(o.status.code(), Some(11));
 }
 
