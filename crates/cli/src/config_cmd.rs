@@ -64,6 +64,12 @@ pub fn apply_profile(g: &mut GlobalArgs, out: &Output) -> Result<()> {
         out.warn(w);
     }
     let p = cfg.profile(&name)?.clone();
+    if let Some(why) = &cfg.insecure {
+        out.warn(format!(
+            "{}: {why}; another user could change what profile {name:?} backs up and where (`chmod go-w` it)",
+            cfg.path.display()
+        ));
+    }
     if let Some(c) = &p.credentials {
         set_default_env(c, &name)?;
     }
