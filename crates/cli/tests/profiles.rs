@@ -296,7 +296,7 @@ fn status_reports_staleness_and_failures_with_its_own_exit_codes() {
         .contains("password-command"));
     let text = String::from_utf8_lossy(&run(&config, &["status"], &[]).stdout).into_owned();
     assert!(
-        text.contains("p: ok: last backup") && text.contains("failed"),
+        text.contains("p: FAILING: the last run failed") && text.contains("last backup"),
         "{text}"
     );
 }
