@@ -234,52 +234,30 @@ fn a_configuration_file_others_may_write_runs_no_command() {
 fn schedule_install_quotes_paths_and_fails_when_the_service_did_not_start() {
     let w = World::new(&pw());
     let units = w.dir.join("units");
+    let install = |config: Option<&Path>, extra: &[&str]| {
+        let mut args = Vec::new();
+        if let Some(c) = config {
+            args.extend(["--config", c.to_str().unwrap()]);
+        }
+        args.extend(["schedule", "install", "--dir", units.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        w.run(&args, &[])
+    };
     let evil = w.dir.join("a\nExecStartPre=touch PWNED\n.toml");
     std::fs::copy(&w.config, &evil).unwrap();
-    let o = w.run(
-        &[
-            "--config",
-            evil.to_str().unwrap(),
-            "schedule",
-            "install",
-            "--dir",
-            units.to_str().unwrap(),
-            "--no-start",
-        ],
-        &[],
-    );
+    let o = install(Some(&evil), &["--no-start"]);
     assert_eq!(o.status.code(), Some(2), "{}", err(&o));
     assert!(err(&o).contains("control character"), "{}", err(&o));
     assert!(!units.join("capsule.service").exists());
     let dollar = w.dir.join("$HOME-cfg.toml");
     std::fs::copy(&w.config, &dollar).unwrap();
-    let o = w.run(
-        &[
-            "--config",
-            dollar.to_str().unwrap(),
-            "schedule",
-            "install",
-            "--dir",
-            units.to_str().unwrap(),
-            "--no-start",
-        ],
-        &[],
-    );
+    let o = install(Some(&dollar), &["--no-start"]);
     assert!(o.status.success(), "{}", err(&o));
     let unit = std::fs::read_to_string(units.join("capsule.service")).unwrap();
     assert!(unit.contains("$$HOME-cfg.toml"), "{unit}");
     // The manager cannot start a unit that is not where it looks (or is
     // not running here at all): not exit 0.
-    let o = w.run(
-        &[
-            "schedule",
-            "install",
-            "--system",
-            "--dir",
-            units.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let o = install(None, &["--system"]);
     assert_eq!(o.status.code(), Some(1), "{}", err(&o));
     assert!(
         err(&o).contains("systemctl enable --now capsule.service"),

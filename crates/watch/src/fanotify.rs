@@ -57,6 +57,11 @@ pub struct Fanotify {
     skip: Vec<PathBuf>,
     /// Directory handle → where it is, until a directory moves.
     paths: HashMap<Vec<u8>, Place>,
+    /// Names outside the sources found with one name on a write, in this
+    /// drain: a program writing a file outside raises an event per write,
+    /// and one look per drain is enough for writes (a new name, a move or
+    /// a link-count change is looked at again).
+    written_once: std::collections::HashSet<PathBuf>,
     mounts: MountWatch,
     buf: Vec<u8>,
 }
@@ -119,6 +124,7 @@ impl Fanotify {
                 .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.clone()))
                 .collect(),
             paths: HashMap::new(),
+            written_once: std::collections::HashSet::new(),
             mounts: MountWatch::new(&sources),
             buf: vec![0; 64 << 10],
         };
@@ -272,12 +278,20 @@ impl Fanotify {
                 // them raised no event, and only a scan finds them.
                 if let Some(name) = name.filter(|_| !is_dir && mask & OUTSIDE_MASK != 0) {
                     let entry = dir.join(OsStr::from_bytes(name));
+                    let write_only = mask & OUTSIDE_MASK & !libc::FAN_MODIFY == 0;
+                    if write_only && self.written_once.contains(&entry) {
+                        return Ok(());
+                    }
                     if std::fs::symlink_metadata(&entry).is_ok_and(|m| m.is_file() && m.nlink() > 1)
                     {
                         journal.lose(format!(
                             "{}, a file with several names, changed outside the sources: its names in them cannot be placed",
                             entry.display()
                         ));
+                    } else if write_only {
+                        self.written_once.insert(entry);
+                    } else {
+                        self.written_once.remove(&entry);
                     }
                 }
                 return Ok(());
@@ -393,6 +407,7 @@ impl Watcher for Fanotify {
     fn drain(&mut self, journal: &mut Journal, wait: Duration) -> Result<bool> {
         let before = journal.seq;
         crate::wait_readable(self.fd.as_fd(), wait, "fanotify")?;
+        self.written_once.clear();
         loop {
             match rustix::io::read(&self.fd, &mut self.buf) {
                 Ok(0) => break,
