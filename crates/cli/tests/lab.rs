@@ -174,7 +174,7 @@ fn echo_rtt(echo: &Echo, name: &str, one_way_ms: u32) -> f64 {
 /// to catch a lab that counts two round trips as one (off by the whole
 /// added latency and more) or misses the added latency, and loose enough
 /// for a busy machine (minima, not means, on both sides; half was missed
-/// by 0.35 ms on S3 at 2 ms while the other labs ran beside it).
+/// by 0.35 ms on S3 at 2 ms in one fresh-clone run).
 fn check_reality(which: &str, r: &Value, one_way_ms: u32, echo_ms: f64, server_ms: f64) {
     let rtt = f(&r["probe"]["rtt"]["min_ms"]);
     let added = 2.0 * one_way_ms as f64;
@@ -237,12 +237,23 @@ fn network(which: &str) {
         };
         // The full protocol at 10 ms, where per-file copying must be seen
         // waiting on round trips; the probes alone elsewhere.
-        let r = if ms == 5 {
+        let mut r = if ms == 5 {
             d.lab(&SEED)
         } else {
             d.lab(&["--no-seed"])
         };
-        let echo_ms = echo_rtt(&echo, &name, ms);
+        let mut echo_ms = echo_rtt(&echo, &name, ms);
+        // At 1 ms a round trip is a few milliseconds, and one stall of the
+        // machine can double a probe's minimum (seen twice in fresh-clone
+        // runs, on S3 and on SMB with sync, each passing on the next run):
+        // the probes alone are measured once more, and a lab that is wrong
+        // is wrong both times.
+        let rtt = f(&r["probe"]["rtt"]["min_ms"]);
+        if ms == 1 && (rtt - echo_ms - server_ms).abs() > 0.75 * 2.0 {
+            eprintln!("{which} at 1 ms: RTT {rtt:.2} ms against an echo of {echo_ms:.2} ms: measuring once more");
+            r = d.lab(&["--no-seed"]);
+            echo_ms = echo_rtt(&echo, &name, ms);
+        }
         check_reality(which, &r, ms, echo_ms, server_ms);
         if ms == 0 {
             server_ms = (f(&r["probe"]["rtt"]["min_ms"]) - echo_ms).max(0.0);
