@@ -1,71 +1,20 @@
-//! The `capsule` command line: parses arguments, resolves settings (repository,
-//! password, output mode), calls the engine, and maps outcomes to exit codes.
-//! Everything of substance lives in `capsule-engine`.
+//! The `capsule` command line: parses arguments, has the application
+//! layer resolve the settings once, dispatches to one module per command
+//! (`cmd/`), and maps outcomes to exit codes. Everything of substance
+//! lives in the library crates: `capsule-app` (profiles, settings, run
+//! records, the daemon), `capsule-access` and `capsule-engine`.
 
-mod commands;
-mod completions;
-mod conditions;
-mod config;
-mod config_cmd;
-mod daemon;
-mod forget_cmd;
-mod held_key;
-mod journal;
-mod lab_cmd;
-mod mount_cmd;
+mod args;
+mod cmd;
+mod exit;
 mod output;
-mod schedule_cmd;
-mod settings;
-mod status_cmd;
-mod ui_cmd;
+mod repo;
 
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
-/// Exit codes (documented in the README).
-pub mod exit {
-    /// Success.
-    pub const OK: u8 = 0;
-    /// A fatal error (I/O, storage, bug).
-    pub const ERROR: u8 = 1;
-    /// Bad usage (clap also uses 2).
-    pub const USAGE: u8 = 2;
-    /// Finished, but some entries were skipped: the snapshot (or restore) is incomplete.
-    pub const INCOMPLETE: u8 = 3;
-    /// Wrong or missing password.
-    pub const PASSWORD: u8 = 10;
-    /// No repository at the location, or one already exists for `init`.
-    pub const REPOSITORY: u8 = 11;
-    /// `check` found damage.
-    pub const DAMAGED: u8 = 12;
-    /// Snapshot or path not found.
-    pub const NOT_FOUND: u8 = 13;
-    /// The destination cannot be reached or stopped answering.
-    pub const UNREACHABLE: u8 = 14;
-    /// The destination refused the credentials, the host key did not match,
-    /// or access was denied.
-    pub const ACCESS: u8 = 15;
-    /// The destination is full.
-    pub const FULL: u8 = 16;
-    /// The share, bucket or base directory does not exist.
-    pub const NO_CONTAINER: u8 = 17;
-    /// A retention policy would remove every snapshot of a group, and
-    /// `--allow-empty` was not given.
-    pub const KEEPS_NOTHING: u8 = 18;
-    /// A quota cannot hold the snapshots that must stay.
-    pub const QUOTA_TOO_SMALL: u8 = 19;
-    /// `status`: a profile's backups have gone stale (no success within
-    /// its `stale-after`, twice its interval by default, or never).
-    pub const STALE: u8 = 20;
-    /// `status`: nothing is stale, but a profile's last run failed.
-    pub const FAILING: u8 = 21;
-    /// Another run of the profile holds its lock (a backup), or another
-    /// daemon runs the profile: nothing was done.
-    pub const BUSY: u8 = 22;
-    /// Interrupted by a signal.
-    pub const INTERRUPTED: u8 = 130;
-}
+use args::GlobalArgs;
 
 /// Fast, encrypted, deduplicated backups to local and network storage.
 #[derive(Parser, Debug)]
@@ -77,128 +26,71 @@ pub struct Cli {
     command: Command,
 }
 
-/// Options every command takes.
-#[derive(Args, Debug, Clone)]
-pub struct GlobalArgs {
-    /// Repository location: a directory, smb://user@host:port/share/path,
-    /// sftp://user@host:port/path, s3://host:port/bucket/prefix (ports optional) or
-    /// s3+http://… (default: a repository in your data directory, e.g.
-    /// ~/.local/share/capsule/repo). Credentials: CAPSULE_SMB_PASSWORD or _FILE,
-    /// CAPSULE_SFTP_KEY, CAPSULE_SFTP_PASSWORD or _FILE, CAPSULE_SFTP_KNOWN_HOSTS,
-    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials.
-    #[arg(short = 'r', long, env = "CAPSULE_REPO", global = true)]
-    repo: Option<String>,
-    /// Read the password from this file (it wins over CAPSULE_PASSWORD).
-    #[arg(long, env = "CAPSULE_PASSWORD_FILE", global = true)]
-    password_file: Option<std::path::PathBuf>,
-    /// Print machine-readable JSON on stdout.
-    #[arg(long, global = true)]
-    json: bool,
-    /// Print only errors and warnings.
-    #[arg(short, long, global = true)]
-    quiet: bool,
-    /// Do not use the local cache of index files, snapshots and trees.
-    #[arg(long, global = true)]
-    no_cache: bool,
-    /// Cache directory (default: the user cache directory, per repository).
-    #[arg(long, env = "CAPSULE_CACHE_DIR", global = true)]
-    cache_dir: Option<std::path::PathBuf>,
-    /// Do not fsync objects on the local backend (faster on shares that
-    /// force synchronous writes; a power cut may lose the newest backup).
-    #[arg(long, global = true, conflicts_with = "sync")]
-    no_fsync: bool,
-    /// Fsync every object on the local backend before it counts as stored
-    /// (the default; say it explicitly in scripts for mounted shares).
-    #[arg(long, global = true)]
-    sync: bool,
-    /// Requests in flight to a network destination (default 8).
-    #[arg(long, env = "CAPSULE_CONNECTIONS", global = true, value_name = "N",
-          value_parser = clap::value_parser!(u32).range(1..=256))]
-    connections: Option<u32>,
-    /// Write a line per request to the destination into FILE (tab-separated:
-    /// start and duration in seconds, operation, bytes, result, object), to
-    /// see where a slow run waits.
-    #[arg(long, global = true, value_name = "FILE")]
-    trace_requests: Option<std::path::PathBuf>,
-    /// Configuration file (default: capsule.toml in your configuration
-    /// directory, e.g. ~/.config/capsule/capsule.toml).
-    #[arg(long, env = config::CONFIG_ENV, global = true, value_name = "FILE")]
-    config: Option<std::path::PathBuf>,
-    /// Take settings from this profile of the configuration file. A flag or
-    /// an environment variable wins over the profile, the profile over
-    /// capsule's default; lists (excludes, tags) add up.
-    #[arg(long, env = "CAPSULE_PROFILE", global = true, value_name = "NAME")]
-    profile: Option<String>,
-    /// The profile's settings, once read (see `config::apply`).
-    #[arg(skip)]
-    profile_settings: Option<config::Profile>,
-}
-
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Create a new repository.
-    Init(commands::InitArgs),
+    Init(cmd::init::InitArgs),
     /// Back up files and directories into a new snapshot.
-    Backup(commands::BackupArgs),
+    Backup(cmd::backup::BackupArgs),
     /// List snapshots.
-    Snapshots(commands::SnapshotsArgs),
+    Snapshots(cmd::snapshots::SnapshotsArgs),
     /// List the files in a snapshot.
-    Ls(commands::LsArgs),
+    Ls(cmd::snapshots::LsArgs),
     /// Forget snapshots, by ID or by a retention policy (their data stays
     /// until a prune; `unforget` brings them back until then).
-    Forget(Box<forget_cmd::ForgetArgs>),
+    Forget(Box<cmd::forget::ForgetArgs>),
     /// Bring back forgotten snapshots.
-    Unforget(forget_cmd::UnforgetArgs),
+    Unforget(cmd::forget::UnforgetArgs),
     /// Give back the space of data no snapshot uses (safe while backups run).
-    Prune(forget_cmd::PruneArgs),
+    Prune(cmd::forget::PruneArgs),
     /// Set, show or enforce the repository's quota.
     #[command(subcommand)]
-    Quota(forget_cmd::QuotaCommand),
+    Quota(cmd::quota::QuotaCommand),
     /// Restore a snapshot (or part of it) into a directory.
-    Restore(commands::RestoreArgs),
+    Restore(cmd::restore::RestoreArgs),
     /// Show the distinct versions of a file or directory across snapshots.
-    Versions(commands::VersionsArgs),
+    Versions(cmd::restore::VersionsArgs),
     /// Show the snapshots as a read-only file system (FUSE) until Ctrl-C.
-    Mount(mount_cmd::MountArgs),
+    Mount(cmd::mount::MountArgs),
     /// Serve a local web page to browse snapshots, versions and diffs, and to
     /// download and restore, until Ctrl-C.
-    Ui(ui_cmd::UiArgs),
+    Ui(cmd::ui::UiArgs),
     /// Print or install shell completions (bash, zsh, fish) and man pages.
-    Completions(completions::CompletionsArgs),
+    Completions(cmd::completions::CompletionsArgs),
     /// Verify the repository's integrity.
-    Check(commands::CheckArgs),
+    Check(cmd::check::CheckArgs),
     /// Show what changed between two snapshots.
-    Diff(commands::DiffArgs),
+    Diff(cmd::diff::DiffArgs),
     /// Show repository statistics.
     Stats,
     /// Manage the passwords (key files) that open the repository.
     #[command(subcommand)]
-    Key(commands::KeyCommand),
+    Key(cmd::key::KeyCommand),
     /// Repair a damaged repository (what `check` recommends).
     #[command(subcommand)]
-    Repair(commands::RepairCommand),
+    Repair(cmd::check::RepairCommand),
     /// Measure a destination: round trips, throughput, small files, forced
     /// sync, free space; back up a seed tree and copy files one by one.
-    Lab(lab_cmd::LabArgs),
+    Lab(cmd::lab::LabArgs),
     /// Predict the initial backup and an hourly run of a source to a
     /// destination, for capsule and for per-file copying.
-    Estimate(lab_cmd::EstimateArgs),
+    Estimate(cmd::lab::EstimateArgs),
     /// Show a recorded backup or lab run; write it as HTML or SVG charts.
-    Report(lab_cmd::ReportArgs),
+    Report(cmd::lab::ReportArgs),
     /// Show or check the configuration file and its profiles.
     #[command(subcommand)]
-    Config(config_cmd::ConfigCommand),
+    Config(cmd::config::ConfigCommand),
     /// Per profile: the last run, the last successful backup, staleness
     /// (exit 20 when a profile is stale, 21 when a last run failed), from
     /// this machine's records only.
-    Status(status_cmd::StatusArgs),
+    Status(cmd::status::StatusArgs),
     /// Run the profiles' backups, forget, prune and check on their
     /// schedules, in the foreground (as a service manager expects).
-    Daemon(daemon::DaemonArgs),
+    Daemon(cmd::daemon::DaemonArgs),
     /// Install, remove or inspect the service (systemd, launchd) that runs
     /// the daemon at login or boot.
     #[command(subcommand)]
-    Schedule(schedule_cmd::ScheduleCommand),
+    Schedule(cmd::schedule::ScheduleCommand),
 }
 
 /// glibc's allocator, tuned for this pipeline: at most two malloc arenas
@@ -248,9 +140,6 @@ fn tune_allocator(restore: bool) {
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 fn tune_allocator(_restore: bool) {}
 
-/// When the process started: run records count from here.
-pub static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-
 /// Makes everything capsule creates private to the user: the cache and run
 /// records name the paths backed up, and a local repository holds the key
 /// files. Restore is unaffected: it sets each entry's recorded mode.
@@ -264,9 +153,9 @@ fn private_umask() {
 }
 
 fn main() -> ExitCode {
-    STARTED.get_or_init(std::time::Instant::now);
+    capsule_app::STARTED.get_or_init(std::time::Instant::now);
     private_umask();
-    let mut cli = Cli::parse();
+    let cli = Cli::parse();
     tune_allocator(matches!(cli.command, Command::Restore(_)));
     let out = output::Output::new(cli.global.json, cli.global.quiet);
     if let Some(why) = capsule_engine::timefmt::test_clock_error() {
@@ -274,103 +163,60 @@ fn main() -> ExitCode {
         return ExitCode::from(exit::USAGE);
     }
     if let Command::Completions(a) = cli.command {
-        return match completions::completions(&out, a) {
-            Ok(code) => ExitCode::from(code),
-            Err(e) => {
-                out.error(&e);
-                ExitCode::from(output::exit_code_for(&e))
-            }
-        };
+        return finish(
+            &out,
+            cmd::completions::completions(&Cli::command(), &out, a),
+        );
     }
-    // `config check` reads the file itself (its mistakes are its result).
-    if !matches!(
+    // The settings, resolved once, before anything is connected. `config
+    // check` reads the file itself (its mistakes are its result).
+    let settings = if matches!(
         cli.command,
-        Command::Config(config_cmd::ConfigCommand::Check)
+        Command::Config(cmd::config::ConfigCommand::Check)
     ) {
-        if let Err(e) = config_cmd::apply_profile(&mut cli.global, &out) {
-            let code = output::exit_code_for(&e);
-            out.error(&e);
-            return ExitCode::from(code);
+        capsule_app::Settings::without_profile(cli.global.flags())
+    } else {
+        match capsule_app::Settings::resolve(cli.global.flags()) {
+            Ok(r) => {
+                for w in &r.warnings {
+                    out.warn(w);
+                }
+                r.settings
+            }
+            Err(e) => return finish(&out, Err(e.into())),
         }
-    }
+    };
+    let s = &settings;
     let result = match cli.command {
-        Command::Config(c) => config_cmd::config(&cli.global, &out, c),
-        Command::Init(a) => commands::init(&cli.global, &out, a),
-        Command::Backup(a) => {
-            let started = capsule_engine::timefmt::now_precise();
-            let t = std::time::Instant::now();
-            // A profile's backups never overlap, across processes: the lock
-            // goes with this process, however it ends.
-            let lock = match &cli.global.profile {
-                Some(name) => daemon::ProfileLock::acquire(name, "run"),
-                None => Ok(None),
-            };
-            if let Err(e) = lock {
-                out.error(&e);
-                return ExitCode::from(exit::BUSY);
-            }
-            let r = commands::backup(&cli.global, &out, a);
-            if let Some(name) = &cli.global.profile {
-                status_cmd::record(
-                    name,
-                    status_cmd::outcome(started.0, t.elapsed().as_secs_f64(), &r),
-                );
-            }
-            r.map(|(code, _)| code)
-        }
-        Command::Status(a) => status_cmd::status(&cli.global, &out, a),
-        Command::Daemon(a) => daemon::daemon(&cli.global, &out, a),
-        Command::Schedule(c) => schedule_cmd::schedule(&cli.global, &out, c),
-        Command::Snapshots(a) => commands::snapshots(&cli.global, &out, a),
-        Command::Forget(a) => forget_cmd::forget(&cli.global, &out, *a),
-        Command::Unforget(a) => forget_cmd::unforget(&cli.global, &out, a),
-        Command::Prune(a) => forget_cmd::prune(&cli.global, &out, a),
-        Command::Quota(q) => forget_cmd::quota(&cli.global, &out, q),
-        Command::Ls(a) => commands::ls(&cli.global, &out, a),
-        Command::Restore(a) => commands::restore(&cli.global, &out, a),
-        Command::Versions(a) => commands::versions(&cli.global, &out, a),
-        Command::Mount(a) => mount_cmd::mount(&cli.global, &out, a),
-        Command::Ui(a) => ui_cmd::ui(&cli.global, &out, a),
+        Command::Config(c) => cmd::config::config(s, &out, c),
+        Command::Init(a) => cmd::init::init(s, &out, a),
+        Command::Backup(a) => cmd::backup::run(s, &out, a),
+        Command::Status(a) => cmd::status::status(s, &out, a),
+        Command::Daemon(a) => cmd::daemon::daemon(s, &out, a),
+        Command::Schedule(c) => cmd::schedule::schedule(s, &out, c),
+        Command::Snapshots(a) => cmd::snapshots::snapshots(s, &out, a),
+        Command::Forget(a) => cmd::forget::forget(s, &out, *a),
+        Command::Unforget(a) => cmd::forget::unforget(s, &out, a),
+        Command::Prune(a) => cmd::forget::prune(s, &out, a),
+        Command::Quota(q) => cmd::quota::quota(s, &out, q),
+        Command::Ls(a) => cmd::snapshots::ls(s, &out, a),
+        Command::Restore(a) => cmd::restore::restore(s, &out, a),
+        Command::Versions(a) => cmd::restore::versions(s, &out, a),
+        Command::Mount(a) => cmd::mount::mount(s, &out, a),
+        Command::Ui(a) => cmd::ui::ui(s, &out, a),
         Command::Completions(_) => unreachable!("answered above"),
-        Command::Check(a) => {
-            let started = capsule_engine::timefmt::now_unix();
-            let read_data = a.read_data;
-            let r = commands::check(&cli.global, &out, a);
-            if let Some(name) = &cli.global.profile {
-                status_cmd::record_check(
-                    name,
-                    status_cmd::CheckOutcome {
-                        started_unix: started,
-                        read_data,
-                        result: match &r {
-                            Ok(0) => "ok",
-                            Ok(_) => "damaged",
-                            Err(_) => "failed",
-                        }
-                        .into(),
-                        error: r
-                            .as_ref()
-                            .err()
-                            .map(|e| format!("{e:#}").lines().next().unwrap_or("").to_string()),
-                    },
-                );
-            }
-            r
-        }
-        Command::Diff(a) => commands::diff(&cli.global, &out, a),
-        Command::Stats => commands::stats(&cli.global, &out),
-        Command::Key(k) => commands::key(&cli.global, &out, k),
-        Command::Repair(r) => commands::repair(&cli.global, &out, r),
-        Command::Lab(a) => lab_cmd::lab(&cli.global, &out, a),
-        Command::Estimate(a) => lab_cmd::estimate(&cli.global, &out, a),
-        Command::Report(a) => lab_cmd::report(&cli.global, &out, a),
+        Command::Check(a) => cmd::check::run(s, &out, a),
+        Command::Diff(a) => cmd::diff::diff(s, &out, a),
+        Command::Stats => cmd::diff::stats(s, &out),
+        Command::Key(k) => cmd::key::key(s, &out, k),
+        Command::Repair(r) => cmd::check::repair(s, &out, r),
+        Command::Lab(a) => cmd::lab::lab(s, &out, a),
+        Command::Estimate(a) => cmd::lab::estimate(s, &out, a),
+        Command::Report(a) => cmd::lab::report(s, &out, a),
     };
     // A trace that could not be written whole (a full disk, /dev/full)
     // must not pass for a complete one.
-    if let (Some(path), Ok(Some(t))) = (
-        &cli.global.trace_requests,
-        settings::trace(&cli.global).map_err(|_| ()),
-    ) {
+    if let (Some(path), Ok(Some(t))) = (&s.flags.trace_requests, s.trace()) {
         if let Some(e) = t.error() {
             out.warn(format!(
                 "the request trace {} is incomplete: writing it failed ({e}), and it stops there",
@@ -379,10 +225,15 @@ fn main() -> ExitCode {
         }
     }
     if std::env::var_os(capsule_access::stack::KILL_AT_CALL).is_some() {
-        if let Some(s) = settings::destination_stats() {
-            eprintln!("capsule-test: {} destination requests", s.requests());
+        if let Some(st) = capsule_app::open::destination_stats() {
+            eprintln!("capsule-test: {} destination requests", st.requests());
         }
     }
+    finish(&out, result)
+}
+
+/// The exit code of `result`, with its error printed.
+fn finish(out: &output::Output, result: anyhow::Result<u8>) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

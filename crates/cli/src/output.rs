@@ -11,7 +11,6 @@ use capsule_engine::EngineError;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::exit;
-use crate::settings::MissingPassword;
 
 /// How to print.
 pub struct Output {
@@ -229,32 +228,34 @@ impl Drop for ProgressHandle {
     }
 }
 
+/// The error of type `T` behind `e`: itself, or the one an application
+/// layer error wraps.
+fn find<T: std::error::Error + Send + Sync + 'static>(e: &anyhow::Error) -> Option<&T> {
+    e.downcast_ref::<T>().or_else(|| {
+        e.downcast_ref::<capsule_app::Error>()
+            .and_then(|a| a.inner().downcast_ref::<T>())
+    })
+}
+
 /// Maps an error to the documented exit code.
 pub fn exit_code_for(e: &anyhow::Error) -> u8 {
-    if e.downcast_ref::<MissingPassword>().is_some()
-        || e.downcast_ref::<crate::settings::PasswordFileError>()
-            .is_some()
-        || e.downcast_ref::<crate::config_cmd::PasswordCommandError>()
-            .is_some()
+    use capsule_app::error as app;
+    if find::<app::MissingPassword>(e).is_some()
+        || find::<app::PasswordFileError>(e).is_some()
+        || find::<app::PasswordCommandError>(e).is_some()
     {
         return exit::PASSWORD;
     }
-    if e.downcast_ref::<crate::settings::UsageError>().is_some()
-        || e.downcast_ref::<crate::config::ConfigError>().is_some()
-    {
+    if find::<app::UsageError>(e).is_some() || find::<app::ConfigError>(e).is_some() {
         return exit::USAGE;
     }
-    if e.downcast_ref::<crate::daemon::Busy>().is_some() {
+    if find::<app::Busy>(e).is_some() {
         return exit::BUSY;
     }
-    if e.downcast_ref::<crate::forget_cmd::KeepsNothing>()
-        .is_some()
-    {
+    if find::<app::KeepsNothing>(e).is_some() {
         return exit::KEEPS_NOTHING;
     }
-    if e.downcast_ref::<crate::forget_cmd::QuotaTooSmall>()
-        .is_some()
-    {
+    if find::<app::QuotaTooSmall>(e).is_some() {
         return exit::QUOTA_TOO_SMALL;
     }
     match e.downcast_ref::<capsule_lab::LabError>() {
@@ -265,7 +266,7 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
     if let Some(code) = backend_error(e).and_then(destination_exit_code) {
         return code;
     }
-    if let Some(EngineError::Io { source, .. }) = e.downcast_ref::<EngineError>() {
+    if let Some(EngineError::Io { source, .. }) = find::<EngineError>(e) {
         if matches!(
             source.kind(),
             std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
@@ -273,7 +274,7 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
             return exit::FULL;
         }
     }
-    match e.downcast_ref::<EngineError>() {
+    match find::<EngineError>(e) {
         Some(EngineError::WrongPassword { .. }) => exit::PASSWORD,
         Some(
             EngineError::NoUsableKey { .. }
@@ -298,9 +299,9 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
 
 /// The backend error behind `e`, whether the engine wrapped it or not.
 fn backend_error(e: &anyhow::Error) -> Option<&capsule_backend::BackendError> {
-    match e.downcast_ref::<EngineError>() {
+    match find::<EngineError>(e) {
         Some(EngineError::Backend(b)) => Some(b),
-        _ => e.downcast_ref::<capsule_backend::BackendError>(),
+        _ => find::<capsule_backend::BackendError>(e),
     }
 }
 
@@ -337,8 +338,8 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
             _ => {}
         }
     }
-    match e.downcast_ref::<EngineError>()? {
-        EngineError::WrongPassword { .. } => Some(match crate::settings::password_source() {
+    match find::<EngineError>(e)? {
+        EngineError::WrongPassword { .. } => Some(match capsule_app::password::password_source() {
             Some(from) => format!("the password came from {from}: check it; nothing was written").into(),
             None => "check CAPSULE_PASSWORD / CAPSULE_PASSWORD_FILE; nothing was written".into(),
         }),
@@ -369,4 +370,40 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
 /// Human-readable byte count.
 pub fn bytes(n: u64) -> String {
     capsule_access::backup::human_bytes(n)
+}
+
+/// Prints which snapshots a thinning plan removes and why.
+pub fn report_plan(out: &Output, plan: &capsule_engine::quota::ThinPlan, dry_run: bool) {
+    if out.json {
+        return;
+    }
+    let would = if dry_run { "would be " } else { "" };
+    for r in &plan.remove {
+        out.result(format!(
+            "  remove {}  {}  oldest first: with the older ones frees {}",
+            &r.id[..8],
+            r.time,
+            bytes(r.frees_with_older)
+        ));
+    }
+    if plan.remove.is_empty() {
+        out.say(format!(
+            "no snapshot {would}removed: snapshots use {} of the {} stored (a prune gives back the rest)",
+            bytes(plan.used),
+            bytes(plan.stored),
+        ));
+        return;
+    }
+    out.say(format!(
+        "{} snapshots {would}removed to fit {}: snapshots use {} now, {} after{}",
+        plan.remove.len(),
+        bytes(plan.target),
+        bytes(plan.used),
+        bytes(plan.used_after),
+        if plan.fits {
+            ""
+        } else {
+            " (still over: only the newest of each source and recent ones are left)"
+        }
+    ));
 }

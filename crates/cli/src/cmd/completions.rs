@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use clap::{Args, CommandFactory, ValueEnum};
+use clap::{Args, ValueEnum};
 use clap_complete::Shell;
 
+use crate::exit;
 use crate::output::Output;
-use crate::{exit, Cli};
 
 /// Shells completions are made for.
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -52,16 +52,15 @@ fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
-fn script(shell: Shell) -> Vec<u8> {
+fn script(cli: &clap::Command, shell: Shell) -> Vec<u8> {
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "capsule", &mut out);
+    clap_complete::generate(shell, &mut cli.clone(), "capsule", &mut out);
     out
 }
 
 /// Writes a man page for capsule and one for each command into `dir`;
 /// returns how many.
-fn man_pages(dir: &Path) -> Result<usize> {
-    let cmd = Cli::command();
+fn man_pages(cmd: &clap::Command, dir: &Path) -> Result<usize> {
     let mut n = 0;
     let mut page = |c: &clap::Command, name: &str| -> Result<()> {
         let mut b = Vec::new();
@@ -72,7 +71,7 @@ fn man_pages(dir: &Path) -> Result<usize> {
         n += 1;
         Ok(())
     };
-    page(&cmd, "capsule")?;
+    page(cmd, "capsule")?;
     for sub in cmd.get_subcommands() {
         page(sub, &format!("capsule-{}", sub.get_name()))?;
         for subsub in sub.get_subcommands() {
@@ -85,17 +84,17 @@ fn man_pages(dir: &Path) -> Result<usize> {
     Ok(n)
 }
 
-pub fn completions(out: &Output, a: CompletionsArgs) -> Result<u8> {
+pub fn completions(cli: &clap::Command, out: &Output, a: CompletionsArgs) -> Result<u8> {
     if let Some(s) = a.shell {
         use std::io::Write;
-        return match std::io::stdout().write_all(&script(s.into())) {
+        return match std::io::stdout().write_all(&script(cli, s.into())) {
             // Piped into `head`: what was wanted was taken.
             Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
             _ => Ok(exit::OK),
         };
     }
     if let Some(dir) = a.man {
-        let n = man_pages(&dir)?;
+        let n = man_pages(cli, &dir)?;
         out.say(format!("{n} man pages written to {}", dir.display()));
         return Ok(exit::OK);
     }
@@ -113,11 +112,11 @@ pub fn completions(out: &Output, a: CompletionsArgs) -> Result<u8> {
         ),
     ];
     for (shell, path) in &places {
-        write(path, &script(*shell))?;
+        write(path, &script(cli, *shell))?;
         out.say(format!("{shell} completions: {}", path.display()));
     }
     let man = data.join("man/man1");
-    let n = man_pages(&man)?;
+    let n = man_pages(cli, &man)?;
     out.say(format!("{n} man pages: {} (`man capsule`)", man.display()));
     out.say("zsh: add `fpath+=~/.zfunc` before `compinit` in ~/.zshrc, if it is not there yet");
     Ok(exit::OK)

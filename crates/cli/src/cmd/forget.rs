@@ -1,8 +1,12 @@
-//! `forget` and `unforget`: retention by ID or by policy.
+//! `capsule forget`, `unforget` and `prune`: snapshots taken away by ID or
+//! by a retention policy, brought back until a prune, and the space of
+//! data no snapshot uses given back.
 
 use std::collections::BTreeSet;
 
 use anyhow::Result;
+use capsule_app::error::KeepsNothing;
+use capsule_app::{Settings, UsageError};
 use capsule_engine::forget;
 use capsule_engine::retention::{self, GroupBy, Limit, Period, Policy};
 use capsule_engine::timefmt::now_unix;
@@ -11,21 +15,9 @@ use clap::{Args, ValueEnum};
 use jiff::tz::TimeZone;
 use jiff::Span;
 
-use crate::commands::open;
+use crate::exit;
 use crate::output::{bytes, Output};
-use crate::settings::UsageError;
-use crate::{exit, GlobalArgs};
-
-/// A policy would remove every snapshot of a group (exit code 18).
-#[derive(Debug)]
-pub struct KeepsNothing(pub String);
-
-impl std::fmt::Display for KeepsNothing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for KeepsNothing {}
+use crate::repo::open;
 
 /// Named policies.
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -186,43 +178,12 @@ fn local_zone() -> TimeZone {
     TimeZone::try_system().unwrap_or(TimeZone::UTC)
 }
 
-/// The profile's retention as a policy (empty without one).
-pub fn profile_policy(r: &crate::config::Retention) -> Result<Policy> {
-    let mut p = match r.policy.as_deref() {
-        Some("timemachine") => Policy::timemachine(),
-        _ => Policy::default(),
-    };
-    if r.keep_last.is_some() {
-        p.last = r.keep_last;
-    }
-    let counts = [
-        r.keep_hourly,
-        r.keep_daily,
-        r.keep_weekly,
-        r.keep_monthly,
-        r.keep_yearly,
-    ];
-    for (period, n) in Period::ALL.into_iter().zip(counts) {
-        if let Some(n) = n {
-            p.buckets.push((period, Limit::Count(n)));
-        }
-    }
-    if let Some(w) = &r.keep_within {
-        p.within = Some(retention::parse_span(w).map_err(UsageError)?);
-    }
-    Ok(p)
-}
-
-pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
+pub fn forget(settings: &Settings, out: &Output, a: ForgetArgs) -> Result<u8> {
     let mut policy = a.policy();
     // No rule and no ID on the command line: the profile's retention.
     if a.ids.is_empty() && policy.is_empty() {
-        if let Some(r) = g
-            .profile_settings
-            .as_ref()
-            .and_then(|p| p.retention.as_ref())
-        {
-            policy = profile_policy(r)?;
+        if let Some(r) = settings.profile.as_ref().and_then(|p| p.retention.as_ref()) {
+            policy = capsule_app::retention::profile_policy(r)?;
         }
     }
     if a.ids.is_empty() && policy.is_empty() {
@@ -231,7 +192,7 @@ pub fn forget(g: &GlobalArgs, out: &Output, a: ForgetArgs) -> Result<u8> {
         )
         .into());
     }
-    let (repo, _) = open(g, out)?;
+    let (repo, _) = open(settings, out)?;
     let (snaps, bad) = repo.list_snapshots()?;
     for e in &bad {
         out.warn(format!("{e}; it is left as it is"));
@@ -389,8 +350,8 @@ pub struct UnforgetArgs {
     ids: Vec<String>,
 }
 
-pub fn unforget(g: &GlobalArgs, out: &Output, a: UnforgetArgs) -> Result<u8> {
-    let (repo, _) = open(g, out)?;
+pub fn unforget(settings: &Settings, out: &Output, a: UnforgetArgs) -> Result<u8> {
+    let (repo, _) = open(settings, out)?;
     let mut back = Vec::new();
     for spec in &a.ids {
         let (id, s) = forget::unforget(&repo, spec)?;
@@ -439,8 +400,8 @@ fn parse_percent(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-pub fn prune(g: &GlobalArgs, out: &Output, a: PruneArgs) -> Result<u8> {
-    let (repo, _) = open(g, out)?;
+pub fn prune(settings: &Settings, out: &Output, a: PruneArgs) -> Result<u8> {
+    let (repo, _) = open(settings, out)?;
     run_prune(&std::sync::Arc::new(repo), out, &a, None)
 }
 
@@ -462,7 +423,7 @@ fn run_prune(
     )?;
     if out.json {
         let mut v = serde_json::json!({ "prune": r });
-        v["destination"] = crate::settings::destination_json();
+        v["destination"] = capsule_app::open::destination_json();
         if let Some(f) = forgotten {
             v["forget"] = f;
         }
@@ -540,7 +501,7 @@ fn run_prune(
             bytes(r.bytes_temporaries)
         ));
     }
-    let d = crate::settings::destination_json();
+    let d = capsule_app::open::destination_json();
     out.say(format!(
         "{}in {:.2}s, {} requests",
         if dry_run {
@@ -552,200 +513,4 @@ fn run_prune(
         d["requests"]
     ));
     Ok(exit::OK)
-}
-
-/// A quota that cannot hold the snapshots that must stay (exit code 19).
-#[derive(Debug)]
-pub struct QuotaTooSmall(pub String);
-
-impl std::fmt::Display for QuotaTooSmall {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for QuotaTooSmall {}
-
-/// Reads a size: `500G`, `1.5TiB`, `200MB`, `123456` (bytes). K, M, G, T
-/// are powers of 1024, as a disk's free space is shown.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size: write it as 500G, 1.5T or 200M"))?;
-    let mult: f64 = match unit
-        .trim()
-        .to_ascii_lowercase()
-        .trim_end_matches('b')
-        .trim_end_matches('i')
-    {
-        "" => 1.0,
-        "k" => 1024.0,
-        "m" => 1024.0 * 1024.0,
-        "g" => 1024.0 * 1024.0 * 1024.0,
-        "t" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
-    };
-    Ok((n * mult) as u64)
-}
-
-/// `capsule quota`.
-#[derive(clap::Subcommand, Debug)]
-pub enum QuotaCommand {
-    /// Show the quota and how much of it is used.
-    Show,
-    /// Set the quota: backups delete the oldest snapshots to stay within it.
-    Set {
-        /// Most space the repository's data may take (500G, 1.5T).
-        #[arg(value_parser = parse_size)]
-        size: u64,
-        /// Never delete snapshots younger than this to make room.
-        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = retention::parse_span)]
-        min_age: Span,
-    },
-    /// Remove the quota.
-    Clear,
-    /// Delete the oldest snapshots now until the repository fits its quota.
-    Enforce {
-        /// Say which snapshots would go and what each frees; change nothing.
-        #[arg(short = 'n', long)]
-        dry_run: bool,
-    },
-}
-
-fn span_secs(s: &Span) -> i64 {
-    let now = jiff::Zoned::now();
-    now.checked_sub(*s)
-        .map(|then| now.timestamp().as_second() - then.timestamp().as_second())
-        .unwrap_or(i64::MAX)
-}
-
-pub fn quota(g: &GlobalArgs, out: &Output, q: QuotaCommand) -> Result<u8> {
-    use capsule_engine::quota;
-    let (repo, _) = open(g, out)?;
-    let repo = std::sync::Arc::new(repo);
-    match q {
-        QuotaCommand::Show => {
-            let current = quota::load(&repo)?;
-            let stored = quota::stored_bytes(&repo)?;
-            if let Some(name) = &g.profile {
-                crate::status_cmd::record_size(
-                    name,
-                    crate::status_cmd::RepoSize {
-                        stored,
-                        quota: current.map(|q| q.bytes),
-                        as_of_unix: capsule_engine::timefmt::now_unix(),
-                    },
-                );
-            }
-            if out.json {
-                out.json(&serde_json::json!({ "quota": current, "stored": stored }));
-            } else {
-                match current {
-                    Some(c) => out.result(format!(
-                        "quota {}, {} used ({:.0}%); snapshots younger than {} min are never deleted to make room",
-                        bytes(c.bytes),
-                        bytes(stored),
-                        stored as f64 * 100.0 / c.bytes.max(1) as f64,
-                        c.min_age_secs / 60
-                    )),
-                    None => out.result(format!("no quota; {} used", bytes(stored))),
-                }
-            }
-        }
-        QuotaCommand::Set { size, min_age } => {
-            if size == 0 {
-                return Err(UsageError(
-                    "a quota of 0 bytes holds nothing; use `capsule quota clear`".into(),
-                )
-                .into());
-            }
-            let min_age = span_secs(&min_age);
-            let plan = quota::plan(&repo, size, min_age)?;
-            if !plan.fits {
-                return Err(QuotaTooSmall(format!(
-                    "a quota of {} cannot hold the snapshots that must stay (the newest of each source and those younger than the minimum age use {}); nothing was changed",
-                    bytes(size),
-                    bytes(plan.used_after)
-                ))
-                .into());
-            }
-            let q = quota::set(&repo, size, min_age)?;
-            if out.json {
-                out.json(&serde_json::json!({ "quota": q, "stored": plan.stored }));
-            } else {
-                out.result(format!(
-                    "quota set to {} ({} used); backups delete the oldest snapshots to stay within it",
-                    bytes(size),
-                    bytes(plan.stored)
-                ));
-            }
-        }
-        QuotaCommand::Clear => {
-            quota::set(&repo, 0, 0)?;
-            out.say("quota cleared");
-        }
-        QuotaCommand::Enforce { dry_run } => {
-            let Some(q) = quota::load(&repo)? else {
-                return Err(UsageError(
-                    "this repository has no quota (`capsule quota set 500G`)".into(),
-                )
-                .into());
-            };
-            let plan = quota::plan(&repo, q.bytes, q.min_age_secs)?;
-            report_plan(out, &plan, dry_run);
-            if dry_run || !plan.needed(q.bytes) {
-                if out.json {
-                    out.json(&serde_json::json!({ "dry_run": dry_run, "plan": plan }));
-                }
-                return Ok(exit::OK);
-            }
-            let r = quota::thin(&repo, plan)?;
-            if out.json {
-                out.json(&serde_json::json!({ "dry_run": false, "thin": r }));
-            } else {
-                out.say(format!("{} stored now", bytes(r.stored_after)));
-            }
-        }
-    }
-    Ok(exit::OK)
-}
-
-/// Prints which snapshots a thinning plan removes and why.
-pub fn report_plan(out: &Output, plan: &capsule_engine::quota::ThinPlan, dry_run: bool) {
-    if out.json {
-        return;
-    }
-    let would = if dry_run { "would be " } else { "" };
-    for r in &plan.remove {
-        out.result(format!(
-            "  remove {}  {}  oldest first: with the older ones frees {}",
-            &r.id[..8],
-            r.time,
-            bytes(r.frees_with_older)
-        ));
-    }
-    if plan.remove.is_empty() {
-        out.say(format!(
-            "no snapshot {would}removed: snapshots use {} of the {} stored (a prune gives back the rest)",
-            bytes(plan.used),
-            bytes(plan.stored),
-        ));
-        return;
-    }
-    out.say(format!(
-        "{} snapshots {would}removed to fit {}: snapshots use {} now, {} after{}",
-        plan.remove.len(),
-        bytes(plan.target),
-        bytes(plan.used),
-        bytes(plan.used_after),
-        if plan.fits {
-            ""
-        } else {
-            " (still over: only the newest of each source and recent ones are left)"
-        }
-    ));
 }

@@ -14,8 +14,7 @@ use capsule_net::Destination;
 use clap::Args;
 
 use crate::output::Output;
-use crate::settings::UsageError;
-use crate::GlobalArgs;
+use capsule_app::{Settings, UsageError};
 
 /// A size with an optional K, M, G or T suffix (powers of 1024).
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -97,15 +96,15 @@ pub struct LabArgs {
     svg: Option<PathBuf>,
 }
 
-pub(crate) fn connector(g: &GlobalArgs, dest: &Destination) -> Result<Connector> {
+pub(crate) fn connector(settings: &Settings, dest: &Destination) -> Result<Connector> {
     let mut net = capsule_net::Options::from_env(dest);
-    if let Some(n) = g.connections {
+    if let Some(n) = settings.flags.connections {
         net.concurrency = Some(n as usize);
     }
     Ok(Connector {
         net,
-        no_fsync: g.no_fsync,
-        trace: crate::settings::trace(g)?,
+        no_fsync: settings.flags.no_fsync,
+        trace: settings.trace()?,
     })
 }
 
@@ -136,7 +135,7 @@ fn stop_on_signal(out: &Output) {
 }
 
 /// `capsule lab`.
-pub fn lab(g: &GlobalArgs, out: &Output, a: LabArgs) -> Result<u8> {
+pub fn lab(settings: &Settings, out: &Output, a: LabArgs) -> Result<u8> {
     let dest = Destination::parse(&a.destination).map_err(|e| UsageError(e.to_string()))?;
     if a.fill_to.is_some() && !a.yes {
         return Err(UsageError(
@@ -166,7 +165,7 @@ pub fn lab(g: &GlobalArgs, out: &Output, a: LabArgs) -> Result<u8> {
         fill_to: a.fill_to,
         work_dir: a.work_dir,
     };
-    let conn = connector(g, &dest)?;
+    let conn = connector(settings, &dest)?;
     let chatty = !out.json && !out.quiet;
     let say = |s: &str| {
         if chatty {
@@ -281,7 +280,7 @@ fn human_secs(s: f64) -> String {
 }
 
 /// `capsule estimate`.
-pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
+pub fn estimate(settings: &Settings, out: &Output, a: EstimateArgs) -> Result<u8> {
     let (dest, repo_name) = match &a.to {
         Some(t) => {
             let d = Destination::parse(t).map_err(|e| UsageError(e.to_string()))?;
@@ -289,7 +288,7 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
             (d, name)
         }
         None => {
-            let loc = crate::settings::location(g)?;
+            let loc = settings.location()?;
             let name = loc.display();
             (loc.dest, name)
         }
@@ -300,7 +299,7 @@ pub fn estimate(g: &GlobalArgs, out: &Output, a: EstimateArgs) -> Result<u8> {
         }
     }
     stop_on_signal(out);
-    let conn = connector(g, &dest)?;
+    let conn = connector(settings, &dest)?;
     let chatty = !out.json && !out.quiet;
     let say = |s: &str| {
         if chatty {
@@ -455,7 +454,7 @@ pub struct ReportArgs {
 }
 
 /// `capsule report`.
-pub fn report(_g: &GlobalArgs, out: &Output, a: ReportArgs) -> Result<u8> {
+pub fn report(_settings: &Settings, out: &Output, a: ReportArgs) -> Result<u8> {
     let Some(h) = capsule_lab::history::History::open_default() else {
         return Err(UsageError("no state directory: set CAPSULE_STATE_DIR or HOME".into()).into());
     };

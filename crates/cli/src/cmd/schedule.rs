@@ -3,13 +3,15 @@
 //! fails: a systemd unit on Linux, a launchd agent on macOS, both written
 //! from one definition ([`Service`]).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use capsule_app::service::{self, fit_for_a_service, Manager, Service, LABEL};
 use clap::{Args, Subcommand, ValueEnum};
 
+use crate::exit;
 use crate::output::Output;
-use crate::{exit, GlobalArgs};
+use capsule_app::Settings;
 
 /// `capsule schedule` subcommands.
 #[derive(Subcommand, Debug)]
@@ -33,7 +35,7 @@ pub struct ScheduleArgs {
     /// Which service manager (default: this system's: systemd on Linux,
     /// launchd on macOS).
     #[arg(long, value_enum)]
-    manager: Option<Manager>,
+    manager: Option<ManagerArg>,
     /// Where to write the service file (default: the manager's directory,
     /// e.g. ~/.config/systemd/user).
     #[arg(long, value_name = "DIR")]
@@ -44,164 +46,26 @@ pub struct ScheduleArgs {
     no_start: bool,
 }
 
-/// A service manager.
+/// A service manager, as `--manager` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Manager {
+pub enum ManagerArg {
     /// systemd (Linux).
     Systemd,
     /// launchd (macOS).
     Launchd,
 }
 
-/// The one definition both files are written from.
-pub struct Service {
-    /// The capsule binary.
-    pub exe: PathBuf,
-    /// The configuration file the daemon reads.
-    pub config: PathBuf,
-    /// Restart this many seconds after a failure.
-    pub restart_secs: u32,
-    /// Boot (system) rather than login (user).
-    pub system: bool,
-}
-
-const NAME: &str = "capsule";
-const LABEL: &str = "org.capsule.daemon";
-
-impl Service {
-    /// The systemd unit.
-    pub fn systemd_unit(&self) -> String {
-        format!(
-            "# Written by `capsule schedule install`; `capsule schedule remove` removes it.\n\
-             [Unit]\n\
-             Description=capsule backups (the profiles of {config})\n\
-             Wants=network-online.target\n\
-             After=network-online.target\n\
-             \n\
-             [Service]\n\
-             Type=simple\n\
-             ExecStart={exe} --config {config} daemon\n\
-             ExecReload=/bin/kill -HUP $MAINPID\n\
-             Restart=on-failure\n\
-             RestartSec={restart}\n\
-             KillSignal=SIGTERM\n\
-             TimeoutStopSec=30\n\
-             \n\
-             [Install]\n\
-             WantedBy={wanted}\n",
-            exe = systemd_quote(&self.exe),
-            config = systemd_quote(&self.config),
-            restart = self.restart_secs,
-            wanted = if self.system {
-                "multi-user.target"
-            } else {
-                "default.target"
-            },
-        )
-    }
-
-    /// The launchd property list.
-    pub fn launchd_plist(&self) -> String {
-        let esc = |p: &Path| {
-            p.display()
-                .to_string()
-                .replace('&', "&amp;")
-                .replace('<', "&lt;")
-                .replace('>', "&gt;")
-        };
-        format!(
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
-             <!DOCTYPE plist PUBLIC \"-//Apple//DTD PLIST 1.0//EN\" \"http://www.apple.com/DTDs/PropertyList-1.0.dtd\">\n\
-             <!-- Written by `capsule schedule install`; `capsule schedule remove` removes it. -->\n\
-             <plist version=\"1.0\">\n\
-             <dict>\n\
-             \t<key>Label</key>\n\t<string>{LABEL}</string>\n\
-             \t<key>ProgramArguments</key>\n\t<array>\n\
-             \t\t<string>{exe}</string>\n\t\t<string>--config</string>\n\t\t<string>{config}</string>\n\t\t<string>daemon</string>\n\
-             \t</array>\n\
-             \t<key>RunAtLoad</key>\n\t<true/>\n\
-             \t<key>KeepAlive</key>\n\t<dict>\n\t\t<key>SuccessfulExit</key>\n\t\t<false/>\n\t</dict>\n\
-             \t<key>ThrottleInterval</key>\n\t<integer>{restart}</integer>\n\
-             \t<key>ProcessType</key>\n\t<string>Background</string>\n\
-             \t<key>StandardErrorPath</key>\n\t<string>{log}</string>\n\
-             </dict>\n\
-             </plist>\n",
-            exe = esc(&self.exe),
-            config = esc(&self.config),
-            restart = self.restart_secs,
-            log = esc(&self.config.with_file_name("capsule-daemon.log")),
-        )
-    }
-}
-
-/// A path as one systemd command-line word: quoted, with `\\` and `"`
-/// escaped, and `%` (a specifier) and `$` (a variable) doubled, as
-/// systemd.service(5) and systemd.unit(5) say. Paths with control
-/// characters never get here ([`fit_for_a_service`]).
-fn systemd_quote(p: &Path) -> String {
-    let s = p.display().to_string();
-    if s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || "/._-+".contains(c))
-    {
-        s
-    } else {
-        format!(
-            "\"{}\"",
-            s.replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('%', "%%")
-                .replace('$', "$$")
-        )
-    }
-}
-
-/// Refuses a path that a service file cannot carry as one word: a control
-/// character (a newline would start a line of its own in a unit, and XML
-/// has no way to write most of them), or bytes that are not UTF-8.
-fn fit_for_a_service(what: &str, p: &Path) -> Result<()> {
-    let bad = match p.to_str() {
-        None => Some("bytes that are not UTF-8".to_string()),
-        Some(s) => s
-            .chars()
-            .find(|c| c.is_control())
-            .map(|c| format!("a control character ({c:?})")),
-    };
-    match bad {
-        Some(why) => Err(crate::config::ConfigError(format!(
-            "{what} {:?} holds {why}, which a service file cannot carry: move it to a plain path",
-            p.as_os_str()
-        ))
-        .into()),
-        None => Ok(()),
-    }
-}
-
 fn manager(a: &ScheduleArgs) -> Manager {
-    a.manager.unwrap_or(if cfg!(target_os = "macos") {
-        Manager::Launchd
-    } else {
-        Manager::Systemd
-    })
+    match a.manager {
+        Some(ManagerArg::Systemd) => Manager::Systemd,
+        Some(ManagerArg::Launchd) => Manager::Launchd,
+        None => service::this_system(),
+    }
 }
 
 /// The service file's path.
-fn file(a: &ScheduleArgs) -> Result<PathBuf> {
-    let m = manager(a);
-    let dir = match (&a.dir, m, a.system) {
-        (Some(d), _, _) => d.clone(),
-        (None, Manager::Systemd, true) => PathBuf::from("/etc/systemd/system"),
-        (None, Manager::Systemd, false) => dirs::config_dir()
-            .context("no configuration directory")?
-            .join("systemd/user"),
-        (None, Manager::Launchd, true) => PathBuf::from("/Library/LaunchDaemons"),
-        (None, Manager::Launchd, false) => dirs::home_dir()
-            .context("no home directory")?
-            .join("Library/LaunchAgents"),
-    };
-    Ok(dir.join(match m {
-        Manager::Systemd => format!("{NAME}.service"),
-        Manager::Launchd => format!("{LABEL}.plist"),
-    }))
+fn file(a: &ScheduleArgs) -> capsule_app::Result<PathBuf> {
+    service::file(manager(a), a.system, a.dir.as_deref())
 }
 
 /// Runs a service manager command; its failure is reported, not fatal
@@ -237,20 +101,20 @@ fn systemctl<'a>(a: &ScheduleArgs, rest: &[&'a str]) -> Vec<&'a str> {
 }
 
 /// `capsule schedule ...`.
-pub fn schedule(g: &GlobalArgs, out: &Output, c: ScheduleCommand) -> Result<u8> {
+pub fn schedule(settings: &Settings, out: &Output, c: ScheduleCommand) -> Result<u8> {
     match c {
         ScheduleCommand::Install(a) => {
-            let (config, _) = crate::config::config_path(g.config.as_deref())
+            let (config, _) = capsule_app::config::config_path(settings.flags.config.as_deref())
                 .context("no configuration directory: give --config")?;
             if !config.exists() {
-                return Err(crate::config::ConfigError(format!(
+                return Err(capsule_app::config::ConfigError(format!(
                     "{}: no configuration file; the daemon runs its profiles (see README, \"Profiles\")",
                     config.display()
                 ))
                 .into());
             }
             // Checked now, not at the first scheduled run.
-            crate::config::Config::load(&config)?;
+            capsule_app::config::Config::load(&config)?;
             let svc = Service {
                 exe: std::env::current_exe()?,
                 config: std::fs::canonicalize(&config)?,

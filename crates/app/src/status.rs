@@ -1,35 +1,18 @@
-//! `capsule status`: per profile, the last run, the last success and
-//! whether backups have gone stale, from this machine's local state only,
-//! so it answers at once and with the destination away.
+//! Run records and status: every `backup --profile NAME` records its
+//! outcome in `<state>/profiles/NAME.json` (success or failure), from
+//! this machine's local state only, so status answers at once and with
+//! the destination away.
 //!
-//! Every `backup --profile NAME` records its outcome in
-//! `<state>/profiles/NAME.json` (success or failure). Staleness is judged
-//! from the last success against the profile's `stale-after`, else twice
-//! its backup interval (hourly by default): a profile that never succeeded
-//! is stale too, so staleness shows even when nothing ever ran (no daemon,
-//! a broken schedule).
+//! Staleness is judged from the last success against the profile's
+//! `stale-after`, else twice its backup interval (hourly by default): a
+//! profile that never succeeded is stale too, so staleness shows even
+//! when nothing ever ran (no daemon, a broken schedule).
 
 use std::path::PathBuf;
-
-use anyhow::Result;
-use clap::Args;
-use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::{self, Schedule};
-use crate::output::Output;
-use crate::{exit, GlobalArgs};
-
-/// Arguments of `status`.
-#[derive(Args, Debug)]
-pub struct StatusArgs {
-    /// Ask each profile's destination first: its size against its quota
-    /// (the rest stays what this machine recorded). Bounded: a destination
-    /// that does not answer within a minute is reported, not waited for.
-    #[arg(long)]
-    refresh: bool,
-}
 
 /// What this machine last learnt of a profile's repository size.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -164,7 +147,7 @@ pub fn save_daemon_view(profile: &str, v: &DaemonView) {
 /// What the daemon last said of `profile`, if its process still runs.
 pub fn load_daemon_view(profile: &str) -> Option<DaemonView> {
     let v: DaemonView = daemon_file(profile)
-        .and_then(|p| crate::settings::read_own_file(&p, 1 << 16))
+        .and_then(|p| capsule_access::open::read_own_file(&p, 1 << 16))
         .and_then(|b| serde_json::from_slice(&b).ok())?;
     let pid = rustix::process::Pid::from_raw(v.pid as i32)?;
     match rustix::process::test_kill_process(pid) {
@@ -193,7 +176,7 @@ fn state_file(profile: &str) -> Option<PathBuf> {
 /// The recorded state of `profile` (empty when none, or unreadable).
 pub fn load_state(profile: &str) -> ProfileState {
     state_file(profile)
-        .and_then(|p| crate::settings::read_own_file(&p, 1 << 20))
+        .and_then(|p| capsule_access::open::read_own_file(&p, 1 << 20))
         .and_then(|b| serde_json::from_slice(&b).ok())
         .unwrap_or_default()
 }
@@ -244,46 +227,64 @@ pub fn update(profile: &str, change: impl FnOnce(&mut ProfileState)) {
     }
 }
 
-/// What a backup's result records: its snapshot and counts, or its error.
-pub fn outcome(
-    started_unix: i64,
-    duration_secs: f64,
-    r: &Result<(u8, Option<crate::commands::BackupDone>)>,
-) -> RunOutcome {
-    match r {
-        Ok((code, done)) => RunOutcome {
+/// How a backup ended, as its record needs it.
+pub enum Ended<'a> {
+    /// It saved a snapshot (`complete`: every entry was read).
+    Saved {
+        /// Whether every entry was read.
+        complete: bool,
+        /// What it did.
+        done: Option<&'a BackupDone>,
+    },
+    /// It failed, with its error's first line.
+    Failed {
+        /// The destination could not be reached (exit 14): the run is
+        /// skipped, not the profile failing.
+        unreachable: bool,
+        /// The error, in one line.
+        error: String,
+    },
+}
+
+/// What a backup leaves for the profile's record.
+#[derive(Debug)]
+pub struct BackupDone {
+    /// The engine's report.
+    pub report: capsule_engine::backup::BackupReport,
+    /// How the key was had (`held`: from the daemon, nothing derived).
+    pub key: capsule_engine::KeySource,
+    /// The repository's quota, if any, and the bytes stored after the run.
+    pub quota: Option<u64>,
+    /// Bytes of packs stored (measured when there is a quota).
+    pub stored: Option<u64>,
+}
+
+/// What a backup's end records: its snapshot and counts, or its error.
+pub fn outcome(started_unix: i64, duration_secs: f64, end: Ended<'_>) -> RunOutcome {
+    match end {
+        Ended::Saved { complete, done } => RunOutcome {
             started_unix,
             duration_secs,
-            result: if *code == exit::OK {
-                "ok"
-            } else {
-                "incomplete"
-            }
-            .into(),
-            snapshot: done.as_ref().map(|d| d.report.snapshot_id.clone()),
-            files: done.as_ref().map_or(0, |d| d.report.summary.files),
-            bytes_added: done.as_ref().map_or(0, |d| d.report.summary.bytes_added),
+            result: if complete { "ok" } else { "incomplete" }.into(),
+            snapshot: done.map(|d| d.report.snapshot_id.clone()),
+            files: done.map_or(0, |d| d.report.summary.files),
+            bytes_added: done.map_or(0, |d| d.report.summary.bytes_added),
             error: None,
-            key: done.as_ref().map(|d| d.key),
-            quota: done.as_ref().and_then(|d| d.quota),
-            stored: done.as_ref().and_then(|d| d.stored),
-            scan: done.as_ref().map(|d| d.report.scan.clone()),
+            key: done.map(|d| d.key),
+            quota: done.and_then(|d| d.quota),
+            stored: done.and_then(|d| d.stored),
+            scan: done.map(|d| d.report.scan.clone()),
         },
-        Err(e) => RunOutcome {
+        Ended::Failed { unreachable, error } => RunOutcome {
             started_unix,
             duration_secs,
             // A destination away (a NAS asleep, a laptop off the home
             // network) skips the run; it is not the profile failing.
-            result: if crate::output::exit_code_for(e) == exit::UNREACHABLE {
-                "skipped"
-            } else {
-                "failed"
-            }
-            .into(),
+            result: if unreachable { "skipped" } else { "failed" }.into(),
             snapshot: None,
             files: 0,
             bytes_added: 0,
-            error: Some(format!("{e:#}").lines().next().unwrap_or("").to_string()),
+            error: Some(error),
             key: None,
             quota: None,
             stored: None,
@@ -317,7 +318,7 @@ pub fn clock_problem(st: &ProfileState, now: i64) -> Option<String> {
 }
 
 /// How old the last success may be before `p` is stale, in seconds.
-fn stale_after(p: &config::Profile) -> u64 {
+pub fn stale_after(p: &config::Profile) -> u64 {
     let s = p.schedule.clone().unwrap_or_default();
     if let Some(d) = s.stale_after.as_deref().and_then(config::parse_duration) {
         return d;
@@ -390,10 +391,9 @@ fn journal_view(name: &str, daemon: bool, st: &ProfileState) -> serde_json::Valu
     })
 }
 
-/// `capsule status`.
 /// One profile's status as `status --json` gives it, and whether it is
 /// stale and failing.
-fn profile_row(
+pub fn profile_row(
     name: &str,
     p: &config::Profile,
     st: &ProfileState,
@@ -431,8 +431,8 @@ fn profile_row(
 
 /// Every profile's status, as `status --json` gives it (none without a
 /// configuration file): for `capsule ui`.
-pub fn all_rows(g: &GlobalArgs) -> Vec<serde_json::Value> {
-    let Some((path, _)) = config::config_path(g.config.as_deref()) else {
+pub fn all_rows(config_flag: Option<&std::path::Path>) -> Vec<serde_json::Value> {
+    let Some((path, _)) = config::config_path(config_flag) else {
         return Vec::new();
     };
     let Ok(cfg) = config::Config::load(&path) else {
@@ -446,172 +446,11 @@ pub fn all_rows(g: &GlobalArgs) -> Vec<serde_json::Value> {
         .collect()
 }
 
-pub fn status(g: &GlobalArgs, out: &Output, a: StatusArgs) -> Result<u8> {
-    let Some((path, named)) = config::config_path(g.config.as_deref()) else {
-        anyhow::bail!(config::ConfigError(
-            "no configuration directory: give --config".into()
-        ));
-    };
-    if !named && !path.exists() {
-        return Err(config::ConfigError(format!(
-            "no configuration file ({}): status reports on profiles; see `capsule config`",
-            path.display()
-        ))
-        .into());
-    }
-    let cfg = config::Config::load(&path)?;
-    let names: Vec<String> = match &g.profile {
-        Some(n) => {
-            cfg.profile(n)?;
-            vec![n.clone()]
-        }
-        None => cfg.file.profiles.keys().cloned().collect(),
-    };
-    let refreshed: BTreeMap<&String, Option<String>> = if a.refresh {
-        names.iter().map(|n| (n, refresh(&path, n))).collect()
-    } else {
-        BTreeMap::new()
-    };
-    let now = capsule_engine::timefmt::now_unix();
-    let (mut any_stale, mut any_failing) = (false, false);
-    let mut rows = Vec::new();
-    for name in &names {
-        let p = &cfg.file.profiles[name];
-        let st = load_state(name);
-        let refresh_error = refreshed.get(name).cloned().flatten();
-        let (row, stale, failing) = profile_row(name, p, &st, refresh_error.clone(), now);
-        let limit = stale_after(p);
-        let age = st
-            .last_success
-            .as_ref()
-            .map(|r| now.saturating_sub(r.started_unix));
-        let daemon = load_daemon_view(name);
-        let journal = row["journal"].clone();
-        any_stale |= stale;
-        any_failing |= failing;
-        rows.push(row);
-        if !out.json {
-            let when = |r: &RunOutcome| capsule_engine::timefmt::rfc3339(r.started_unix);
-            let failed = st.last_run.as_ref().filter(|r| r.result == "failed");
-            let away = st.last_run.as_ref().filter(|r| r.result == "skipped");
-            out.result(format!(
-                "{name}: {}",
-                match (&st.last_success, stale) {
-                    _ if clock_problem(&st, now).is_some() =>
-                        format!("CLOCK: {}", clock_problem(&st, now).unwrap_or_default()),
-                    (None, _) => "STALE: never backed up".to_string(),
-                    (Some(r), false) if away.is_some() => format!(
-                        "WAITING for the destination{}; last backup {} ({} ago)",
-                        away.and_then(|f| f.error.as_ref())
-                            .map(|e| format!(" ({e})"))
-                            .unwrap_or_default(),
-                        when(r),
-                        span(age.unwrap_or(0))
-                    ),
-                    (Some(r), false) if failed.is_some() => format!(
-                        "FAILING: the last run failed{}; last backup {} ({} ago)",
-                        failed
-                            .and_then(|f| f.error.as_ref())
-                            .map(|e| format!(" ({e})"))
-                            .unwrap_or_default(),
-                        when(r),
-                        span(age.unwrap_or(0))
-                    ),
-                    (Some(r), true) => format!(
-                        "STALE: last backup {} ({} ago; stale after {})",
-                        when(r),
-                        span(age.unwrap_or(0)),
-                        span(limit as i64)
-                    ),
-                    (Some(r), false) => format!(
-                        "ok: last backup {} ({} ago)",
-                        when(r),
-                        span(age.unwrap_or(0))
-                    ),
-                }
-            ));
-            match &daemon {
-                Some(d) => out.result(format!(
-                    "  next backup {}{}",
-                    capsule_engine::timefmt::rfc3339(d.next_backup_unix.max(now)),
-                    d.waiting_for
-                        .as_ref()
-                        .map(|w| match w.starts_with("waiting") {
-                            true => format!(" ({w})"),
-                            false => format!(" (waiting: {w})"),
-                        })
-                        .unwrap_or_default()
-                )),
-                None => out.result("  no daemon runs this profile (`capsule daemon`)"),
-            }
-            if let Some(r) = &st.last_run {
-                out.result(format!(
-                    "  last run {}: {}, {:.1} s, {} files, {} added{}",
-                    when(r),
-                    r.result,
-                    r.duration_secs,
-                    r.files,
-                    crate::output::bytes(r.bytes_added),
-                    r.error
-                        .as_ref()
-                        .map(|e| format!("; {e}"))
-                        .unwrap_or_default()
-                ));
-            }
-            if let Some(e) = &refresh_error {
-                out.result(format!("  refresh: {e}"));
-            }
-            if let Some(line) = journal["summary"].as_str() {
-                out.result(format!("  journal: {line}"));
-            }
-            out.result(match &st.repository {
-                Some(r) => format!(
-                    "  repository: {}{} (as of {})",
-                    crate::output::bytes(r.stored),
-                    match r.quota {
-                        Some(q) => format!(
-                            " of its {} quota ({:.0}%)",
-                            crate::output::bytes(q),
-                            r.stored as f64 * 100.0 / q.max(1) as f64
-                        ),
-                        None => ", no quota".into(),
-                    },
-                    capsule_engine::timefmt::rfc3339(r.as_of_unix)
-                ),
-                None => "  repository: size not measured yet (`capsule status --refresh`)".into(),
-            });
-            out.result(match &st.last_check {
-                Some(c) => format!(
-                    "  last check{} {}: {}{}",
-                    if c.read_data { " --read-data" } else { "" },
-                    capsule_engine::timefmt::rfc3339(c.started_unix),
-                    c.result,
-                    c.error
-                        .as_ref()
-                        .map(|e| format!("; {e}"))
-                        .unwrap_or_default()
-                ),
-                None => {
-                    "  never checked (`capsule check`, or `check` in the profile's schedule)".into()
-                }
-            });
-        }
-    }
-    out.json(&serde_json::json!({ "profiles": rows }));
-    Ok(if any_stale {
-        exit::STALE
-    } else if any_failing {
-        exit::FAILING
-    } else {
-        exit::OK
-    })
-}
-
 /// Asks `profile`'s destination for its size and quota, in a child
 /// process (`quota show`, which records what it finds), so that each
 /// profile's credentials stay its own. `None` when it answered; else why
 /// not, in one line. Bounded by a minute.
-fn refresh(config: &std::path::Path, profile: &str) -> Option<String> {
+pub fn refresh(config: &std::path::Path, profile: &str) -> Option<String> {
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => return Some(format!("cannot run capsule: {e}")),
@@ -669,15 +508,4 @@ pub fn record_check(profile: &str, c: CheckOutcome) {
 /// Records the repository's size of `profile`.
 pub fn record_size(profile: &str, r: RepoSize) {
     update(profile, |st| st.repository = Some(r));
-}
-
-/// "3h", "2d 4h", "12 min".
-fn span(secs: i64) -> String {
-    let s = secs.max(0);
-    match s {
-        0..=119 => format!("{s} s"),
-        120..=7199 => format!("{} min", s / 60),
-        7200..=172_799 => format!("{} h", s / 3600),
-        _ => format!("{} d", s / 86_400),
-    }
 }

@@ -8,8 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 
+use crate::exit;
 use crate::output::Output;
-use crate::{commands, exit, mount_cmd, GlobalArgs};
+use crate::repo::{open, reading_session};
+use capsule_app::{browse, Settings};
 
 /// Arguments of `ui`.
 #[derive(Args, Debug)]
@@ -24,19 +26,19 @@ pub struct UiArgs {
     no_browser: bool,
 }
 
-pub fn ui(g: &GlobalArgs, out: &Output, a: UiArgs) -> Result<u8> {
-    let (repo, _) = commands::open(g, out)?;
+pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
+    let (repo, _) = open(settings, out)?;
     let repo = Arc::new(repo);
     // Held as long as the page is served: a prune meanwhile keeps what it
     // would delete until the page ends, and downloads and restores read on.
-    let _session = commands::reading_session(
+    let _session = reading_session(
         &repo,
         out,
         "ui",
         "a prune running meanwhile may delete data of forgotten snapshots still shown, whose files then fail to read",
     );
-    let first = mount_cmd::view(&repo, Some(out))?;
-    let refresh = mount_cmd::refresher(&repo, &first);
+    let first = browse::view(&repo, Some(&|w| out.warn(w)))?;
+    let refresh = browse::refresher(&repo, &first);
     let mut token = [0u8; 24];
     getrandom::fill(&mut token).map_err(|e| anyhow::anyhow!("no randomness for the token: {e}"))?;
     let token = hex::encode(token);
@@ -53,20 +55,20 @@ pub fn ui(g: &GlobalArgs, out: &Output, a: UiArgs) -> Result<u8> {
     socket.set_nonblocking(true)?;
     let addr = socket.local_addr()?;
     let url = format!("http://{addr}/?t={token}");
-    let g2 = g.clone();
+    let config = settings.flags.config.clone();
     let ui = Arc::new(capsule_ui::Ui {
         view: RwLock::new(Arc::new(first)),
         token,
         refresh,
         status: Box::new(
-            move || serde_json::json!({ "profiles": crate::status_cmd::all_rows(&g2) }),
+            move || serde_json::json!({ "profiles": capsule_app::status::all_rows(config.as_deref()) }),
         ),
         reports: Box::new(reports),
         report_page: Box::new(report_page),
         addr,
         jobs: capsule_ui::Jobs::default(),
     });
-    let stop = mount_cmd::stop_flag()?;
+    let stop = browse::stop_flag()?;
     if out.json {
         out.json(&serde_json::json!({ "url": url, "addr": addr.to_string() }));
     } else {

@@ -88,24 +88,6 @@ impl HeldKey {
     }
 }
 
-/// The key of profile `name` (`p`), derived as a run of it would open
-/// its repository: `None` when no run has opened it yet on this machine
-/// (no key hint) or its password cannot be read without asking.
-pub fn for_profile(
-    g: &crate::GlobalArgs,
-    name: &str,
-    p: &crate::config::Profile,
-) -> Option<(capsule_access::Access, HeldKey)> {
-    let mut pg = g.clone();
-    pg.profile = Some(name.to_string());
-    crate::config_cmd::fill_from_profile(&mut pg, p.clone());
-    let loc = crate::settings::location(&pg).ok()?;
-    let access = crate::settings::access(&pg, &loc).ok()?;
-    let pw = Zeroizing::new(crate::settings::profile_password_now(&pg, name).ok()??);
-    let key = HeldKey::derive(&access, &pw)?;
-    Some((access, key))
-}
-
 /// Keeps the pages holding `key` out of swap (best effort: the limit on
 /// locked memory may be zero in a container).
 #[allow(unsafe_code)]

@@ -1,0 +1,335 @@
+//! Settings: what the command line and the environment give
+//! ([`Flags`]), merged with a profile of the configuration file into one
+//! value ([`Settings`]) that says everything a job needs, built once,
+//! before anything is connected.
+//!
+//! Precedence, for every setting: a flag, then the environment (clap
+//! reads both into [`Flags`]), then the profile, then capsule's default.
+//! Lists (excludes, tags) add up. Credentials that only a destination's
+//! connector reads from the environment are set in this process's
+//! environment where it does not set them already.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use capsule_access::{Access, CachePolicy};
+use capsule_net::Destination;
+
+use crate::config::{self, Config, ConfigError, Profile};
+use crate::error::{Error, PasswordCommandError, Result, UsageError};
+
+/// What a command was given, by flag or environment variable, before any
+/// profile fills in the rest.
+#[derive(Debug, Clone, Default)]
+pub struct Flags {
+    /// `--repo` / `CAPSULE_REPO`.
+    pub repo: Option<String>,
+    /// `--password-file` / `CAPSULE_PASSWORD_FILE`.
+    pub password_file: Option<PathBuf>,
+    /// `--no-cache`.
+    pub no_cache: bool,
+    /// `--cache-dir` / `CAPSULE_CACHE_DIR`.
+    pub cache_dir: Option<PathBuf>,
+    /// `--no-fsync`.
+    pub no_fsync: bool,
+    /// `--connections` / `CAPSULE_CONNECTIONS`.
+    pub connections: Option<u32>,
+    /// `--trace-requests FILE`.
+    pub trace_requests: Option<PathBuf>,
+    /// `--config` / `CAPSULE_CONFIG`.
+    pub config: Option<PathBuf>,
+    /// `--profile` / `CAPSULE_PROFILE`.
+    pub profile: Option<String>,
+}
+
+/// The repository a command should use.
+#[derive(Debug, Clone)]
+pub struct RepoLocation {
+    /// Where it is.
+    pub dest: Destination,
+    /// True when no repository was configured and the built-in default is used.
+    pub is_default: bool,
+}
+
+impl RepoLocation {
+    /// The directory, for a local repository.
+    pub fn local_path(&self) -> Option<&Path> {
+        match &self.dest {
+            Destination::Local(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// For messages and JSON.
+    pub fn display(&self) -> String {
+        self.dest.to_string()
+    }
+
+    /// Whether this is the built-in default and no repository exists
+    /// there yet (a backup then creates it).
+    pub fn is_new_default(&self) -> bool {
+        self.is_default
+            && self
+                .local_path()
+                .is_some_and(|p| !p.join("config").exists())
+    }
+}
+
+/// Why the repository's location could not be had.
+#[derive(Debug, Clone)]
+enum LocationError {
+    /// `--repo` is not a location (exit 2).
+    Usage(String),
+    /// No data directory for the default repository.
+    NoDataDir,
+}
+
+/// Everything a job needs, resolved: the repository and how to reach it,
+/// the password's source, the cache, and the profile behind them (its
+/// sources, excludes, retention, quota, schedule).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The merged values: a flag or the environment, else the profile.
+    pub flags: Flags,
+    /// The profile in use, if any.
+    pub profile: Option<Profile>,
+    /// Where the repository is (parsed once; an error is reported by the
+    /// first command that needs it, so `status` runs with a bad `--repo`).
+    location: std::result::Result<RepoLocation, LocationError>,
+}
+
+/// What resolving read: the settings, and the configuration file's
+/// warnings for the caller to show.
+#[derive(Debug)]
+pub struct Resolved {
+    /// The settings.
+    pub settings: Settings,
+    /// Things to tell the user (an unknown key kept for a newer version, a
+    /// file others may write).
+    pub warnings: Vec<String>,
+}
+
+/// The built-in default repository: `<data dir>/capsule/repo`.
+pub fn default_repo() -> Option<PathBuf> {
+    let base = dirs::data_dir().or_else(|| dirs::home_dir().map(|h| h.join(".local/share")))?;
+    Some(base.join("capsule").join("repo"))
+}
+
+/// Reads the configuration file named by `--config`/`CAPSULE_CONFIG` (or
+/// the default one). `None` when none is named and the default is absent.
+pub fn load_config(flag: Option<&Path>) -> Result<Option<Config>, ConfigError> {
+    let Some((path, named)) = config::config_path(flag) else {
+        return Ok(None);
+    };
+    if !named && !path.exists() {
+        return Ok(None);
+    }
+    Ok(Some(Config::load(&path)?))
+}
+
+impl Settings {
+    /// The settings of `flags` alone, with no profile read (for `config
+    /// check`, which reads the file itself).
+    pub fn without_profile(flags: Flags) -> Settings {
+        let location = locate(flags.repo.as_deref());
+        Settings {
+            flags,
+            profile: None,
+            location,
+        }
+    }
+
+    /// Resolves `flags`: with a profile (`--profile` or `CAPSULE_PROFILE`),
+    /// reads it and fills in every setting neither a flag nor the
+    /// environment gave, and sets its destination credentials in this
+    /// process's environment where not set. Call it before any thread is
+    /// started.
+    pub fn resolve(flags: Flags) -> Result<Resolved> {
+        let Some(name) = flags.profile.clone() else {
+            return Ok(Resolved {
+                settings: Settings::without_profile(flags),
+                warnings: Vec::new(),
+            });
+        };
+        let cfg = load_config(flags.config.as_deref())?.ok_or_else(|| {
+            ConfigError(format!(
+                "--profile {name}: no configuration file ({}); create it, or name one with --config",
+                config::config_path(None)
+                    .map(|(p, _)| p.display().to_string())
+                    .unwrap_or_else(|| "no configuration directory".into())
+            ))
+        })?;
+        let mut warnings = cfg.warnings.clone();
+        let p = cfg.profile(&name)?.clone();
+        if let Some(why) = &cfg.insecure {
+            warnings.push(format!(
+                "{}: {why}; another user could change what profile {name:?} backs up and where (`chmod go-w` it)",
+                cfg.path.display()
+            ));
+        }
+        if let Some(c) = &p.credentials {
+            set_default_env(c, &name)?;
+        }
+        Ok(Resolved {
+            settings: Settings::with_profile(flags, p),
+            warnings,
+        })
+    }
+
+    /// `flags` with every setting neither a flag nor the environment gave
+    /// taken from profile `p` (credentials aside: see [`Settings::resolve`]).
+    pub fn with_profile(mut flags: Flags, p: Profile) -> Settings {
+        if flags.repo.is_none() {
+            flags.repo = p.repository.clone();
+        }
+        if flags.password_file.is_none() && std::env::var_os("CAPSULE_PASSWORD").is_none() {
+            flags.password_file = p.password_file.clone();
+        }
+        if flags.connections.is_none() {
+            flags.connections = p.connections;
+        }
+        if flags.cache_dir.is_none() {
+            flags.cache_dir = p.cache_dir.clone();
+        }
+        let location = locate(flags.repo.as_deref());
+        Settings {
+            flags,
+            profile: Some(p),
+            location,
+        }
+    }
+
+    /// The profile's name, when a profile is in use.
+    pub fn profile_name(&self) -> Option<&str> {
+        self.flags.profile.as_deref()
+    }
+
+    /// The profile in use, or an empty one.
+    pub fn profile_or_default(&self) -> Profile {
+        self.profile.clone().unwrap_or_default()
+    }
+
+    /// Where the repository is.
+    pub fn location(&self) -> Result<RepoLocation> {
+        self.location.clone().map_err(|e| match e {
+            LocationError::Usage(m) => UsageError(m).into(),
+            LocationError::NoDataDir => Error::Other(
+                "cannot find a data directory for the default repository; set CAPSULE_REPO or --repo"
+                    .into(),
+            ),
+        })
+    }
+
+    /// How a command reaches the repository at `loc`: the library's
+    /// [`Access`], the one way in that the lab and the daemon use too.
+    pub fn access(&self, loc: &RepoLocation) -> Result<Access> {
+        let mut connect = capsule_access::Connect::from_env(&loc.dest);
+        if let Some(n) = self.flags.connections {
+            connect.net.concurrency = Some(n as usize);
+        }
+        connect.no_fsync = self.flags.no_fsync;
+        connect.trace = self.trace()?;
+        let cache = if self.flags.no_cache {
+            CachePolicy::Off
+        } else {
+            match &self.flags.cache_dir {
+                Some(d) => CachePolicy::In(d.clone()),
+                None => CachePolicy::user_default(),
+            }
+        };
+        Ok(Access {
+            dest: loc.dest.clone(),
+            connect,
+            cache,
+        })
+    }
+
+    /// This process's request trace (`--trace-requests FILE`), created on
+    /// first use: every destination the command opens writes into it.
+    pub fn trace(&self) -> Result<Option<capsule_backend::TraceSink>> {
+        static TRACE: OnceLock<capsule_backend::TraceSink> = OnceLock::new();
+        let Some(path) = &self.flags.trace_requests else {
+            return Ok(None);
+        };
+        if let Some(t) = TRACE.get() {
+            return Ok(Some(t.clone()));
+        }
+        let t = capsule_access::stack::trace_file(path)?;
+        Ok(Some(TRACE.get_or_init(|| t).clone()))
+    }
+
+    /// Settings of profile `name` as a run of it would resolve them, over
+    /// `self`'s flags (for the daemon, which holds every profile's key).
+    pub fn for_profile(&self, name: &str, p: &Profile) -> Settings {
+        let mut flags = self.flags.clone();
+        flags.profile = Some(name.to_string());
+        Settings::with_profile(flags, p.clone())
+    }
+}
+
+fn locate(repo: Option<&str>) -> std::result::Result<RepoLocation, LocationError> {
+    let Some(r) = repo.filter(|r| !r.is_empty()) else {
+        return Ok(RepoLocation {
+            dest: Destination::Local(default_repo().ok_or(LocationError::NoDataDir)?),
+            is_default: true,
+        });
+    };
+    let r = r.strip_prefix("local:").unwrap_or(r);
+    Ok(RepoLocation {
+        dest: Destination::parse(r).map_err(|e| LocationError::Usage(e.to_string()))?,
+        is_default: false,
+    })
+}
+
+/// The destination credentials of a profile, as the connectors read them,
+/// where the environment does not set them already.
+fn set_default_env(c: &config::Credentials, profile: &str) -> Result<()> {
+    let set = |k: &str, v: &std::ffi::OsStr| {
+        if std::env::var_os(k).is_none() {
+            // Single-threaded here: resolving comes before any command
+            // starts a thread (main, right after parsing the command line).
+            std::env::set_var(k, v);
+        }
+    };
+    let password_given = [
+        "CAPSULE_SMB_PASSWORD",
+        "CAPSULE_SMB_PASSWORD_FILE",
+        "CAPSULE_SFTP_PASSWORD",
+        "CAPSULE_SFTP_PASSWORD_FILE",
+    ]
+    .iter()
+    .any(|k| std::env::var_os(k).is_some());
+    if !password_given {
+        if let Some(f) = &c.password_file {
+            set("CAPSULE_SMB_PASSWORD_FILE", f.as_os_str());
+            set("CAPSULE_SFTP_PASSWORD_FILE", f.as_os_str());
+        } else {
+            let secret = match (&c.password_command, &c.password) {
+                (Some(cmd), _) => Some(
+                    config::run_secret_command(
+                        cmd,
+                        &format!("profile {profile:?}: credentials password-command"),
+                    )
+                    .map_err(PasswordCommandError)?,
+                ),
+                (None, Some(p)) => Some(p.clone().into_bytes()),
+                (None, None) => None,
+            };
+            if let Some(s) = secret {
+                use std::os::unix::ffi::OsStrExt;
+                set("CAPSULE_SMB_PASSWORD", std::ffi::OsStr::from_bytes(&s));
+                set("CAPSULE_SFTP_PASSWORD", std::ffi::OsStr::from_bytes(&s));
+            }
+        }
+    }
+    if let Some(k) = &c.sftp_key {
+        set("CAPSULE_SFTP_KEY", k.as_os_str());
+    }
+    if let Some(k) = &c.known_hosts {
+        set("CAPSULE_SFTP_KNOWN_HOSTS", k.as_os_str());
+    }
+    if let Some(p) = &c.aws_profile {
+        set("AWS_PROFILE", std::ffi::OsStr::new(p));
+    }
+    Ok(())
+}

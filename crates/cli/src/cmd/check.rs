@@ -1,0 +1,256 @@
+//! `capsule check` and `capsule repair`: finding damage, and mending it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Result;
+use capsule_app::Settings;
+use capsule_engine::progress::Progress;
+use clap::{Args, Subcommand};
+
+use crate::exit;
+use crate::output::{bytes, Output};
+use crate::repo::{open_uncached, reading_session};
+
+/// Arguments of `check`.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Also read and authenticate every byte of every pack.
+    #[arg(long)]
+    pub(crate) read_data: bool,
+}
+
+/// `capsule check`, recorded for `status` when a profile is in use.
+pub fn run(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
+    let started = capsule_engine::timefmt::now_unix();
+    let read_data = a.read_data;
+    let r = check(settings, out, a);
+    if let Some(name) = settings.profile_name() {
+        capsule_app::status::record_check(
+            name,
+            capsule_app::status::CheckOutcome {
+                started_unix: started,
+                read_data,
+                result: match &r {
+                    Ok(0) => "ok",
+                    Ok(_) => "damaged",
+                    Err(_) => "failed",
+                }
+                .into(),
+                error: r
+                    .as_ref()
+                    .err()
+                    .map(|e| format!("{e:#}").lines().next().unwrap_or("").to_string()),
+            },
+        );
+    }
+    r
+}
+
+fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
+    let opened = open_uncached(settings, out)?;
+    let cache_dir = opened.cache_dir().map(PathBuf::from);
+    let repo = Arc::new(opened.repo);
+    // Held like a backup's, so that a prune running meanwhile does not
+    // delete packs this check is about to read. A destination this user may
+    // only read gets none, and a prune could then race the check.
+    let session = reading_session(
+        &repo,
+        out,
+        "check",
+        "a prune running meanwhile may make this check report packs it deleted",
+    );
+    let progress = Arc::new(Progress::default());
+    let bar = if a.read_data {
+        out.progress(&progress, "check")
+    } else {
+        None
+    };
+    let r = capsule_engine::check::check(&repo, a.read_data, &progress);
+    drop(bar);
+    drop(session);
+    let r = r?;
+    // The next backup must not reuse what this check found lost.
+    if let Some(dir) = cache_dir {
+        if let Err(e) = capsule_access::open::write_damaged_packs(&dir, &r.damaged_packs) {
+            out.warn(format!(
+                "cannot record the damaged packs in {}: {e}; run the next backup with --force so it does not reuse them",
+                dir.display()
+            ));
+        }
+    }
+    out.json(&serde_json::json!({ "ok": r.ok(), "report": r, "destination": capsule_app::open::destination_json() }));
+    out.say(format!(
+        "checked {} snapshots, {} trees, {} packs{}",
+        r.snapshots,
+        r.trees,
+        r.packs,
+        if a.read_data {
+            format!(", read {} blobs ({})", r.blobs_read, bytes(r.bytes_read))
+        } else {
+            String::new()
+        }
+    ));
+    let index_damaged = r
+        .problems
+        .iter()
+        .any(|p| p.object.starts_with("index/") || p.problem.contains("not in any index"));
+    if !r.unindexed_packs.is_empty() && !index_damaged {
+        out.say(format!(
+            "{} packs are not indexed (left by an interrupted backup; a later prune reclaims them)",
+            r.unindexed_packs.len()
+        ));
+    }
+    if r.ok() {
+        out.say("no errors found");
+        return Ok(exit::OK);
+    }
+    if !out.json {
+        let unused = |p: &capsule_engine::check::Problem| {
+            p.affected.is_empty()
+                && (p.object.starts_with("data/") || p.object.starts_with("tree/"))
+        };
+        for p in &r.problems {
+            eprintln!("damaged: {}: {}", p.object, p.problem);
+            if unused(p) {
+                eprintln!(
+                    "  no snapshot uses it (what used it was forgotten, or dropped by `repair snapshots`); `capsule prune` takes it out of the index"
+                );
+            }
+            for f in p.affected.iter().take(20) {
+                eprintln!("  affects {f}");
+            }
+            if p.affected.len() > 20 {
+                eprintln!("  ... and {} more", p.affected.len() - 20);
+            }
+        }
+        if r.problems.iter().all(unused) {
+            eprintln!(
+                "capsule: check found {} missing or damaged packs that no snapshot uses: every snapshot restores in full; run `capsule prune` to take them out of the index",
+                r.problems.len()
+            );
+        } else {
+            eprintln!(
+                "capsule: check found {} damaged objects; files not listed above still restore",
+                r.problems.len()
+            );
+        }
+        if index_damaged && !r.unindexed_packs.is_empty() {
+            eprintln!(
+                "  hint: {} packs are on the destination but in no index; `capsule repair index` rebuilds the index from them",
+                r.unindexed_packs.len()
+            );
+        } else if index_damaged {
+            eprintln!(
+                "  hint: `capsule repair index` rebuilds the index from the packs' own headers"
+            );
+        }
+        if !r.damaged_packs.is_empty() {
+            eprintln!(
+                "  the next backup stores the lost data again where the files still exist (recorded in the cache; use --force on other machines)"
+            );
+        }
+    }
+    Ok(exit::DAMAGED)
+}
+
+/// `repair` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum RepairCommand {
+    /// Rebuild the index from the packs' own headers: indexes every pack no
+    /// intact index file lists, then removes the damaged index files.
+    Index {
+        /// Read and report, but write and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Rewrite snapshots that refer to missing data: drop the files (and
+    /// directories) that are lost, name them, keep everything else. The
+    /// damaged snapshots are set aside (`capsule unforget` brings one back).
+    Snapshots {
+        /// Report what would be dropped; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+pub fn repair(settings: &Settings, out: &Output, r: RepairCommand) -> Result<u8> {
+    let dry_run = match r {
+        RepairCommand::Index { dry_run } => dry_run,
+        RepairCommand::Snapshots { dry_run } => return repair_snapshots(settings, out, dry_run),
+    };
+    // The destination's truth, not the cache's.
+    let repo = open_uncached(settings, out)?.repo;
+    let rep = capsule_engine::repair::repair_index(&repo, dry_run)?;
+    if out.json {
+        let mut v = serde_json::to_value(&rep)?;
+        v["dry_run"] = serde_json::json!(dry_run);
+        v["destination"] = capsule_app::open::destination_json();
+        out.json(&v);
+    }
+    out.say(format!(
+        "{} packs on storage, {} in no intact index file; {}indexed {} of them ({} blobs)",
+        rep.packs,
+        rep.unindexed,
+        if dry_run { "would have " } else { "" },
+        rep.reindexed,
+        rep.blobs
+    ));
+    for f in &rep.removed_index_files {
+        out.say(format!(
+            "{} damaged index file {f}",
+            if dry_run { "would remove" } else { "removed" }
+        ));
+    }
+    for (p, why) in &rep.unreadable_packs {
+        out.warn(format!("{p}: not indexed: {why}"));
+    }
+    if rep.unreadable_packs.is_empty() {
+        Ok(exit::OK)
+    } else {
+        eprintln!(
+            "capsule: {} packs could not be read; their blobs stay unavailable (`capsule check` names the files affected)",
+            rep.unreadable_packs.len()
+        );
+        Ok(exit::DAMAGED)
+    }
+}
+
+fn repair_snapshots(settings: &Settings, out: &Output, dry_run: bool) -> Result<u8> {
+    let repo = open_uncached(settings, out)?.repo;
+    let rep = capsule_engine::repair::repair_snapshots(&Arc::new(repo), dry_run)?;
+    if out.json {
+        let mut v = serde_json::to_value(&rep)?;
+        v["dry_run"] = serde_json::json!(dry_run);
+        v["destination"] = capsule_app::open::destination_json();
+        out.json(&v);
+        return Ok(exit::OK);
+    }
+    for r in &rep.repaired {
+        out.result(format!(
+            "snapshot {}: {} lost entr{}{}",
+            &r.snapshot[..8],
+            r.dropped.len(),
+            if r.dropped.len() == 1 { "y" } else { "ies" },
+            match (&r.replaced_by, dry_run) {
+                (_, true) => " (dry run)".to_string(),
+                (Some(n), false) => format!(", replaced by {} (tagged repaired)", &n[..8]),
+                (None, false) => ", nothing left to keep: set aside".to_string(),
+            }
+        ));
+        for d in &r.dropped {
+            out.result(format!("  dropped {d}"));
+        }
+    }
+    out.say(format!(
+        "{} snapshots read, {} {}",
+        rep.snapshots,
+        rep.repaired.len(),
+        if dry_run {
+            "refer to missing data (dry run: nothing changed)"
+        } else {
+            "repaired; the originals are set aside until the next prune (`capsule snapshots --forgotten`), which takes the lost packs out of the index"
+        }
+    ));
+    Ok(exit::OK)
+}
