@@ -1,0 +1,378 @@
+//! Calibration: timed backups and restores of samples of the source, to
+//! a local repository, fitted to a per-file and a per-byte cost.
+
+use super::model::*;
+use super::source::*;
+use crate::dest::Connector;
+use crate::lab::{backup_step, Hints};
+use crate::record::RunRecord;
+use crate::{LabError, Result};
+use capsule_engine::progress::Progress;
+use capsule_engine::restore::{restore, RestoreOptions};
+use capsule_engine::Repository;
+use capsule_net::Destination;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Measures this machine's pipeline on samples of `files`.
+pub fn calibrate(
+    paths: &[PathBuf],
+    files: &[(PathBuf, u64)],
+    source: &SourceScan,
+    work: &Path,
+) -> Result<Calibration> {
+    // Small sample: whole leaf directories of small files, about 1,000
+    // files, backed up the way the source will be.
+    let mut seed = [0u8; 8];
+    let _ = getrandom::fill(&mut seed);
+    let mut seed = u64::from_le_bytes(seed) | 1;
+    let small = small_dirs(files, 1000, seed);
+    // Large sample: up to 96 MiB of large files, drawn at random from the
+    // largest (those making up four times that), for the same reason.
+    let mut by_size: Vec<&(PathBuf, u64)> = files.iter().filter(|(_, n)| *n > 64 << 10).collect();
+    by_size.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let mut pool_bytes = 0u64;
+    let pool = by_size
+        .iter()
+        .take_while(|(_, n)| {
+            pool_bytes += n;
+            pool_bytes - n < 4 * (96 << 20)
+        })
+        .count();
+    let pool = &mut by_size[..pool];
+    for i in (1..pool.len()).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        pool.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
+    let mut large = Vec::new();
+    let mut large_bytes = 0u64;
+    for (p, n) in pool.iter() {
+        if large_bytes >= 96 << 20 || large.len() >= 200 {
+            break;
+        }
+        large.push(p.clone());
+        large_bytes += n;
+    }
+    let empty = work.join("empty-source");
+    std::fs::create_dir_all(&empty).map_err(|e| LabError::io("create", &empty, e))?;
+    let conn = Connector {
+        no_fsync: true,
+        ..Connector::default()
+    };
+    let password = crate::random_hex(16).into_bytes();
+    // Each sample is backed up three times, each into a new repository
+    // (so each round does the whole work), then re-run with nothing
+    // changed. The first round reads the sample cold: its pages are
+    // dropped from the page cache first. The others read it warm. Which
+    // one the backup will meet depends on how much of the source is in
+    // the cache now (`cached_share`): the two are blended by that. One
+    // round alone, read cold or warm as it happened, moved the per-file
+    // cost by 2.4x between estimates in a row (the same sample measured
+    // 66 and 27 µs a file).
+    let sample = |name: &str, paths: &[PathBuf]| -> Result<Option<Rounds>> {
+        if paths.is_empty() {
+            return Ok(None);
+        }
+        evict(paths);
+        let cache = work.join("cache");
+        let mut firsts = Vec::new();
+        let mut seconds = Vec::new();
+        for round in 0..SAMPLE_ROUNDS {
+            let dest = Destination::Local(work.join(format!("{name}-{round}")));
+            firsts.push(backup_step(
+                &conn,
+                &dest,
+                &password,
+                paths,
+                true,
+                &cache,
+                Hints::default(),
+            )?);
+            seconds.push(backup_step(
+                &conn,
+                &dest,
+                &password,
+                paths,
+                false,
+                &cache,
+                Hints::default(),
+            )?);
+            crate::check_interrupt()?;
+        }
+        seconds.sort_by(|a, b| a.backup_secs.total_cmp(&b.backup_secs));
+        let (cold, warm) = cold_and_warm(&firsts);
+        Ok(Some(Rounds {
+            cold: cold.clone(),
+            warm: warm.clone(),
+            unchanged: seconds[seconds.len() / 2].clone(),
+        }))
+    };
+    // Runs with nothing changed over one whole subtree of the source: the
+    // median of a few (each takes milliseconds, near the noise of one run)
+    // and the fastest plain walk of it, both warm as the source's second
+    // walk is.
+    let unchanged_sample = |paths: &[PathBuf]| -> Result<(f64, f64)> {
+        let dest = Destination::Local(work.join("tree"));
+        let cache = work.join("cache");
+        let step = |init| {
+            backup_step(
+                &conn,
+                &dest,
+                &password,
+                paths,
+                init,
+                &cache,
+                Hints::default(),
+            )
+        };
+        step(true)?;
+        let mut secs = Vec::new();
+        for _ in 0..UNCHANGED_ROUNDS {
+            secs.push(step(false)?.backup_secs);
+            crate::check_interrupt()?;
+        }
+        let fastest = (0..5).map(|_| walk(paths)).fold(f64::INFINITY, f64::min);
+        Ok((median(&mut secs), fastest))
+    };
+    // Restores of the same samples from their local repositories: the
+    // median of three, each into a directory of its own, with the CPU
+    // seconds that round used. Not the fastest: on some machines writing
+    // into the page cache costs ten times more for a while (a VM whose
+    // host takes freed pages back; a filesystem mounted with `discard`
+    // just after many deletions), and the restore being predicted meets
+    // that as often as the samples do. Nothing is deleted until the end.
+    let restored = work.join("restored");
+    let restore_secs = |name: &str| -> Result<(f64, f64)> {
+        let opened = conn.open(&Destination::Local(work.join(format!("{name}-0"))), false)?;
+        let repo = Repository::open(opened.backend.clone(), &password)?;
+        let (index, _) = repo.load_index()?;
+        let (_, snap) = repo.resolve_snapshot("latest")?;
+        let root = snap
+            .tree
+            .parse()
+            .map_err(|_| capsule_engine::EngineError::corrupt("snapshot", "bad tree id"))?;
+        let mut rounds = Vec::new();
+        for round in 0..3 {
+            let target = restored.join(format!("{name}-{round}"));
+            let cpu0 = crate::cpu::process();
+            let t = Instant::now();
+            let r = restore(
+                &repo,
+                &index,
+                &root,
+                &RestoreOptions {
+                    target: target.clone(),
+                    ..RestoreOptions::default()
+                },
+                &Progress::default(),
+            )?;
+            let secs = t.elapsed().as_secs_f64();
+            let cpu = match (cpu0, crate::cpu::process()) {
+                (Some(a), Some(b)) => (b - a).max(0.0),
+                _ => 0.0,
+            };
+            rounds.push((secs, cpu));
+            if !r.errors.is_empty() {
+                return Err(LabError::io(
+                    "restore the sample",
+                    &target,
+                    std::io::Error::other(format!("{} entries failed", r.errors.len())),
+                ));
+            }
+        }
+        rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(rounds[rounds.len() / 2])
+    };
+    // What any run costs here with nothing to do.
+    let e = sample("empty", &[empty])?.expect("one path");
+    let s = sample("small", &small)?;
+    let l = sample("large", &large)?;
+    let share = cached_share(files, seed);
+    let (cold_file, cold_byte) = fit(
+        s.as_ref().map(|r| &r.cold),
+        l.as_ref().map(|r| &r.cold),
+        &e.warm,
+    );
+    let (warm_file, warm_byte) = fit(
+        s.as_ref().map(|r| &r.warm),
+        l.as_ref().map(|r| &r.warm),
+        &e.warm,
+    );
+    let blend = |cold: f64, warm: f64| share * warm + (1.0 - share) * cold;
+    let (per_file, per_byte) = (blend(cold_file, warm_file), blend(cold_byte, warm_byte));
+    let e2 = e.unchanged.backup_secs;
+    let unchanged_sample_path = walk_sample(files, paths);
+    let tree = match &unchanged_sample_path {
+        Some(t) => Some(unchanged_sample(std::slice::from_ref(t))?),
+        None => None,
+    };
+    let walk_factor = tree
+        .map(|(secs, w)| (secs - e2).max(0.0) / w.max(1e-9))
+        .unwrap_or(0.0);
+    let unchanged = tree
+        .and_then(|(secs, w)| unchanged_per_file(secs, e2, w, source.walk_secs, source.files))
+        .or_else(|| {
+            // No subtree of a fitting size (one flat directory): the small
+            // sample's own figure per file.
+            s.as_ref()
+                .or(l.as_ref())
+                .map(|r| (r.unchanged.backup_secs - e2).max(0.0) / r.unchanged.files.max(1) as f64)
+        })
+        .unwrap_or(0.0);
+    let s = s.map(|r| (r.warm, r.unchanged));
+    let l = l.map(|r| (r.warm, r.unchanged));
+    let ratio = l
+        .as_ref()
+        .or(s.as_ref())
+        .map(|(f, _)| f.bytes_added as f64 / f.bytes_read.max(1) as f64)
+        .unwrap_or(1.0);
+    // The same two-point fit for restores.
+    let rs = s
+        .as_ref()
+        .map(|(f, _)| (f.files_read as f64, f.bytes_read as f64));
+    let rl = l
+        .as_ref()
+        .map(|(f, _)| (f.files_read as f64, f.bytes_read as f64));
+    // What a restore costs with nothing to write (starting, planning,
+    // finishing), taken off the samples as the empty backup is above; the
+    // same for its CPU seconds.
+    let (fixed_secs, fixed_cpu) = restore_secs("empty")?;
+    let less_fixed =
+        |(secs, cpu): (f64, f64)| ((secs - fixed_secs).max(0.0), (cpu - fixed_cpu).max(0.0));
+    let rs = match rs {
+        Some((f, b)) => Some((f, b, less_fixed(restore_secs("small")?))),
+        None => None,
+    };
+    let rl = match rl {
+        Some((f, b)) => Some((f, b, less_fixed(restore_secs("large")?))),
+        None => None,
+    };
+    let _ = std::fs::remove_dir_all(&restored);
+    let time = |p: &(f64, f64, (f64, f64))| (p.0, p.1, p.2 .0);
+    let cpu = |p: &(f64, f64, (f64, f64))| (p.0, p.1, p.2 .1);
+    let (restore_per_file, restore_per_byte) =
+        fit_restore(rs.as_ref().map(time), rl.as_ref().map(time));
+    let (restore_cpu_per_file, restore_cpu_per_byte) =
+        fit_restore(rs.as_ref().map(cpu), rl.as_ref().map(cpu));
+    let dims = |x: &Option<(RunRecord, RunRecord)>| {
+        x.as_ref()
+            .map(|(f, _)| (f.files_read, f.bytes_read))
+            .unwrap_or_default()
+    };
+    Ok(Calibration {
+        per_file,
+        per_byte,
+        cold: (cold_file, cold_byte),
+        warm: (warm_file, warm_byte),
+        cached_share: share,
+        per_unchanged_file: unchanged,
+        unchanged_sample: unchanged_sample_path,
+        walk_factor,
+        stored_ratio: ratio.clamp(0.01, 1.2),
+        samples: [dims(&s), dims(&l)],
+        restore_per_file,
+        restore_per_byte,
+        restore_cpu_per_file,
+        restore_cpu_per_byte,
+        cores: crate::cpu::cores(),
+    })
+}
+
+/// A sample's rounds: the first (read cold), a warm one, and a run with
+/// nothing changed.
+pub(crate) struct Rounds {
+    pub(crate) cold: RunRecord,
+    pub(crate) warm: RunRecord,
+    pub(crate) unchanged: RunRecord,
+}
+
+/// Seconds per file and per byte from the small and the large sample's
+/// run, less what a run of an empty source (`empty`) costs.
+pub(crate) fn fit(
+    small: Option<&RunRecord>,
+    large: Option<&RunRecord>,
+    empty: &RunRecord,
+) -> (f64, f64) {
+    let point = |r: &RunRecord| {
+        (
+            r.files_read as f64,
+            r.bytes_read as f64,
+            (r.backup_secs - empty.backup_secs).max(0.0),
+        )
+    };
+    match (small, large) {
+        (Some(s1), Some(l1)) => {
+            let (f1, b1, t1) = point(s1);
+            let (f2, b2, t2) = point(l1);
+            let det = f1 * b2 - f2 * b1;
+            // Samples with the same bytes per file cannot separate the two
+            // costs; then charge bytes only.
+            let same_shape = f1 > 0.0 && f2 > 0.0 && ((b1 / f1) / (b2 / f2) - 1.0).abs() < 0.3;
+            let solved = (!same_shape && det.abs() > 1e-9)
+                .then(|| ((t1 * b2 - t2 * b1) / det, (f1 * t2 - f2 * t1) / det));
+            match solved {
+                Some((a, b)) if a >= 0.0 && b >= 0.0 => (a, b),
+                _ => (0.0, (t1 + t2) / (b1 + b2).max(1.0)),
+            }
+        }
+        (Some(s1), None) => {
+            let (f, b, t) = point(s1);
+            if b > 0.0 {
+                (0.5 * t / f.max(1.0), 0.5 * t / b)
+            } else {
+                (t / f.max(1.0), 0.0)
+            }
+        }
+        (None, Some(l1)) => {
+            let (_, b, t) = point(l1);
+            (0.0, t / b.max(1.0))
+        }
+        (None, None) => (0.0, 0.0),
+    }
+}
+
+/// The round read cold (the first: its sample was just dropped from the
+/// page cache) and the warm one standing for the others (their median).
+pub fn cold_and_warm(rounds: &[RunRecord]) -> (&RunRecord, &RunRecord) {
+    let (first, rest) = rounds.split_first().expect("at least one round");
+    if rest.is_empty() {
+        return (first, first);
+    }
+    let mut by_time: Vec<&RunRecord> = rest.iter().collect();
+    by_time.sort_by(|a, b| a.backup_secs.total_cmp(&b.backup_secs));
+    // Of two, the faster: a warm round is only ever slowed by something
+    // else on the machine.
+    (first, by_time[(by_time.len() - 1) / 2])
+}
+
+/// How many times each calibration sample is backed up.
+pub(crate) const SAMPLE_ROUNDS: usize = 3;
+
+/// How many runs with nothing changed the subtree sample gets.
+pub(crate) const UNCHANGED_ROUNDS: usize = 5;
+
+/// Cost per file and per byte from the small and the large restore sample,
+/// each (files, bytes, cost): solved exactly when both exist and the
+/// solution is not negative, else charged to bytes; one sample alone is
+/// split evenly between its files and its bytes.
+pub(crate) fn fit_restore(
+    small: Option<(f64, f64, f64)>,
+    large: Option<(f64, f64, f64)>,
+) -> (f64, f64) {
+    match (small, large) {
+        (Some((f1, b1, t1)), Some((f2, b2, t2))) => {
+            let det = f1 * b2 - f2 * b1;
+            match (det.abs() > 1e-9).then(|| ((t1 * b2 - t2 * b1) / det, (f1 * t2 - f2 * t1) / det))
+            {
+                Some((a, b)) if a >= 0.0 && b >= 0.0 => (a, b),
+                _ => (0.0, (t1 + t2) / (b1 + b2).max(1.0)),
+            }
+        }
+        (Some((f, b, t)), None) | (None, Some((f, b, t))) => {
+            (0.5 * t / f.max(1.0), 0.5 * t / b.max(1.0))
+        }
+        (None, None) => (0.0, 0.0),
+    }
+}
