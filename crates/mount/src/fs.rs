@@ -2,11 +2,6 @@
 //! hosts, `latest` and `versions/` trees, open files and the read-ahead,
 //! kept current by the refresh.
 
-use capsule_engine::browse::{FileMap, Lru};
-use capsule_engine::browse::{Refresh, View};
-use capsule_format::tree::{Node, NodeKind, Timestamp};
-use capsule_format::ObjectId;
-use fuser::{Errno, FileAttr, FileType, INodeNo};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -16,6 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use capsule_engine::browse::{FileMap, Lru};
+use capsule_engine::browse::{Refresh, View};
+use capsule_format::tree::{Node, NodeKind, Timestamp};
+use capsule_format::ObjectId;
+use fuser::{Errno, FileAttr, FileType, INodeNo};
 
 /// What can go wrong mounting.
 #[derive(Debug, thiserror::Error)]
@@ -40,21 +41,21 @@ pub enum MountError {
 
 /// How long the kernel may keep what it was told: snapshot contents never
 /// change; the lists of snapshots do, when a backup or forget runs.
-pub(crate) const TTL_CONTENT: Duration = Duration::from_secs(3600);
+const TTL_CONTENT: Duration = Duration::from_secs(3600);
 
 pub(crate) const TTL_LISTS: Duration = Duration::from_secs(1);
 
 /// Read-ahead across the files of a directory: at most this many files,
 /// and this many bytes, past the one opened.
-pub(crate) const AHEAD_FILES: usize = 256;
+const AHEAD_FILES: usize = 256;
 
-pub(crate) const AHEAD_BYTES: u64 = 32 << 20;
+const AHEAD_BYTES: u64 = 32 << 20;
 
 /// At most this many files fetched ahead across directories at once.
-pub(crate) const AHEAD_BEYOND_FILES: usize = 2048;
+const AHEAD_BEYOND_FILES: usize = 2048;
 
 /// Entries of `versions/` listings kept, over all of them.
-pub(crate) const LISTING_CACHE_ENTRIES: usize = 1_000_000;
+const LISTING_CACHE_ENTRIES: usize = 1_000_000;
 
 pub(crate) const ROOT: u64 = 1;
 
@@ -103,20 +104,20 @@ pub(crate) struct Reading {
 
 /// At most this many files' maps are kept; beyond it they are dropped and
 /// made again on the next read (a file's map is its list of blobs).
-pub(crate) const MAX_READING: usize = 4096;
+const MAX_READING: usize = 4096;
 
 /// The file system.
 pub struct CapsuleFs {
     pub(crate) view: RwLock<Arc<ViewNames>>,
-    pub(crate) refresh: Refresh,
+    refresh: Refresh,
     /// How often the snapshot lists are read again, at most.
-    pub(crate) refresh_every: Duration,
-    pub(crate) refreshed: Mutex<Instant>,
+    refresh_every: Duration,
+    refreshed: Mutex<Instant>,
     pub(crate) inos: Mutex<HashMap<u64, Ino>>,
     /// Files read lately, by inode.
     pub(crate) reading: Mutex<HashMap<u64, Arc<Reading>>>,
-    pub(crate) uid: u32,
-    pub(crate) gid: u32,
+    uid: u32,
+    gid: u32,
     /// The kernel opens files without asking (`FUSE_NO_OPEN_SUPPORT`).
     pub(crate) bare_open: bool,
     /// The kernel opens directories without asking, keeps their listings,
@@ -124,12 +125,12 @@ pub struct CapsuleFs {
     /// and `FUSE_AUTO_INVAL_DATA`).
     pub(crate) bare_opendir: bool,
     /// Per directory inode: how far its files were fetched ahead.
-    pub(crate) ahead_marks: Mutex<HashMap<u64, usize>>,
+    ahead_marks: Mutex<HashMap<u64, usize>>,
     /// Per directory inode: the stretch of its subdirectories last fetched
     /// ahead, as (first, end) indexes into its tree.
-    pub(crate) beyond_marks: Mutex<HashMap<u64, (usize, usize)>>,
+    beyond_marks: Mutex<HashMap<u64, (usize, usize)>>,
     /// Lists under `versions/`, by inode ([`CapsuleFs::cached_listing`]).
-    pub(crate) listings: Mutex<Lru<u64, Arc<Listing>>>,
+    listings: Mutex<Lru<u64, Arc<Listing>>>,
 }
 
 /// A view with each snapshot's directory name.
@@ -175,7 +176,7 @@ impl ViewNames {
             .map(|i| self.names[i].1)
     }
 
-    pub(crate) fn name_of(&self, i: usize) -> &str {
+    fn name_of(&self, i: usize) -> &str {
         self.names
             .iter()
             .find(|(_, j)| *j == i)
@@ -183,7 +184,7 @@ impl ViewNames {
             .unwrap_or("")
     }
 
-    pub(crate) fn hosts(&self) -> Vec<String> {
+    fn hosts(&self) -> Vec<String> {
         let mut h: Vec<String> = self
             .view
             .snapshots
@@ -205,7 +206,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// below 2^32 are left to the fixed inodes.
 /// The files of `n` (itself, or below it when a directory, depth first in
 /// name order, at most 8 levels down) while the budget lasts.
-pub(crate) fn collect_files(
+fn collect_files(
     b: &capsule_engine::browse::Browser,
     n: &Node,
     files: &mut Vec<Node>,
@@ -238,7 +239,7 @@ pub(crate) fn ino_of(parent: u64, name: &[u8]) -> u64 {
     h.finish() | (1 << 40)
 }
 
-pub(crate) fn time(t: Timestamp) -> SystemTime {
+fn time(t: Timestamp) -> SystemTime {
     if t.secs >= 0 {
         UNIX_EPOCH + Duration::new(t.secs as u64, t.nanos)
     } else {
@@ -259,7 +260,7 @@ pub(crate) fn kind_of(n: &Node) -> FileType {
 }
 
 /// What a directory lists: (name, what, kind).
-pub(crate) type Listing = Vec<(Vec<u8>, What, FileType)>;
+type Listing = Vec<(Vec<u8>, What, FileType)>;
 
 impl CapsuleFs {
     /// A file system showing `view`, listing it again through `refresh`
@@ -420,7 +421,7 @@ impl CapsuleFs {
         }
     }
 
-    pub(crate) fn latest_target(&self) -> Vec<u8> {
+    fn latest_target(&self) -> Vec<u8> {
         let v = self.view();
         match v.view.snapshots.len().checked_sub(1) {
             Some(i) => format!("snapshots/{}", v.name_of(i)).into_bytes(),
@@ -430,7 +431,7 @@ impl CapsuleFs {
 
     /// Everything directory `what` lists. Inside a snapshot this is the
     /// cached tree itself, not a copy: see [`Self::tree_of`].
-    pub(crate) fn listing(&self, what: &What) -> Result<Listing, Errno> {
+    fn listing(&self, what: &What) -> Result<Listing, Errno> {
         let v = self.view();
         let dir = FileType::Directory;
         Ok(match what {
@@ -600,7 +601,7 @@ impl CapsuleFs {
     /// order `cp -r` and most readers take them, up to [`AHEAD_FILES`]
     /// files or [`AHEAD_BYTES`], unless that stretch was fetched already.
     /// One ranged read then serves many small files, as in a restore.
-    pub(crate) fn read_ahead_siblings(&self, parent: u64, tree: &[Node], index: usize) {
+    fn read_ahead_siblings(&self, parent: u64, tree: &[Node], index: usize) {
         let from = {
             let mut marks = lock(&self.ahead_marks);
             let mark = marks.entry(parent).or_insert(0);
@@ -638,7 +639,7 @@ impl CapsuleFs {
     /// parent, depth first, within [`AHEAD_BYTES`] and [`AHEAD_BEYOND_FILES`].
     /// A new stretch is started only once the reader has reached the
     /// start of the last one, so at most two are cached ahead.
-    pub(crate) fn ahead_beyond(&self, dir: u64, files: &mut Vec<Node>, bytes: &mut u64) {
+    fn ahead_beyond(&self, dir: u64, files: &mut Vec<Node>, bytes: &mut u64) {
         let Some((up, name)) = lock(&self.inos)
             .get(&dir)
             .map(|i| (i.parent, i.name.clone()))

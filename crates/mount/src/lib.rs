@@ -20,10 +20,12 @@
 
 mod fs;
 mod ops;
-pub use fs::*;
+
+use std::path::{Path, PathBuf};
 
 pub use capsule_engine::browse::{Refresh, View};
-use std::path::{Path, PathBuf};
+
+pub use fs::{CapsuleFs, MountError};
 
 /// Checks that `path` can be mounted on: an existing directory, not a
 /// mount point already.

@@ -1,16 +1,20 @@
 //! The FUSE operations: lookups, attributes, listings and reads answered
 //! from the file system's state.
 
-use super::fs::*;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
 use capsule_format::tree::NodeKind;
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, LockOwner, OpenFlags, ReplyAttr,
     ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+
+use super::fs::{
+    ino_of, kind_of, lock, CapsuleFs, What, HOSTS, LATEST, ROOT, SNAPSHOTS, TTL_LISTS, VERSIONS,
+};
 
 impl Filesystem for CapsuleFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
@@ -352,13 +356,13 @@ impl Filesystem for CapsuleFs {
     }
 }
 
-pub(crate) fn pw_is_snapshots(w: &What) -> bool {
+fn pw_is_snapshots(w: &What) -> bool {
     matches!(w, What::SnapshotsDir)
 }
 
 /// Whether directory `w` lists snapshots, or paths over all of them:
 /// its listing changes when a backup or forget runs.
-pub(crate) fn lists_snapshots(w: &What) -> bool {
+fn lists_snapshots(w: &What) -> bool {
     matches!(
         w,
         What::Root

@@ -2,13 +2,14 @@
 //! bounds, this machine's key hint, the early derivation and the search
 //! that finds which key file a password opens.
 
-use super::names::*;
-use crate::timefmt::{now_unix, rfc3339};
-use crate::{EngineError, Result};
 use capsule_backend::{Backend, ErrorKind};
 use capsule_crypto::{KdfParams, MasterKey};
 use capsule_format::snapshot::{from_json, KeyFile};
 use capsule_format::{FileType, ObjectId, FORMAT_VERSION};
+
+use super::names::{hostname, username};
+use crate::timefmt::{now_unix, rfc3339};
+use crate::{EngineError, Result};
 
 /// A key file as listed by `key list`.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -69,14 +70,14 @@ pub(crate) fn new_keyfile(
 /// attacker-controlled input: without a bound, a crafted one (4 GiB, 100
 /// passes) holds every command for minutes. capsule writes 64 MiB × 3; the
 /// bound leaves room for 16× that, well past any advice for Argon2id.
-pub(crate) const KDF_MAX_MEMORY_KIB: u64 = 1 << 20;
+const KDF_MAX_MEMORY_KIB: u64 = 1 << 20;
 
-pub(crate) const KDF_MAX_PASSES: u32 = 16;
+const KDF_MAX_PASSES: u32 = 16;
 
 /// Memory × passes, in KiB: about 4 s on a laptop core.
-pub(crate) const KDF_MAX_WORK: u64 = 4 << 20;
+const KDF_MAX_WORK: u64 = 4 << 20;
 
-pub(crate) const KDF_MAX_LANES: u32 = 16;
+const KDF_MAX_LANES: u32 = 16;
 
 /// A key file parsed and checked, not yet opened.
 pub(crate) struct ParsedKey {
@@ -88,7 +89,7 @@ pub(crate) struct ParsedKey {
 }
 
 impl ParsedKey {
-    pub(crate) fn work(&self) -> u64 {
+    fn work(&self) -> u64 {
         u64::from(self.kdf.m_cost) * u64::from(self.kdf.t_cost)
     }
 }
@@ -152,7 +153,7 @@ pub(crate) fn parse_keyfile(bytes: &[u8], name: &str) -> Result<ParsedKey> {
 }
 
 /// Whether a key derivation's cost is one capsule will pay.
-pub(crate) fn kdf_in_bounds(kdf: KdfParams) -> bool {
+fn kdf_in_bounds(kdf: KdfParams) -> bool {
     let work = u64::from(kdf.m_cost) * u64::from(kdf.t_cost);
     u64::from(kdf.m_cost) <= KDF_MAX_MEMORY_KIB
         && kdf.t_cost <= KDF_MAX_PASSES
@@ -311,7 +312,7 @@ impl EarlyKey {
 
     /// The derived key, if it is for this key file's salt and cost, and
     /// whether it was handed over already derived.
-    pub(crate) fn take_for(
+    fn take_for(
         slot: &mut Option<EarlyKey>,
         p: &ParsedKey,
     ) -> Option<(zeroize::Zeroizing<[u8; 32]>, KeySource)> {

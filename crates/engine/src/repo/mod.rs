@@ -6,18 +6,21 @@
 
 mod keys;
 mod names;
-pub use keys::*;
-pub use names::*;
 
-use crate::index::MasterIndex;
-use crate::{EngineError, Result};
+use std::sync::Arc;
+
 use capsule_backend::{Backend, ErrorKind};
 use capsule_crypto::{Aad, KdfParams, MasterKey};
 use capsule_format::snapshot::{from_json, to_json, KeyFile, RepoConfig, Snapshot};
 use capsule_format::tree::{decode_tree, Node};
 use capsule_format::{compress, BlobId, BlobType, FileType, ObjectId, FORMAT_VERSION};
 use rayon::prelude::*;
-use std::sync::Arc;
+
+use crate::index::MasterIndex;
+use crate::{EngineError, Result};
+use keys::{find_key, new_keyfile, parse_keyfile, ENVELOPE_SLACK};
+pub use keys::{EarlyKey, KeyHint, KeyInfo, KeySource};
+pub use names::{hostname, pack_name, username};
 
 /// Readable snapshots (oldest first) and the errors of unreadable ones.
 pub type SnapshotList = (Vec<(ObjectId, Snapshot)>, Vec<EngineError>);
@@ -760,6 +763,7 @@ impl Repository {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::keys::Kek;
     use super::*;
     use capsule_backend::testing::MemoryBackend;
 

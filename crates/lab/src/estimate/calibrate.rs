@@ -1,18 +1,22 @@
 //! Calibration: timed backups and restores of samples of the source, to
 //! a local repository, fitted to a per-file and a per-byte cost.
 
-use super::model::*;
-use super::source::*;
-use crate::dest::Connector;
-use crate::lab::{backup_step, Hints};
-use crate::record::RunRecord;
-use crate::{LabError, Result};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
 use capsule_engine::progress::Progress;
 use capsule_engine::restore::{restore, RestoreOptions};
 use capsule_engine::Repository;
 use capsule_net::Destination;
-use std::path::{Path, PathBuf};
-use std::time::Instant;
+
+use super::model::{median, Calibration};
+use super::source::{
+    cached_share, evict, small_dirs, unchanged_per_file, walk, walk_sample, SourceScan,
+};
+use crate::dest::Connector;
+use crate::lab::{backup_step, Hints};
+use crate::record::RunRecord;
+use crate::{LabError, Result};
 
 /// Measures this machine's pipeline on samples of `files`.
 pub fn calibrate(
@@ -282,7 +286,7 @@ pub fn calibrate(
 
 /// A sample's rounds: the first (read cold), a warm one, and a run with
 /// nothing changed.
-pub(crate) struct Rounds {
+struct Rounds {
     pub(crate) cold: RunRecord,
     pub(crate) warm: RunRecord,
     pub(crate) unchanged: RunRecord,
@@ -348,10 +352,10 @@ pub fn cold_and_warm(rounds: &[RunRecord]) -> (&RunRecord, &RunRecord) {
 }
 
 /// How many times each calibration sample is backed up.
-pub(crate) const SAMPLE_ROUNDS: usize = 3;
+const SAMPLE_ROUNDS: usize = 3;
 
 /// How many runs with nothing changed the subtree sample gets.
-pub(crate) const UNCHANGED_ROUNDS: usize = 5;
+const UNCHANGED_ROUNDS: usize = 5;
 
 /// Cost per file and per byte from the small and the large restore sample,
 /// each (files, bytes, cost): solved exactly when both exist and the

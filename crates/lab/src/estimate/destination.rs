@@ -1,16 +1,18 @@
 //! The destination's probe: its round trips, throughput and fixed costs,
 //! measured with the backend capsule uses.
 
-use super::model::*;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use capsule_backend::LabBackend;
+use capsule_net::Destination;
+
+use super::model::{median, spread_of, DestProbe, ProbeRounds};
 use crate::dest::{delete_all, Connector};
 use crate::lab::{backup_step, Hints};
 use crate::probe::{self, Noise};
 use crate::{LabError, Result};
-use capsule_backend::LabBackend;
-use capsule_net::Destination;
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Instant;
 
 /// Probes the destination briefly (a few seconds at most on a LAN; `work`
 /// is a local scratch directory).
@@ -118,11 +120,7 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
 /// Seconds of whole runs with one new small file, and with nothing new,
 /// on a tiny repository at `repo`: each run connects afresh, as a separate
 /// process would; three of each, alternating.
-pub(crate) fn fixed_costs(
-    conn: &Connector,
-    repo: &Destination,
-    work: &Path,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+fn fixed_costs(conn: &Connector, repo: &Destination, work: &Path) -> Result<(Vec<f64>, Vec<f64>)> {
     let src = work.join("fixed-source");
     std::fs::create_dir_all(&src).map_err(|e| LabError::io("create", &src, e))?;
     let add = |i: u32| -> Result<()> {
@@ -165,7 +163,7 @@ pub(crate) fn fixed_costs(
 
 /// Runs `f(i)` for `i` in `0..n` on `n` threads at once; the first error
 /// wins.
-pub(crate) fn on_threads(
+fn on_threads(
     n: usize,
     f: impl Fn(usize) -> std::result::Result<(), capsule_backend::BackendError> + Sync,
 ) -> Result<()> {
@@ -185,7 +183,7 @@ pub(crate) fn on_threads(
     }
 }
 
-pub(crate) fn parallel_puts(b: &Arc<dyn LabBackend>, tag: &str, n: usize, size: u64) -> Result<()> {
+fn parallel_puts(b: &Arc<dyn LabBackend>, tag: &str, n: usize, size: u64) -> Result<()> {
     on_threads(n, |i| {
         b.put_stream(
             &format!("est/{tag}{i}"),
@@ -197,12 +195,7 @@ pub(crate) fn parallel_puts(b: &Arc<dyn LabBackend>, tag: &str, n: usize, size: 
 
 /// Reads back what [`parallel_puts`] wrote, in 4 MiB ranges, `n` reads at
 /// once. Returns the bytes read.
-pub(crate) fn parallel_gets(
-    b: &Arc<dyn LabBackend>,
-    tag: &str,
-    n: usize,
-    size: u64,
-) -> Result<u64> {
+fn parallel_gets(b: &Arc<dyn LabBackend>, tag: &str, n: usize, size: u64) -> Result<u64> {
     use std::sync::atomic::Ordering::Relaxed;
     let chunk = 4u64 << 20;
     let ranges: Vec<(usize, u64)> = (0..n)

@@ -28,17 +28,23 @@ mod calibrate;
 mod destination;
 mod model;
 mod source;
-pub use calibrate::*;
-pub use destination::*;
-pub use model::*;
-pub use source::*;
+
+use std::path::{Path, PathBuf};
+
+use capsule_net::Destination;
 
 use crate::dest::Connector;
 use crate::history::History;
 use crate::record::RunRecord;
 use crate::{LabError, Result};
-use capsule_net::Destination;
-use std::path::{Path, PathBuf};
+pub use calibrate::{calibrate, cold_and_warm};
+pub use destination::probe_destination;
+use model::median;
+pub use model::{
+    predict, predict_restore, predict_run, restore_parts, Calibration, Checked, DestProbe,
+    Estimate, EstimateOptions, Prediction, ProbeRounds, RestoreParts, TYPICAL_FILES,
+};
+pub use source::{scan, unchanged_per_file, SizeClass, SourceScan};
 
 /// Sets recorded runs to `destination` against the model; returns the
 /// checks and the correction factors (initial, hourly), each the median
@@ -155,6 +161,9 @@ pub fn estimate(
 
 #[cfg(test)]
 mod tests {
+    use super::calibrate::{fit, fit_restore};
+    use super::model::spread_of;
+    use super::source::{small_dirs, walk_sample};
     use super::*;
 
     fn cal() -> Calibration {

@@ -1,9 +1,11 @@
 //! The cost model: what this machine and the destination were measured
 //! to cost, and the predictions made from it.
 
-use super::source::*;
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::source::SourceScan;
 
 /// This machine's pipeline costs, measured on samples of the source.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -206,7 +208,7 @@ pub struct EstimateOptions {
 }
 
 /// Pipeline time for `files` files of `bytes` bytes (no upload).
-pub(crate) fn pipeline(c: &Calibration, files: f64, bytes: f64) -> f64 {
+fn pipeline(c: &Calibration, files: f64, bytes: f64) -> f64 {
     c.per_file * files + c.per_byte * bytes
 }
 
@@ -252,7 +254,7 @@ pub fn predict_run(
 /// SMB signing), so they overlap imperfectly. Fitted on the small and docs
 /// sets at 2 ms (SMB, SFTP, S3 here), checked on others (bench/RESULTS.md,
 /// Estimator accuracy).
-pub(crate) const RESTORE_OVERLAP_LOSS: f64 = 0.3;
+const RESTORE_OVERLAP_LOSS: f64 = 0.3;
 
 /// The parts of a full restore's prediction, seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -272,7 +274,7 @@ pub struct RestoreParts {
 impl RestoreParts {
     /// The longer of local work and download, plus the part of the
     /// shorter that does not overlap.
-    pub(crate) fn overlapped(&self) -> f64 {
+    fn overlapped(&self) -> f64 {
         self.local.max(self.net) + RESTORE_OVERLAP_LOSS * self.local.min(self.net)
     }
 

@@ -1,10 +1,12 @@
 //! The source as an estimate sees it: its files by size class, a sample
 //! walk, the page cache's share of it, small directories to time.
 
-use crate::{LabError, Result};
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{LabError, Result};
 
 /// One size class of the source.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -38,7 +40,7 @@ pub struct SourceScan {
     pub walk_secs: f64,
 }
 
-pub(crate) const CLASS_BOUNDS: [u64; 6] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 0];
+const CLASS_BOUNDS: [u64; 6] = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 0];
 
 /// Walks `paths` (not following symlinks) and counts.
 pub fn scan(paths: &[PathBuf]) -> Result<(SourceScan, Vec<(PathBuf, u64)>)> {
