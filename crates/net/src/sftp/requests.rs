@@ -1,62 +1,43 @@
-//! SFTP over SSH (the `russh` and `russh-sftp` crates; pure Rust).
-//!
-//! * Authentication: a private key (`CAPSULE_SFTP_KEY`, else the usual
-//!   `~/.ssh/id_*`), then a password (`CAPSULE_SFTP_PASSWORD`). The server's
-//!   host key must already be in known_hosts; an unknown or changed key is
-//!   refused with the fingerprint and the command that records it.
-//! * No overwrite, atomically: the object is written to `.tmp-<random>` in
-//!   its directory, fsynced (`fsync@openssh.com`), then renamed. SFTP v3's
-//!   RENAME refuses an existing target (OpenSSH implements it with link(2)),
-//!   so the rename decides the race.
-//! * Latency: writes and reads are pipelined (many requests in flight per
-//!   object), and a small pool of SSH connections carries concurrent
-//!   requests, since one sshd process serves one connection on one core.
+//! The SFTP backend's requests: pipelined reads and writes, listings
+//! walked several directories deep at once, a connection redialed when
+//! it dies.
 
 use std::collections::HashSet;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use capsule_backend::{
-    check_range, validate_name, Backend, BackendError, Capabilities, ErrorKind, LabBackend,
-    ObjectInfo, Space,
-};
+use capsule_backend::{check_range, BackendError, ErrorKind};
 use futures::stream::{FuturesOrdered, FuturesUnordered};
 use futures::StreamExt;
-use russh::client;
-use russh::keys::{HashAlg, PrivateKeyWithHashAlg, PublicKeyOrCertificate};
 use russh_sftp::client::error::Error as SftpError;
-use russh_sftp::client::RawSftpSession;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, StatusCode};
 
+use super::dial::{
+    closed, default_key, is_missing, lock, sftp_err, Auth, Conn, Dialer, Sent, REDIAL_AFTER,
+};
 use crate::rt::block_on;
 use crate::url::SftpTarget;
 use crate::Options;
 
 /// Requests in flight per object being written or read.
 const PIPELINE: usize = 32;
-/// How long a pool slot whose background dial failed is left to the
-/// connections that are live.
-const REDIAL_AFTER: Duration = Duration::from_secs(30);
+
 /// READDIR requests in flight per directory listed.
 const READDIR_DEPTH: usize = 4;
+
 /// Bytes of write requests in flight per object, at most: each request
 /// holds its own copy until the server answers. 4 MiB fills 10 ms at
 /// 400 MB/s for one upload.
 const WRITE_IN_FLIGHT: u64 = 4 << 20;
-/// Chunk size when the server does not announce its limits.
-const DEFAULT_CHUNK: u64 = 32 * 1024;
-/// Seconds a request may wait for its answer.
-const REQUEST_TIMEOUT: u64 = 60;
 
 /// An SFTP directory as a capsule backend.
 #[derive(Debug)]
 pub struct SftpBackend {
-    dialer: Arc<Dialer>,
-    base: String,
+    pub(crate) dialer: Arc<Dialer>,
+    pub(crate) base: String,
     pool: Vec<Slot>,
     /// When each slot's last background dial failed: a slot is not dialled
     /// again in the background for [`REDIAL_AFTER`], so a server that
@@ -64,304 +45,12 @@ pub struct SftpBackend {
     dial_failed: Arc<Vec<Mutex<Option<std::time::Instant>>>>,
     /// Requests active right now (picks the pool slot).
     active: AtomicUsize,
-    dirs: Mutex<HashSet<String>>,
-    concurrency: usize,
+    pub(crate) dirs: Mutex<HashSet<String>>,
+    pub(crate) concurrency: usize,
 }
 
 /// One place in the connection pool.
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Conn>>>>;
-
-/// What opening a connection needs; shared with the tasks that open pool
-/// connections in the background.
-#[derive(Debug)]
-struct Dialer {
-    target: SftpTarget,
-    location: String,
-    auth: Auth,
-}
-
-#[derive(Clone)]
-struct Auth {
-    key: Option<Arc<russh::keys::PrivateKey>>,
-    key_path: Option<PathBuf>,
-    password: Option<String>,
-    known_hosts: PathBuf,
-}
-
-impl std::fmt::Debug for Auth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Auth")
-            .field("key_path", &self.key_path)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("known_hosts", &self.known_hosts)
-            .finish()
-    }
-}
-
-struct Conn {
-    // Kept so the SSH connection lives as long as the SFTP session.
-    _ssh: client::Handle<HostCheck>,
-    sftp: RawSftpSession,
-    read_len: u64,
-    write_len: u64,
-    fsync: bool,
-}
-
-impl std::fmt::Debug for Conn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Conn")
-    }
-}
-
-/// What the host-key check found, read after a failed connect.
-#[derive(Debug, Clone)]
-enum HostKeyProblem {
-    Unknown(String),
-    Changed { line: usize, fingerprint: String },
-    Certificate,
-    Unreadable(String),
-}
-
-struct HostCheck {
-    host: String,
-    port: u16,
-    known_hosts: PathBuf,
-    problem: Arc<Mutex<Option<HostKeyProblem>>>,
-}
-
-impl client::Handler for HostCheck {
-    type Error = russh::Error;
-
-    async fn check_server_key(
-        &mut self,
-        key: &PublicKeyOrCertificate,
-    ) -> Result<bool, Self::Error> {
-        let PublicKeyOrCertificate::PublicKey { key, .. } = key else {
-            *lock(&self.problem) = Some(HostKeyProblem::Certificate);
-            return Ok(false);
-        };
-        let fp = key.fingerprint(HashAlg::Sha256).to_string();
-        let verdict =
-            russh::keys::check_known_hosts_path(&self.host, self.port, key, &self.known_hosts);
-        let problem = match verdict {
-            Ok(true) => return Ok(true),
-            Ok(false) => HostKeyProblem::Unknown(fp),
-            Err(russh::keys::Error::KeyChanged { line }) => HostKeyProblem::Changed {
-                line,
-                fingerprint: fp,
-            },
-            Err(e) => HostKeyProblem::Unreadable(e.to_string()),
-        };
-        *lock(&self.problem) = Some(problem);
-        Ok(false)
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn sftp_err(op: &'static str, name: &str, e: SftpError) -> BackendError {
-    match e {
-        SftpError::Status(s) => {
-            let kind = match s.status_code {
-                StatusCode::NoSuchFile => ErrorKind::NotFound,
-                StatusCode::PermissionDenied => ErrorKind::PermissionDenied,
-                StatusCode::NoConnection | StatusCode::ConnectionLost => ErrorKind::Unreachable,
-                _ => ErrorKind::Io,
-            };
-            let transient = kind == ErrorKind::Unreachable;
-            BackendError {
-                kind,
-                transient,
-                op,
-                name: name.to_string(),
-                message: format!("{}: {}", s.status_code, s.error_message),
-            }
-        }
-        SftpError::Timeout => BackendError::transient(
-            ErrorKind::Unreachable,
-            op,
-            name,
-            "the SFTP server did not answer in time",
-        ),
-        other => BackendError::transient(
-            ErrorKind::Unreachable,
-            op,
-            name,
-            format!("SFTP session lost: {other}"),
-        ),
-    }
-}
-
-fn is_missing(e: &SftpError) -> bool {
-    matches!(e, SftpError::Status(s) if s.status_code == StatusCode::NoSuchFile)
-}
-
-fn default_key() -> Option<PathBuf> {
-    let ssh = dirs::home_dir()?.join(".ssh");
-    ["id_ed25519", "id_ecdsa", "id_rsa"]
-        .iter()
-        .map(|n| ssh.join(n))
-        .find(|p| p.exists())
-}
-
-impl Dialer {
-    /// Opens, authenticates and starts SFTP on a new SSH connection.
-    async fn open(&self) -> Result<Arc<Conn>, BackendError> {
-        let t = &self.target;
-        let config = Arc::new(client::Config {
-            nodelay: true,
-            inactivity_timeout: Some(Duration::from_secs(300)),
-            keepalive_interval: Some(Duration::from_secs(30)),
-            window_size: 16 << 20,
-            preferred: preferred_algorithms(),
-            ..Default::default()
-        });
-        let problem = Arc::new(Mutex::new(None));
-        let handler = HostCheck {
-            host: t.host.clone(),
-            port: t.port,
-            known_hosts: self.auth.known_hosts.clone(),
-            problem: problem.clone(),
-        };
-        let fail = |kind, msg: String| BackendError::new(kind, "connect", &self.location, msg);
-        let connect = tokio::time::timeout(
-            Duration::from_secs(20),
-            client::connect(config, (t.host.as_str(), t.port), handler),
-        )
-        .await
-        .map_err(|_| {
-            BackendError::transient(
-                ErrorKind::Unreachable,
-                "connect",
-                &self.location,
-                "no SSH handshake within 20 s",
-            )
-        })?;
-        let mut ssh = match connect {
-            Ok(h) => h,
-            Err(e) => {
-                let p = lock(&problem).clone();
-                return Err(match p {
-                    Some(HostKeyProblem::Unknown(fp)) => fail(
-                        ErrorKind::AuthFailed,
-                        format!(
-                            "the server's host key ({fp}) is not in {}; if it is the right server, record it with: ssh-keyscan -p {} {} >> {}",
-                            self.auth.known_hosts.display(),
-                            t.port,
-                            t.host,
-                            self.auth.known_hosts.display()
-                        ),
-                    ),
-                    Some(HostKeyProblem::Changed { line, fingerprint }) => fail(
-                        ErrorKind::AuthFailed,
-                        format!(
-                            "the server's host key changed (now {fingerprint}; {} line {line} has another): possible man-in-the-middle; refusing to connect",
-                            self.auth.known_hosts.display()
-                        ),
-                    ),
-                    Some(HostKeyProblem::Certificate) => fail(
-                        ErrorKind::AuthFailed,
-                        "the server presents an SSH certificate; only plain host keys are supported".into(),
-                    ),
-                    Some(HostKeyProblem::Unreadable(m)) => fail(
-                        ErrorKind::AuthFailed,
-                        format!("cannot check the host key against {}: {m}", self.auth.known_hosts.display()),
-                    ),
-                    None => BackendError::transient(
-                        ErrorKind::Unreachable,
-                        "connect",
-                        &self.location,
-                        format!("cannot connect to {}:{}: {e}", t.host, t.port),
-                    ),
-                });
-            }
-        };
-        let mut authed = false;
-        let mut dropped = false;
-        if let Some(key) = &self.auth.key {
-            let hash = ssh.best_supported_rsa_hash().await.ok().flatten().flatten();
-            let r = ssh
-                .authenticate_publickey(&t.user, PrivateKeyWithHashAlg::new(key.clone(), hash))
-                .await
-                .map_err(|e| unreachable_err(&self.location, e))?;
-            authed = r.success();
-            dropped |= session_ended(&r);
-        }
-        if !authed {
-            if let Some(pw) = &self.auth.password {
-                let r = ssh
-                    .authenticate_password(&t.user, pw)
-                    .await
-                    .map_err(|e| unreachable_err(&self.location, e))?;
-                authed = r.success();
-                dropped |= session_ended(&r);
-            }
-        }
-        if !authed && (dropped || ssh.is_closed()) {
-            // A connection dropped mid-authentication also ends in "not
-            // authenticated"; that is a vanished server, not a refusal.
-            return Err(BackendError::transient(
-                ErrorKind::Unreachable,
-                "connect",
-                &self.location,
-                format!(
-                    "the connection to {}:{} closed during authentication",
-                    t.host, t.port
-                ),
-            ));
-        }
-        if !authed {
-            let tried = match (&self.auth.key_path, &self.auth.password) {
-                (Some(k), Some(_)) => format!("key {} and password", k.display()),
-                (Some(k), None) => format!("key {}", k.display()),
-                _ => "password".into(),
-            };
-            return Err(fail(
-                ErrorKind::AuthFailed,
-                format!(
-                    "the server refused {} for user {} ({tried})",
-                    t.host, t.user
-                ),
-            ));
-        }
-        let channel = ssh
-            .channel_open_session()
-            .await
-            .map_err(|e| unreachable_err(&self.location, e))?;
-        channel
-            .request_subsystem(true, "sftp")
-            .await
-            .map_err(|e| unreachable_err(&self.location, e))?;
-        let sftp = RawSftpSession::new(channel.into_stream());
-        sftp.set_timeout(REQUEST_TIMEOUT);
-        let version = sftp
-            .init()
-            .await
-            .map_err(|e| sftp_err("connect", &self.location, e))?;
-        let (mut read_len, mut write_len) = (DEFAULT_CHUNK, DEFAULT_CHUNK);
-        if version.extensions.contains_key("limits@openssh.com") {
-            if let Ok(l) = sftp.limits().await {
-                // Leave room for the packet header inside max_packet_len.
-                let cap = l.max_packet_len.saturating_sub(1024).max(DEFAULT_CHUNK);
-                if l.max_read_len > 0 {
-                    read_len = l.max_read_len.min(cap);
-                }
-                if l.max_write_len > 0 {
-                    write_len = l.max_write_len.min(cap);
-                }
-            }
-        }
-        Ok(Arc::new(Conn {
-            _ssh: ssh,
-            sftp,
-            read_len: read_len.min(256 * 1024),
-            write_len: write_len.min(256 * 1024),
-            fsync: version.extensions.contains_key("fsync@openssh.com"),
-        }))
-    }
-}
 
 impl SftpBackend {
     /// Connects (one SSH connection now, more on demand) and checks that the
@@ -495,7 +184,7 @@ impl SftpBackend {
     /// the slot's connection is opened in the background, and meanwhile the
     /// request shares a live connection (SFTP multiplexes requests). Only
     /// when no connection is live does the request open one itself.
-    async fn conn(&self, active: usize) -> Result<Arc<Conn>, BackendError> {
+    pub(crate) async fn conn(&self, active: usize) -> Result<Arc<Conn>, BackendError> {
         let i = active % self.pool.len();
         let slot = &self.pool[i];
         if let Ok(mut guard) = slot.clone().try_lock_owned() {
@@ -555,14 +244,14 @@ impl SftpBackend {
         }
     }
 
-    fn path(&self, name: &str) -> String {
+    pub(crate) fn path(&self, name: &str) -> String {
         if name.is_empty() {
             return self.base.clone();
         }
         format!("{}/{name}", self.base.trim_end_matches('/'))
     }
 
-    async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, BackendError>
+    pub(crate) async fn with_conn<T, F, Fut>(&self, f: F) -> Result<T, BackendError>
     where
         F: FnOnce(Arc<Conn>) -> Fut,
         Fut: std::future::Future<Output = Result<T, BackendError>>,
@@ -598,7 +287,7 @@ impl SftpBackend {
     }
 
     /// Creates `dir` and its missing parents under the base.
-    async fn make_dirs(&self, c: &Conn, rel_dir: &str) -> Result<(), BackendError> {
+    pub(crate) async fn make_dirs(&self, c: &Conn, rel_dir: &str) -> Result<(), BackendError> {
         let mut cur = String::new();
         for seg in rel_dir.split('/') {
             if !cur.is_empty() {
@@ -636,7 +325,7 @@ impl SftpBackend {
 
     /// Writes `size` bytes from `next_chunk` into a new temporary next to
     /// `name`, then renames it into place.
-    async fn put_inner(
+    pub(crate) async fn put_inner(
         &self,
         c: &Conn,
         name: &str,
@@ -765,7 +454,7 @@ impl SftpBackend {
         e
     }
 
-    async fn read_range(
+    pub(crate) async fn read_range(
         &self,
         c: &Conn,
         name: &str,
@@ -844,7 +533,7 @@ impl SftpBackend {
     }
 
     /// One directory for the shared walk; `None` if it does not exist.
-    async fn read_dir(
+    pub(crate) async fn read_dir(
         &self,
         c: &Conn,
         d: String,
@@ -893,276 +582,4 @@ impl SftpBackend {
         drop(Sent::now(c.sftp.close(handle)).await);
         res.map(|_| entries)
     }
-}
-
-/// A request already sent, whose answer is awaited later.
-///
-/// russh-sftp sends a request when its future is first polled. Polling it
-/// once on creation puts requests on the wire in program order, which lets
-/// requests the server must handle in order (writes, then the fsync, then
-/// the close of one handle) go out together instead of one round trip
-/// apart.
-enum Sent<F: std::future::Future> {
-    Answered(F::Output),
-    Waiting(std::pin::Pin<Box<F>>),
-}
-
-impl<F: std::future::Future> Sent<F> {
-    async fn now(f: F) -> Self {
-        let mut f = Box::pin(f);
-        match futures::poll!(f.as_mut()) {
-            std::task::Poll::Ready(out) => Sent::Answered(out),
-            std::task::Poll::Pending => Sent::Waiting(f),
-        }
-    }
-
-    async fn answer(self) -> F::Output {
-        match self {
-            Sent::Answered(out) => out,
-            Sent::Waiting(f) => f.await,
-        }
-    }
-}
-
-/// Resolves once the SSH session behind `c` has closed.
-async fn closed(c: &Conn) {
-    while !c._ssh.is_closed() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// russh offers chacha20-poly1305 first, as OpenSSH does; but where the CPU
-/// has AES instructions, AES-GCM costs a fraction of the cycles per byte, and
-/// on two cores the cipher is what bounds a restore's throughput over SFTP.
-/// Without them the default order stands.
-fn preferred_algorithms() -> russh::Preferred {
-    use russh::cipher;
-    static AES_FIRST: &[cipher::Name] = &[
-        cipher::AES_256_GCM,
-        cipher::CHACHA20_POLY1305,
-        cipher::AES_256_CTR,
-        cipher::AES_192_CTR,
-        cipher::AES_128_CTR,
-    ];
-    let mut preferred = russh::Preferred::default();
-    if hardware_aes() {
-        preferred.cipher = std::borrow::Cow::Borrowed(AES_FIRST);
-    }
-    preferred
-}
-
-fn hardware_aes() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("aes")
-            && std::arch::is_x86_feature_detected!("pclmulqdq")
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        std::arch::is_aarch64_feature_detected!("aes")
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        false
-    }
-}
-
-fn unreachable_err(location: &str, e: russh::Error) -> BackendError {
-    BackendError::transient(
-        ErrorKind::Unreachable,
-        "connect",
-        location,
-        format!("SSH: {e}"),
-    )
-}
-
-impl Backend for SftpBackend {
-    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
-        self.put_stream(name, data.len() as u64, &mut &data[..])
-    }
-
-    fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
-        validate_name(name)?;
-        block_on(self.with_conn(|c| async move { self.put_inner(&c, name, size, data).await }))
-    }
-
-    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
-        validate_name(name)?;
-        let mut out = Vec::new();
-        block_on(self.with_conn(|c| {
-            let out = &mut out;
-            async move {
-                self.read_range(&c, name, range, &mut |b| {
-                    out.extend_from_slice(b);
-                    Ok(())
-                })
-                .await
-            }
-        }))?;
-        Ok(out)
-    }
-
-    fn get_stream(
-        &self,
-        name: &str,
-        range: Option<Range<u64>>,
-        out: &mut dyn Write,
-    ) -> Result<u64, BackendError> {
-        validate_name(name)?;
-        block_on(self.with_conn(|c| async move {
-            self.read_range(&c, name, range, &mut |b| {
-                out.write_all(b)
-                    .map_err(|e| capsule_backend::write_out_error(name, e))
-            })
-            .await
-        }))
-    }
-
-    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
-        validate_name(name)?;
-        let a = block_on(self.with_conn(|c| async move {
-            c.sftp
-                .stat(self.path(name))
-                .await
-                .map_err(|e| sftp_err("stat", name, e))
-        }))?;
-        Ok(ObjectInfo {
-            name: name.to_string(),
-            size: a.attrs.size.unwrap_or(0),
-            modified: a.attrs.mtime.map(i64::from),
-        })
-    }
-
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        block_on(
-            self.with_conn(
-                |c| async move { crate::walk_tree(prefix, |d| self.read_dir(&c, d)).await },
-            ),
-        )
-    }
-
-    fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
-        block_on(
-            self.with_conn(
-                |c| async move { crate::walk_temporaries(|d| self.read_dir(&c, d)).await },
-            ),
-        )
-    }
-
-    fn delete(&self, name: &str) -> Result<(), BackendError> {
-        validate_name(name)?;
-        block_on(self.with_conn(|c| async move {
-            match c.sftp.remove(self.path(name)).await {
-                Ok(_) => Ok(()),
-                Err(e) if is_missing(&e) => Ok(()),
-                Err(e) => Err(sftp_err("delete", name, e)),
-            }
-        }))
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            concurrency: self.concurrency,
-            durable_put: true,
-            local: false,
-            buffers_puts: false,
-        }
-    }
-
-    fn location(&self) -> String {
-        self.dialer.location.clone()
-    }
-}
-
-impl LabBackend for SftpBackend {
-    fn probe_write(
-        &self,
-        name: &str,
-        data: &[u8],
-        writes: usize,
-        sync: bool,
-    ) -> Result<(), BackendError> {
-        validate_name(name)?;
-        block_on(self.with_conn(|c| async move {
-            let flags = OpenFlags::CREATE | OpenFlags::TRUNCATE | OpenFlags::WRITE;
-            let open = || {
-                c.sftp
-                    .open(self.path(name), flags, FileAttributes::default())
-            };
-            let handle = match open().await {
-                Ok(h) => h.handle,
-                Err(e) if is_missing(&e) && name.contains('/') => {
-                    let dir = name.rsplit_once('/').map(|(d, _)| d).unwrap_or_default();
-                    self.make_dirs(&c, dir).await?;
-                    open().await.map_err(|e| sftp_err("probe", name, e))?.handle
-                }
-                Err(e) => return Err(sftp_err("probe", name, e)),
-            };
-            // No request may exceed the server's packet limit, however few
-            // writes were asked for.
-            let piece = data
-                .len()
-                .div_ceil(writes.max(1))
-                .clamp(1, c.write_len as usize);
-            let mut in_flight: FuturesUnordered<_> = data
-                .chunks(piece)
-                .enumerate()
-                .map(|(i, part)| {
-                    c.sftp
-                        .write(handle.clone(), (i * piece) as u64, part.to_vec())
-                })
-                .collect();
-            let mut res = Ok(());
-            while let Some(r) = in_flight.next().await {
-                if let Err(e) = r {
-                    res = Err(sftp_err("probe", name, e));
-                }
-            }
-            // The fsync is pipelined with the close (the server answers in
-            // order), so a synced probe costs the same round trips as an
-            // unsynced one and the lab's flush time is the sync alone.
-            let fsync = async {
-                if res.is_ok() && sync && c.fsync {
-                    c.sftp.fsync(handle.clone()).await.map(|_| ())
-                } else {
-                    Ok(())
-                }
-            };
-            let (synced, closed) = futures::join!(fsync, c.sftp.close(handle.clone()));
-            res = res.and_then(|_| synced.map_err(|e| sftp_err("probe", name, e)));
-            res.and_then(|_| closed.map(|_| ()).map_err(|e| sftp_err("probe", name, e)))
-        }))
-    }
-
-    fn space(&self) -> Result<Option<Space>, BackendError> {
-        block_on(self.with_conn(|c| async move {
-            match c.sftp.statvfs(self.base.clone()).await {
-                Ok(v) => Ok(Some(Space {
-                    free: v.blocks_avail.saturating_mul(v.fragment_size.max(1)),
-                    total: v.blocks.saturating_mul(v.fragment_size.max(1)),
-                })),
-                // Servers without the statvfs@openssh.com extension.
-                Err(_) => Ok(None),
-            }
-        }))
-    }
-
-    fn remove_empty_dirs(&self) -> Result<(), BackendError> {
-        block_on(self.with_conn(|c| async move {
-            let dirs = crate::all_dirs(|d| self.read_dir(&c, d)).await?;
-            // Deepest first; a directory that is not empty simply stays.
-            for d in dirs.iter().rev() {
-                let _ = c.sftp.rmdir(self.path(d)).await;
-            }
-            lock(&self.dirs).clear();
-            Ok(())
-        }))
-    }
-}
-
-/// russh reports a session that ended while waiting for the server's answer
-/// as a failure with no methods left; a real refusal from OpenSSH always
-/// names the methods that may continue.
-fn session_ended(r: &client::AuthResult) -> bool {
-    matches!(r, client::AuthResult::Failure { remaining_methods, partial_success: false } if remaining_methods.is_empty())
 }
