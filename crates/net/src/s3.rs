@@ -31,9 +31,9 @@ use object_store::{
     PutPayload, RetryConfig,
 };
 
+use crate::options::Options;
 use crate::rt::block_on;
 use crate::url::S3Target;
-use crate::Options;
 
 /// Objects larger than this are uploaded in parts.
 pub const MULTIPART_ABOVE: u64 = 64 << 20;
@@ -142,7 +142,7 @@ impl S3Backend {
     /// does), so that a no-change backup pays no extra round trip.
     pub fn connect(t: &S3Target, opts: &Options) -> Result<Self, BackendError> {
         let scheme = if t.https { "https" } else { "http" };
-        let location = crate::Destination::S3(t.clone()).to_string();
+        let location = crate::url::Destination::S3(t.clone()).to_string();
         let mut b = AmazonS3Builder::from_env()
             .with_endpoint(format!("{scheme}://{}", t.endpoint))
             .with_bucket_name(&t.bucket)

@@ -26,9 +26,9 @@ use capsule_backend::{
 use smb2::client::connection::Connection;
 use smb2::{ClientConfig, SmbClient, Tree};
 
+use crate::options::Options;
 use crate::rt::block_on;
 use crate::url::SmbTarget;
-use crate::Options;
 
 /// Objects up to this size go in one compound request; larger ones are
 /// written with pipelined WRITEs.
@@ -112,7 +112,7 @@ impl SmbBackend {
 
     /// Signs in, connects the share and checks the base directory.
     pub fn connect(t: &SmbTarget, opts: &Options) -> Result<Self, BackendError> {
-        let location = crate::Destination::Smb(t.clone()).to_string();
+        let location = crate::url::Destination::Smb(t.clone()).to_string();
         let password = opts.password.clone().ok_or_else(|| {
             BackendError::new(
                 ErrorKind::AuthFailed,
@@ -346,9 +346,13 @@ impl SmbBackend {
             Some(d) => format!(
                 "{d}/{}{}",
                 capsule_backend::TEMP_PREFIX,
-                crate::random_suffix()
+                crate::dirwalk::random_suffix()
             ),
-            None => format!("{}{}", capsule_backend::TEMP_PREFIX, crate::random_suffix()),
+            None => format!(
+                "{}{}",
+                capsule_backend::TEMP_PREFIX,
+                crate::dirwalk::random_suffix()
+            ),
         };
         let mut source = source;
         let mut made_dirs = false;
@@ -403,7 +407,10 @@ impl SmbBackend {
     }
 
     /// One directory, relative to the base; `None` if it does not exist.
-    async fn read_dir(&self, d: String) -> Result<Option<Vec<crate::DirEntry>>, BackendError> {
+    async fn read_dir(
+        &self,
+        d: String,
+    ) -> Result<Option<Vec<crate::dirwalk::DirEntry>>, BackendError> {
         let path = self.path(&d);
         // One round trip for a directory that fits one answer (keys/,
         // snapshots/, a data/xx/ of a few hundred packs); a bigger one is
@@ -421,7 +428,7 @@ impl SmbBackend {
             Ok(entries) => Ok(Some(
                 entries
                     .into_iter()
-                    .map(|e| crate::DirEntry {
+                    .map(|e| crate::dirwalk::DirEntry {
                         name: e.name,
                         is_dir: e.is_directory,
                         size: e.size,
@@ -715,7 +722,7 @@ impl Backend for SmbBackend {
             "list",
             prefix,
             LIST_LIMIT,
-            crate::walk_tree(prefix, |d| self.read_dir(d)),
+            crate::dirwalk::walk_tree(prefix, |d| self.read_dir(d)),
         )
     }
 
@@ -725,7 +732,7 @@ impl Backend for SmbBackend {
             "list",
             "",
             LIST_LIMIT,
-            crate::walk_temporaries(|d| self.read_dir(d)),
+            crate::dirwalk::walk_temporaries(|d| self.read_dir(d)),
         )
     }
 
@@ -795,7 +802,7 @@ impl LabBackend for SmbBackend {
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         self.live("rmdir", "")?;
         block_on(async {
-            let dirs = crate::all_dirs(|d| self.read_dir(d)).await?;
+            let dirs = crate::dirwalk::all_dirs(|d| self.read_dir(d)).await?;
             // Deepest first; a directory that is not empty simply stays.
             for d in dirs.iter().rev() {
                 let _ = self

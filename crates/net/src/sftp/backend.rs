@@ -72,19 +72,15 @@ impl Backend for SftpBackend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        block_on(
-            self.with_conn(
-                |c| async move { crate::walk_tree(prefix, |d| self.read_dir(&c, d)).await },
-            ),
-        )
+        block_on(self.with_conn(|c| async move {
+            crate::dirwalk::walk_tree(prefix, |d| self.read_dir(&c, d)).await
+        }))
     }
 
     fn list_temporaries(&self) -> Result<Vec<ObjectInfo>, BackendError> {
-        block_on(
-            self.with_conn(
-                |c| async move { crate::walk_temporaries(|d| self.read_dir(&c, d)).await },
-            ),
-        )
+        block_on(self.with_conn(|c| async move {
+            crate::dirwalk::walk_temporaries(|d| self.read_dir(&c, d)).await
+        }))
     }
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
@@ -187,7 +183,7 @@ impl LabBackend for SftpBackend {
 
     fn remove_empty_dirs(&self) -> Result<(), BackendError> {
         block_on(self.with_conn(|c| async move {
-            let dirs = crate::all_dirs(|d| self.read_dir(&c, d)).await?;
+            let dirs = crate::dirwalk::all_dirs(|d| self.read_dir(&c, d)).await?;
             // Deepest first; a directory that is not empty simply stays.
             for d in dirs.iter().rev() {
                 let _ = c.sftp.rmdir(self.path(d)).await;

@@ -18,9 +18,9 @@ use russh_sftp::protocol::{FileAttributes, OpenFlags, StatusCode};
 use super::dial::{
     closed, default_key, is_missing, lock, sftp_err, Auth, Conn, Dialer, Sent, REDIAL_AFTER,
 };
+use crate::options::Options;
 use crate::rt::block_on;
 use crate::url::SftpTarget;
-use crate::Options;
 
 /// Requests in flight per object being written or read.
 const PIPELINE: usize = 32;
@@ -56,7 +56,7 @@ impl SftpBackend {
     /// Connects (one SSH connection now, more on demand) and checks that the
     /// base directory exists.
     pub fn connect(t: &SftpTarget, opts: &Options) -> Result<Self, BackendError> {
-        let location = crate::Destination::Sftp(t.clone()).to_string();
+        let location = crate::url::Destination::Sftp(t.clone()).to_string();
         let key_path = opts.ssh_key.clone().or_else(default_key);
         let key = match &key_path {
             Some(p) => Some(Arc::new(russh::keys::load_secret_key(p, None).map_err(|e| {
@@ -337,9 +337,13 @@ impl SftpBackend {
             Some(d) => format!(
                 "{d}/{}{}",
                 capsule_backend::TEMP_PREFIX,
-                crate::random_suffix()
+                crate::dirwalk::random_suffix()
             ),
-            None => format!("{}{}", capsule_backend::TEMP_PREFIX, crate::random_suffix()),
+            None => format!(
+                "{}{}",
+                capsule_backend::TEMP_PREFIX,
+                crate::dirwalk::random_suffix()
+            ),
         };
         let tmp = self.path(&tmp_rel);
         let flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;
@@ -537,7 +541,7 @@ impl SftpBackend {
         &self,
         c: &Conn,
         d: String,
-    ) -> Result<Option<Vec<crate::DirEntry>>, BackendError> {
+    ) -> Result<Option<Vec<crate::dirwalk::DirEntry>>, BackendError> {
         match self.list_dir(c, &d).await {
             Ok(entries) => Ok(Some(entries)),
             Err(e) if is_missing(&e) => Ok(None),
@@ -545,7 +549,11 @@ impl SftpBackend {
         }
     }
 
-    async fn list_dir(&self, c: &Conn, rel: &str) -> Result<Vec<crate::DirEntry>, SftpError> {
+    async fn list_dir(
+        &self,
+        c: &Conn,
+        rel: &str,
+    ) -> Result<Vec<crate::dirwalk::DirEntry>, SftpError> {
         let handle = c.sftp.opendir(self.path(rel)).await?.handle;
         let mut entries = Vec::new();
         // Several READDIRs in flight at once: the server answers them in
@@ -562,7 +570,7 @@ impl SftpBackend {
                     Ok(name) => entries.extend(name.files.into_iter().filter_map(|f| {
                         let is_dir = f.attrs.is_dir();
                         // Symlinks, sockets and the like are not objects.
-                        (is_dir || f.attrs.is_regular()).then(|| crate::DirEntry {
+                        (is_dir || f.attrs.is_regular()).then(|| crate::dirwalk::DirEntry {
                             name: f.filename,
                             is_dir,
                             size: f.attrs.size.unwrap_or(0),
