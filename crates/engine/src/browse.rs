@@ -19,10 +19,10 @@ use capsule_format::snapshot::Snapshot;
 use capsule_format::tree::{Node, NodeKind};
 use capsule_format::{BlobId, BlobType, ObjectId};
 
+use crate::error::{EngineError, Result};
 use crate::index::{BlobLoc, MasterIndex};
 use crate::repo::{pack_name, Repository};
 use crate::treewalk::find_in;
-use crate::{EngineError, Result};
 
 /// Tree entries kept decoded (about 150 bytes each: some 150 MiB at most).
 pub const TREE_CACHE_ENTRIES: usize = 1_000_000;

@@ -24,10 +24,10 @@ use capsule_format::tree::NodeKind;
 use capsule_format::{BlobId, BlobType, FileType, ObjectId};
 use rayon::prelude::*;
 
+use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
 use crate::progress::Progress;
 use crate::repo::Repository;
-use crate::{EngineError, Result};
 
 /// One damaged object and what it affects.
 #[derive(Debug, Clone, serde::Serialize)]

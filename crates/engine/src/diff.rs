@@ -9,10 +9,10 @@ use std::path::Path;
 use capsule_format::tree::{Node, NodeKind};
 use capsule_format::BlobId;
 
+use crate::error::Result;
 use crate::index::MasterIndex;
 use crate::repo::Repository;
 use crate::treewalk::{walk, Budget};
-use crate::Result;
 
 /// One difference.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]

@@ -156,3 +156,6 @@ impl EngineError {
         }
     }
 }
+
+/// Result alias for engine operations.
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;

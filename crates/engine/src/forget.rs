@@ -20,8 +20,9 @@ use capsule_format::id::ObjectId;
 use capsule_format::snapshot::Snapshot;
 use capsule_format::FileType;
 
+use crate::error::{EngineError, Result};
+use crate::repo::Repository;
 use crate::repo::{put_addressed, SnapshotList};
-use crate::{EngineError, Repository, Result};
 
 /// Where forgotten snapshots are set aside until a prune.
 pub const FORGOTTEN_PREFIX: &str = FileType::Forgotten.prefix();
@@ -55,7 +56,9 @@ pub fn forget(repo: &Repository, id: &ObjectId) -> Result<()> {
 /// Forgets several snapshots, a few at a time (each move is three
 /// requests). Stops at the first failure; those moved stay moved.
 pub fn forget_all(repo: &Repository, ids: &[ObjectId]) -> Result<()> {
-    crate::for_each_in_flight(ids, crate::REQUESTS_IN_FLIGHT, |id| forget(repo, id))
+    crate::flight::for_each_in_flight(ids, crate::flight::REQUESTS_IN_FLIGHT, |id| {
+        forget(repo, id)
+    })
 }
 
 /// Snapshots forgotten and not yet pruned away, oldest first (those whose

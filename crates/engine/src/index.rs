@@ -13,7 +13,7 @@ use capsule_format::FileType;
 use capsule_format::{BlobId, BlobType, ObjectId};
 use rayon::prelude::*;
 
-use crate::{EngineError, Result};
+use crate::error::{EngineError, Result};
 
 /// Where a blob is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +95,7 @@ impl MasterIndex {
                     Some(load_index_file(store, &id).map(|f| (id, f)))
                 })
                 .collect();
-            let (ok, failed) = crate::partition(loaded);
+            let (ok, failed) = crate::flight::partition(loaded);
             good.extend(ok);
             let vanished = failed.iter().any(is_not_found);
             bad = failed;

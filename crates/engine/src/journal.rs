@@ -38,9 +38,9 @@ use capsule_crypto::Aad;
 use capsule_format::index::{decode_index, encode_index_parts, IndexPack};
 use capsule_format::{BlobType, ObjectId};
 
+use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
 use crate::repo::{pack_name, Repository};
-use crate::{EngineError, Result};
 
 /// Bytes before a record's sealed part: pack ID and length.
 const RECORD_HEADER: usize = 32 + 4;

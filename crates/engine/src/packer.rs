@@ -34,10 +34,10 @@ use capsule_format::pack::{encode_header, trailer, PackEntry};
 use capsule_format::{compress, BlobId, BlobType, ObjectHasher, ObjectId};
 use crossbeam_channel::{bounded, Receiver, Sender};
 
+use crate::error::{EngineError, Result};
 use crate::index::{save_index_file, MasterIndex};
 use crate::journal::Journal;
 use crate::repo::{pack_name, put_addressed_file, put_addressed_owned, Repository};
-use crate::{EngineError, Result};
 
 /// Packs per index file written during a backup.
 pub const INDEX_EVERY: usize = 4;

@@ -35,13 +35,14 @@ use capsule_format::FileType;
 use capsule_format::{BlobId, ObjectId};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{EngineError, Result};
 use crate::forget::FORGOTTEN_PREFIX;
 use crate::index::{save_index_file, MasterIndex};
 use crate::packer::BlobSaver;
 use crate::repo::put_addressed;
+use crate::repo::Repository;
 use crate::session::{list_sessions, LEASE_SECS};
 use crate::timefmt::now_unix;
-use crate::{EngineError, Repository, Result};
 
 /// Where marks live.
 pub const MARKS_PREFIX: &str = FileType::PruneMark.prefix();
@@ -279,7 +280,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     } else {
         Some(crate::session::Session::start_kind(repo, "prune")?)
     };
-    crate::test_pause("prune-session");
+    crate::pause::test_pause("prune-session");
 
     // Sessions first, snapshots after: a backup whose session is gone has
     // committed before the listing below, or never will.
@@ -408,18 +409,18 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
             for p in &restore {
                 index.add_pack(p);
             }
-            crate::test_pause("prune-restored");
+            crate::pause::test_pause("prune-restored");
         }
         if let Some((first, _)) = delete.first() {
             backend.delete(first)?;
-            crate::test_pause("prune-deleting");
+            crate::pause::test_pause("prune-deleting");
         }
-        crate::for_each_in_flight(
+        crate::flight::for_each_in_flight(
             delete.get(1..).unwrap_or(&[]),
-            crate::REQUESTS_IN_FLIGHT,
+            crate::flight::REQUESTS_IN_FLIGHT,
             |(name, _)| Ok(backend.delete(name)?),
         )?;
-        crate::test_pause("prune-deleted");
+        crate::pause::test_pause("prune-deleted");
         for (name, _) in &ready {
             backend.delete(name)?;
         }
@@ -462,7 +463,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     report.temporaries_removed = stale.len() as u64;
     report.bytes_temporaries = stale.iter().map(|t| t.size).sum();
     if !opts.dry_run {
-        crate::for_each_in_flight(&stale, crate::REQUESTS_IN_FLIGHT, |t| {
+        crate::flight::for_each_in_flight(&stale, crate::flight::REQUESTS_IN_FLIGHT, |t| {
             Ok(backend.delete(&t.name)?)
         })?;
     }
@@ -554,7 +555,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     report.packs_repacked = repack.len() as u64;
     if !opts.dry_run && !repack.is_empty() {
         report.bytes_repack_written = repack_packs(repo, &index, &used, &kept, &repack)?;
-        crate::test_pause("prune-repacked");
+        crate::pause::test_pause("prune-repacked");
     }
     let keep = kept;
     condemned.extend(repack);
@@ -577,7 +578,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
             } else {
                 Some(write_mark(repo, now, None, condemned.clone())?)
             };
-            crate::test_pause("prune-unarmed");
+            crate::pause::test_pause("prune-unarmed");
             let mut superseded: Vec<ObjectId> = index.files().to_vec();
             superseded.extend(restored_file);
             save_index_file(
@@ -587,7 +588,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
                     packs: keep,
                 },
             )?;
-            crate::test_pause("prune-rewritten");
+            crate::pause::test_pause("prune-rewritten");
             if let Some(unarmed) = unarmed {
                 let others: Vec<(String, crate::session::SessionInfo)> = list_sessions(repo)?
                     .into_iter()
@@ -607,16 +608,18 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
                 }
                 let sessions_now = others.into_iter().map(|(id, _)| id).collect();
                 write_mark(repo, now, Some(sessions_now), condemned)?;
-                crate::test_pause("prune-armed");
+                crate::pause::test_pause("prune-armed");
                 backend.delete(&unarmed)?;
             }
-            crate::for_each_in_flight(&superseded, crate::REQUESTS_IN_FLIGHT, |id| {
-                Ok(backend.delete(&FileType::Index.name(id))?)
-            })?;
+            crate::flight::for_each_in_flight(
+                &superseded,
+                crate::flight::REQUESTS_IN_FLIGHT,
+                |id| Ok(backend.delete(&FileType::Index.name(id))?),
+            )?;
         }
-        crate::test_pause("prune-marked");
+        crate::pause::test_pause("prune-marked");
         // Their data is marked now (or was never theirs alone).
-        crate::for_each_in_flight(&forgotten, crate::REQUESTS_IN_FLIGHT, |name| {
+        crate::flight::for_each_in_flight(&forgotten, crate::flight::REQUESTS_IN_FLIGHT, |name| {
             Ok(backend.delete(name)?)
         })?;
     }
@@ -662,7 +665,7 @@ fn repack_packs(
     let saver = BlobSaver::start(repo.clone(), Arc::new(base), cores);
     // Two packs read at once: the next one's round trips hide behind the
     // current one's decoding, and at most two whole packs are held.
-    let result = crate::for_each_in_flight(repack, 2, |p| -> Result<()> {
+    let result = crate::flight::for_each_in_flight(repack, 2, |p| -> Result<()> {
         let pos = index
             .packs()
             .iter()

@@ -19,10 +19,11 @@ use capsule_format::snapshot::{from_json, to_json, Snapshot};
 use capsule_format::{BlobId, FileType, ObjectId};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
 use crate::repo::put_addressed;
+use crate::repo::Repository;
 use crate::timefmt::now_unix;
-use crate::{EngineError, Repository, Result};
 
 /// A repository's quota.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

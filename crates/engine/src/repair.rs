@@ -17,9 +17,9 @@ use capsule_format::FileType;
 use capsule_format::{BlobType, ObjectId};
 use rayon::prelude::*;
 
+use crate::error::{EngineError, Result};
 use crate::index::save_index_file;
 use crate::repo::Repository;
-use crate::{EngineError, Result};
 
 /// What `repair index` did.
 #[derive(Debug, Clone, Default, serde::Serialize)]

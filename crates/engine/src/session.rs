@@ -27,9 +27,10 @@ use capsule_format::snapshot::{from_json, to_json};
 use capsule_format::FileType;
 use serde::{Deserialize, Serialize};
 
+use crate::error::{EngineError, Result};
 use crate::repo::put_addressed;
+use crate::repo::Repository;
 use crate::timefmt::now_unix;
-use crate::{EngineError, Repository, Result};
 
 /// Where sessions live.
 pub const SESSIONS_PREFIX: &str = FileType::Session.prefix();

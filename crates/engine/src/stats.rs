@@ -3,9 +3,9 @@
 
 use capsule_format::BlobType;
 
+use crate::error::Result;
 use crate::index::MasterIndex;
 use crate::repo::Repository;
-use crate::Result;
 
 /// Repository-wide numbers.
 #[derive(Debug, Clone, Default, serde::Serialize)]

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use capsule_format::tree::{Node, NodeKind};
 use capsule_format::BlobId;
 
+use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
 use crate::repo::Repository;
-use crate::{EngineError, Result};
 
 /// How many more entries a walk may visit, and the trees on the path from
 /// the root (a tree that is its own ancestor is damage, not a directory).

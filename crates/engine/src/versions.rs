@@ -13,10 +13,10 @@ use capsule_format::tree::{Node, NodeKind};
 use capsule_format::{BlobId, ObjectId};
 use serde::Serialize;
 
+use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
 use crate::repo::Repository;
 use crate::treewalk::find_in;
-use crate::{EngineError, Result};
 
 /// One distinct content of the path.
 #[derive(Debug, Clone, Serialize)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::Match;
 
-use crate::{EngineError, Result};
+use crate::error::{EngineError, Result};
 
 /// Global excludes plus the stack of ignore files above a directory.
 #[derive(Clone)]

@@ -23,12 +23,12 @@ use capsule_format::snapshot::{Snapshot, SnapshotSummary};
 use capsule_format::FileType;
 use capsule_format::{BlobId, ObjectId, FORMAT_VERSION};
 
+use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
 use crate::packer::{BlobSaver, SaverStatsSnapshot};
 use crate::progress::Progress;
 use crate::repo::{hostname, username, Repository};
 use crate::timefmt::{now_precise, rfc3339};
-use crate::{EngineError, Result};
 
 pub use changes::{tops, Changes, ScanReport};
 pub use exclude::{check_pattern, Excludes};
@@ -720,7 +720,7 @@ pub fn backup(
     // A session that lapsed (the process was suspended past its lease) may
     // have let a prune delete packs this backup refers to: commit only if
     // every pack it started from is still there.
-    crate::test_pause("commit");
+    crate::pause::test_pause("commit");
     if !session.still_held()? {
         lease_check(
             &repo,
@@ -729,7 +729,7 @@ pub fn backup(
             "nothing was committed",
         )?;
     }
-    crate::test_pause("after-check");
+    crate::pause::test_pause("after-check");
     let marked = crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
     // The commit point: everything the snapshot references is durable and
     // indexed by now (saver.finish returned Ok).

@@ -19,9 +19,9 @@ use rayon::prelude::*;
 use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::{Ctx, Excludes};
+use crate::error::Result;
 use crate::meta::{node_from_metadata, node_from_stat, read_xattrs, read_xattrs_from, XattrSource};
 use crate::progress::Progress;
-use crate::Result;
 
 fn elapsed_ns(t: Instant) -> u64 {
     t.elapsed().as_nanos() as u64
@@ -85,12 +85,12 @@ fn load_parent_strict(ctx: &Ctx<'_>, id: BlobId) -> Result<Vec<Node>> {
 
 /// The journal's walk cannot go on: says why, and stops the walk (which
 /// is then done again in full).
-fn give_up(ctx: &Ctx<'_>, why: String) -> crate::EngineError {
+fn give_up(ctx: &Ctx<'_>, why: String) -> crate::error::EngineError {
     ctx.journal_broken
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .get_or_insert(why);
-    crate::EngineError::Interrupted
+    crate::error::EngineError::Interrupted
 }
 
 /// Under a journal: a file newly seen with several names (a hard link made
@@ -175,7 +175,7 @@ fn save_tree(ctx: &Ctx<'_>, nodes: &[Node]) -> Result<BlobId> {
     // snapshot must never hold one.
     let limit = ctx.repo.max_blob_len(BlobType::Tree);
     if enc.len() > limit {
-        return Err(crate::EngineError::Invalid(format!(
+        return Err(crate::error::EngineError::Invalid(format!(
             "a directory with {} entries encodes to {} bytes, more than a tree may hold ({limit}); split it or exclude part of it",
             nodes.len(),
             enc.len()
@@ -203,9 +203,9 @@ pub(super) fn save_roots(
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
-        .map_err(|e| crate::EngineError::io("open source", root, e.into()))?;
+        .map_err(|e| crate::error::EngineError::io("open source", root, e.into()))?;
         let dev = rustix::fs::fstat(&fd)
-            .map_err(|e| crate::EngineError::io("read source", root, e.into()))?
+            .map_err(|e| crate::error::EngineError::io("read source", root, e.into()))?
             .st_dev as u64;
         Progress::add(&ctx.counters.dirs, 1);
         // The root's own record is not kept in a tree: its count goes as

@@ -8,8 +8,8 @@ use capsule_format::snapshot::{from_json, KeyFile};
 use capsule_format::{FileType, ObjectId, FORMAT_VERSION};
 
 use super::names::{hostname, username};
+use crate::error::{EngineError, Result};
 use crate::timefmt::{now_unix, rfc3339};
-use crate::{EngineError, Result};
 
 /// A key file as listed by `key list`.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -16,8 +16,8 @@ use capsule_format::tree::{decode_tree, Node};
 use capsule_format::{compress, BlobId, BlobType, FileType, ObjectId, FORMAT_VERSION};
 use rayon::prelude::*;
 
+use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
-use crate::{EngineError, Result};
 use keys::{find_key, new_keyfile, parse_keyfile, ENVELOPE_SLACK};
 pub use keys::{EarlyKey, KeyHint, KeyInfo, KeySource};
 pub use names::{hostname, pack_name, username};
@@ -526,7 +526,7 @@ impl Repository {
                 }
             })
             .collect();
-        let (mut good, bad) = crate::partition(results);
+        let (mut good, bad) = crate::flight::partition(results);
         good.sort_by_key(|(id, s)| (s.time_unix, s.time_nanos, *id));
         Ok((good, bad))
     }

@@ -31,10 +31,10 @@ use capsule_format::{BlobId, BlobType};
 
 use super::fsys::{apply_fd_meta, FileId, Layout, Target};
 use super::item::{Arena, Item};
+use crate::error::EngineError;
 use crate::index::{BlobLoc, MasterIndex};
 use crate::progress::Progress;
 use crate::repo::{pack_name, Repository};
-use crate::EngineError;
 
 /// Largest ranged read the plan makes from several blobs.
 pub const MAX_REQUEST: u64 = 4 << 20;

@@ -32,10 +32,10 @@ use globset::{GlobSet, GlobSetBuilder};
 use item::{Arena, Item};
 
 use crate::backup::Warning;
+use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
 use crate::progress::Progress;
 use crate::repo::Repository;
-use crate::{EngineError, Result};
 
 /// What to restore and where.
 #[derive(Debug, Clone, Default)]
