@@ -10,7 +10,7 @@ use capsule_engine::quota::{self, Quota, ThinPlan, ThinReport};
 use capsule_engine::{EngineError, Repository};
 
 use crate::open::{Opened, RESUME_JOURNAL};
-use crate::Result;
+use capsule_engine::Result;
 
 /// What a backup does when space runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -11,7 +11,7 @@ use capsule_format::ObjectId;
 use capsule_net::Destination;
 
 use crate::stack::{Connect, Stack};
-use crate::Result;
+use capsule_engine::Result;
 
 /// Where this machine keeps what only saves work: the per-repository cache
 /// of index files, snapshots and trees, the resume journal, the damaged-pack

@@ -13,7 +13,7 @@ use capsule_backend::{
 use capsule_engine::EngineError;
 use capsule_net::Destination;
 
-use crate::Result;
+use capsule_engine::Result;
 
 /// How to reach a destination: credentials and knobs for network ones,
 /// the sync policy for local directories, an optional request trace.

@@ -2,7 +2,7 @@
 //! `0x00` = raw, `0x01` = zstd frame. Compression is skipped when it would not
 //! save at least 1/32 of the size, so incompressible data costs one byte.
 
-use crate::DecodeError;
+use crate::codec::DecodeError;
 
 const RAW: u8 = 0;
 const ZSTD: u8 = 1;

@@ -3,8 +3,8 @@
 //! cover every pack a snapshot may reference.
 
 use crate::codec::{DecodeError, Reader, Writer};
+use crate::id::{Id, ObjectId};
 use crate::pack::{decode_entry, encode_entry, PackEntry};
-use crate::{Id, ObjectId};
 
 const INDEX_VERSION: u8 = 1;
 
@@ -86,7 +86,8 @@ pub fn decode_index(bytes: &[u8]) -> Result<IndexFile, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{BlobId, BlobType};
+    use crate::blob::BlobType;
+    use crate::id::BlobId;
 
     #[test]
     fn roundtrip() {

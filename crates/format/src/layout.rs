@@ -3,7 +3,8 @@
 //! keeps copies. `docs/FORMAT.md` ("Layout") is the normative table; the
 //! test below holds the two together.
 
-use crate::{BlobType, ObjectId};
+use crate::blob::BlobType;
+use crate::id::ObjectId;
 
 /// A kind of object in a repository.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -7,8 +7,9 @@
 //! Each blob and the header are crypto envelopes (see `capsule-crypto`).
 //! `header_len` counts the header envelope only.
 
+use crate::blob::BlobType;
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::{BlobId, BlobType, Id};
+use crate::id::{BlobId, Id};
 
 /// Magic that ends every pack.
 pub const PACK_MAGIC: &[u8; 8] = b"CAPSPK01";

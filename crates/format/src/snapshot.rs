@@ -125,8 +125,11 @@ pub struct KeyFile {
 }
 
 /// Decodes JSON objects with a typed error.
-pub fn from_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, crate::DecodeError> {
-    serde_json::from_slice(bytes).map_err(|e| crate::DecodeError::Invalid(format!("json: {e}")))
+pub fn from_json<T: for<'de> Deserialize<'de>>(
+    bytes: &[u8],
+) -> Result<T, crate::codec::DecodeError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| crate::codec::DecodeError::Invalid(format!("json: {e}")))
 }
 
 /// Encodes to compact JSON.

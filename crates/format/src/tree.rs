@@ -6,7 +6,7 @@
 //! `/` or NUL, and names are strictly increasing (so no duplicates).
 
 use crate::codec::{DecodeError, Reader, Writer};
-use crate::{BlobId, Id};
+use crate::id::{BlobId, Id};
 
 const TREE_VERSION: u8 = 1;
 

@@ -23,9 +23,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::error::{Result, WatchError};
 use crate::inotify::UNWATCHABLE;
+use crate::journal::Journal;
 use crate::mounts::{mounts_below, MountWatch};
-use crate::{walked_sources, Journal, Result, WatchError, WatchOptions, Watcher};
+use crate::watcher::{walked_sources, WatchOptions, Watcher};
 
 const MASK: u64 = libc::FAN_CREATE
     | libc::FAN_DELETE
@@ -406,7 +408,7 @@ impl Watcher for Fanotify {
 
     fn drain(&mut self, journal: &mut Journal, wait: Duration) -> Result<bool> {
         let before = journal.seq;
-        crate::wait_readable(self.fd.as_fd(), wait, "fanotify")?;
+        crate::watcher::wait_readable(self.fd.as_fd(), wait, "fanotify")?;
         self.written_once.clear();
         loop {
             match rustix::io::read(&self.fd, &mut self.buf) {

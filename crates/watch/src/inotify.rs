@@ -29,8 +29,10 @@ use std::time::Duration;
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
+use crate::error::{Result, WatchError};
+use crate::journal::Journal;
 use crate::mounts::MountWatch;
-use crate::{walked_sources, Journal, Result, WatchError, WatchOptions, Watcher};
+use crate::watcher::{walked_sources, WatchOptions, Watcher};
 
 /// File-system types whose changes made elsewhere raise no inotify event
 /// (`statfs` `f_type`): NFS, SMB/CIFS (three magics), FUSE, 9p, Ceph,
@@ -310,7 +312,7 @@ impl Watcher for Inotify {
 
     fn drain(&mut self, journal: &mut Journal, wait: Duration) -> Result<bool> {
         let before = journal.seq;
-        crate::wait_readable(self.fd.as_fd(), wait, "inotify")?;
+        crate::watcher::wait_readable(self.fd.as_fd(), wait, "inotify")?;
         let events = self.read_all()?;
         for e in events {
             if let Err(e) = self.record(e, journal) {

@@ -136,7 +136,7 @@ impl MountWatch {
     /// Puts the mounts below the sources that are reached through
     /// another path too in `journal.unwatchable` (scanned in full by
     /// every run), in place of those put there before.
-    pub(crate) fn reshare(&mut self, journal: &mut crate::Journal) {
+    pub(crate) fn reshare(&mut self, journal: &mut crate::journal::Journal) {
         for p in std::mem::take(&mut self.shared) {
             journal.unwatchable.remove(&p);
         }
