@@ -7,7 +7,7 @@
 //! With a current cache, a backup reads none of these from the destination:
 //! it lists `index/` and `snapshots/`, and that is all. Data packs are never
 //! cached. Requests that reach the destination are counted below this layer
-//! (see [`crate::MeteredBackend`]).
+//! (see [`crate::metered::MeteredBackend`]).
 
 use std::collections::HashSet;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Backend, BackendError, ErrorKind, LabBackend};
+use crate::contract::{Backend, BackendError, ErrorKind, LabBackend};
 
 /// The largest object the cache keeps (a tree pack is at most 512 MiB):
 /// anything larger in the cache directory was not written by it.
@@ -176,14 +176,14 @@ fn read_range(
         |e: std::io::Error| BackendError::new(ErrorKind::Io, "get (cache)", name, e.to_string());
     let size = f.metadata().map_err(io)?.len();
     let r = range.unwrap_or(0..size);
-    crate::check_range(name, &r, size)?;
+    crate::contract::check_range(name, &r, size)?;
     let mut v = vec![0u8; (r.end - r.start) as usize];
     f.seek(SeekFrom::Start(r.start)).map_err(io)?;
     f.read_exact(&mut v).map_err(io)?;
     Ok(v)
 }
 
-impl crate::Layer for CachingBackend {
+impl crate::contract::Layer for CachingBackend {
     fn inner(&self) -> &dyn LabBackend {
         &*self.inner
     }
@@ -217,7 +217,7 @@ impl crate::Layer for CachingBackend {
             || r.as_ref()
                 .is_err_and(|e| e.kind == ErrorKind::AlreadyExists);
         if stored && cacheable(name) {
-            self.store_from(name, &mut crate::ReadAt::new(file).take(size));
+            self.store_from(name, &mut crate::contract::ReadAt::new(file).take(size));
         }
         r
     }
@@ -242,7 +242,7 @@ impl crate::Layer for CachingBackend {
         match range {
             None => Ok(all),
             Some(r) => {
-                crate::check_range(name, &r, all.len() as u64)?;
+                crate::contract::check_range(name, &r, all.len() as u64)?;
                 Ok(all[r.start as usize..r.end as usize].to_vec())
             }
         }
@@ -257,7 +257,7 @@ impl crate::Layer for CachingBackend {
         if cacheable(name) {
             let v = Backend::get(self, name, range)?;
             out.write_all(&v)
-                .map_err(|e| crate::write_out_error(name, e))?;
+                .map_err(|e| crate::contract::write_out_error(name, e))?;
             return Ok(v.len() as u64);
         }
         self.inner.get_stream(name, range, out)
@@ -290,7 +290,7 @@ impl<W: Write> Write for HashingWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{LocalBackend, SyncPolicy};
+    use crate::local::{LocalBackend, SyncPolicy};
 
     #[test]
     fn conformance_through_the_cache() {

@@ -1,12 +1,12 @@
 //! The backend conformance suite: one set of checks of the contract in
-//! [`crate::Backend`] that every backend must pass. Backends call
+//! [`crate::contract::Backend`] that every backend must pass. Backends call
 //! [`run_all`] from their own tests (against real servers for network ones).
 //!
 //! Uses a fresh, empty namespace under `conformance/` and removes what it
 //! wrote. Each check is a named case; every case runs even when an earlier
 //! one fails, and the failures are reported together, by name.
 
-use crate::{Backend, ErrorKind};
+use crate::contract::{Backend, ErrorKind};
 
 /// A named check of the contract.
 pub type Case = (&'static str, fn(&dyn Backend));

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{renameat_with, RenameFlags, CWD};
 
-use crate::{
+use crate::contract::{
     validate_name, Backend, BackendError, Capabilities, ErrorKind, LabBackend, ObjectInfo, Space,
 };
 
@@ -118,7 +118,7 @@ impl LocalBackend {
                     Err(e) => return Err(io_err("list", prefix, e)),
                 };
                 let fname = e.file_name().to_string_lossy().into_owned();
-                let is_temp = fname.starts_with(crate::TEMP_PREFIX);
+                let is_temp = fname.starts_with(capsule_format::layout::TEMP_PREFIX);
                 let child = if rel.is_empty() {
                     fname
                 } else {
@@ -184,7 +184,11 @@ impl LocalBackend {
     ) -> std::io::Result<PathBuf> {
         let mut rnd = [0u8; 8];
         getrandom::fill(&mut rnd).map_err(|e| std::io::Error::other(e.to_string()))?;
-        let tmp = dir.join(format!("{}{}", crate::TEMP_PREFIX, hex::encode(rnd)));
+        let tmp = dir.join(format!(
+            "{}{}",
+            capsule_format::layout::TEMP_PREFIX,
+            hex::encode(rnd)
+        ));
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -279,7 +283,7 @@ impl Backend for LocalBackend {
         let mut f = File::open(self.path(name)).map_err(|e| io_err("get", name, e))?;
         let size = f.metadata().map_err(|e| io_err("get", name, e))?.len();
         let r = range.unwrap_or(0..size);
-        crate::check_range(name, &r, size)?;
+        crate::contract::check_range(name, &r, size)?;
         f.seek(SeekFrom::Start(r.start))
             .map_err(|e| io_err("get", name, e))?;
         std::io::copy(&mut f.take(r.end - r.start), out).map_err(|e| io_err("get", name, e))
@@ -296,7 +300,7 @@ impl Backend for LocalBackend {
             }
             Some(r) => {
                 let size = f.metadata().map_err(|e| io_err("get", name, e))?.len();
-                crate::check_range(name, &r, size)?;
+                crate::contract::check_range(name, &r, size)?;
                 let mut v = vec![0u8; (r.end - r.start) as usize];
                 f.read_exact_at(&mut v, r.start)
                     .map_err(|e| io_err("get", name, e))?;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::{BackendError, LabBackend, ObjectInfo, Space};
+use crate::contract::{BackendError, LabBackend, ObjectInfo, Space};
 
 /// Counters of one destination, shared with whoever reports them.
 #[derive(Debug, Default)]
@@ -214,7 +214,7 @@ impl MeteredBackend {
     }
 }
 
-impl crate::Layer for MeteredBackend {
+impl crate::contract::Layer for MeteredBackend {
     fn inner(&self) -> &dyn LabBackend {
         &*self.inner
     }
@@ -397,7 +397,8 @@ const TEMP_LISTING: &str = "(temporaries)";
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Backend, LocalBackend, SyncPolicy};
+    use crate::contract::Backend;
+    use crate::local::{LocalBackend, SyncPolicy};
 
     #[test]
     fn counts_each_call_and_its_bytes() {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{BackendError, LabBackend, ObjectInfo, Space};
+use crate::contract::{BackendError, LabBackend, ObjectInfo, Space};
 
 /// How often and how patiently to retry.
 #[derive(Debug, Clone, Copy)]
@@ -99,7 +99,7 @@ impl RetryBackend {
 /// callers with a seekable source retry themselves), nor is `ping` (it
 /// measures the round trip, and a retried one would hide the failure it is
 /// meant to show): the layer forwards them unchanged.
-impl crate::Layer for RetryBackend {
+impl crate::contract::Layer for RetryBackend {
     fn inner(&self) -> &dyn LabBackend {
         &*self.inner
     }
@@ -177,7 +177,7 @@ impl crate::Layer for RetryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Backend, Capabilities, ErrorKind};
+    use crate::contract::{Backend, Capabilities, ErrorKind};
     use std::sync::Mutex;
 
     /// Fails the first `fail` calls with the given error, then succeeds.

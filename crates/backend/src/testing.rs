@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::{Backend, BackendError, Capabilities, ErrorKind, LabBackend, ObjectInfo};
+use crate::contract::{Backend, BackendError, Capabilities, ErrorKind, LabBackend, ObjectInfo};
 
 /// Objects in memory. Cheap to clone (a deep copy of the store), so one
 /// repository state can be the start of many fault runs.
@@ -61,7 +61,7 @@ fn not_found(op: &'static str, name: &str) -> BackendError {
 
 impl Backend for MemoryBackend {
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
-        crate::validate_name(name)?;
+        crate::contract::validate_name(name)?;
         let mut m = self.lock();
         if m.contains_key(name) {
             return Err(BackendError::new(
@@ -266,13 +266,13 @@ impl FaultBackend {
 /// Every repository operation counts as a call and may draw a fault; the
 /// streaming calls go through `put` and `get` so that they do too. The lab's
 /// operations pass through uncounted.
-impl crate::Layer for FaultBackend {
+impl crate::contract::Layer for FaultBackend {
     fn inner(&self) -> &dyn LabBackend {
         &*self.inner
     }
 
     fn put_stream(&self, name: &str, size: u64, data: &mut dyn Read) -> Result<(), BackendError> {
-        crate::put_stream_buffered(self, name, size, data)
+        crate::contract::put_stream_buffered(self, name, size, data)
     }
 
     fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
@@ -281,7 +281,12 @@ impl crate::Layer for FaultBackend {
     }
 
     fn put_file(&self, name: &str, file: &std::fs::File, size: u64) -> Result<(), BackendError> {
-        crate::put_stream_buffered(self, name, size, &mut crate::ReadAt::new(file))
+        crate::contract::put_stream_buffered(
+            self,
+            name,
+            size,
+            &mut crate::contract::ReadAt::new(file),
+        )
     }
 
     fn get_stream(
@@ -290,7 +295,7 @@ impl crate::Layer for FaultBackend {
         range: Option<Range<u64>>,
         out: &mut dyn Write,
     ) -> Result<u64, BackendError> {
-        crate::get_stream_buffered(self, name, range, out)
+        crate::contract::get_stream_buffered(self, name, range, out)
     }
 
     fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
@@ -356,12 +361,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mem: Arc<dyn LabBackend> = Arc::new(MemoryBackend::new());
         let faults: Arc<dyn LabBackend> = Arc::new(FaultBackend::new(mem, FaultPlan::default()));
-        let metered: Arc<dyn LabBackend> = Arc::new(crate::MeteredBackend::new(faults));
-        let retry: Arc<dyn LabBackend> = Arc::new(crate::RetryBackend::new(
+        let metered: Arc<dyn LabBackend> = Arc::new(crate::metered::MeteredBackend::new(faults));
+        let retry: Arc<dyn LabBackend> = Arc::new(crate::retry::RetryBackend::new(
             metered,
-            crate::RetryPolicy::default(),
+            crate::retry::RetryPolicy::default(),
         ));
-        let cached = crate::CachingBackend::new(retry, dir.path()).unwrap();
+        let cached = crate::cache::CachingBackend::new(retry, dir.path()).unwrap();
         crate::conformance::run_all(&cached);
     }
 
@@ -373,17 +378,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let repo = dir.path().join("repo");
         std::fs::create_dir(&repo).unwrap();
-        let local: Arc<dyn LabBackend> =
-            Arc::new(crate::LocalBackend::open(&repo, crate::SyncPolicy::NoSync).unwrap());
+        let local: Arc<dyn LabBackend> = Arc::new(
+            crate::local::LocalBackend::open(&repo, crate::local::SyncPolicy::NoSync).unwrap(),
+        );
         let faults: Arc<dyn LabBackend> =
             Arc::new(FaultBackend::new(local.clone(), FaultPlan::default()));
-        let metered = crate::MeteredBackend::new(faults);
+        let metered = crate::metered::MeteredBackend::new(faults);
         let stats = metered.stats();
-        let retry: Arc<dyn LabBackend> = Arc::new(crate::RetryBackend::new(
+        let retry: Arc<dyn LabBackend> = Arc::new(crate::retry::RetryBackend::new(
             Arc::new(metered),
-            crate::RetryPolicy::default(),
+            crate::retry::RetryPolicy::default(),
         ));
-        let top = crate::CachingBackend::new(retry, dir.path().join("cache")).unwrap();
+        let top = crate::cache::CachingBackend::new(retry, dir.path().join("cache")).unwrap();
 
         assert_eq!(
             top.space().unwrap().map(|s| s.total),
