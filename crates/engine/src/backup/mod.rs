@@ -11,7 +11,10 @@
 //!   indexed) the snapshot object is written, last.
 
 mod changes;
+mod ctx;
 mod exclude;
+mod read;
+mod report;
 mod walk;
 
 use std::path::{Component, Path, PathBuf};
@@ -29,196 +32,10 @@ use crate::packer::{BlobSaver, SaverStatsSnapshot};
 use crate::progress::Progress;
 use crate::repo::{hostname, username, Repository};
 use crate::timefmt::{now_precise, rfc3339};
-
 pub use changes::{tops, Changes, ScanReport};
+use ctx::{Counters, Ctx};
 pub use exclude::{check_pattern, Excludes};
-
-/// How a backup is run.
-#[derive(Debug, Clone, Default)]
-pub struct BackupOptions {
-    /// Source paths (files or directories).
-    pub paths: Vec<PathBuf>,
-    /// Exclude patterns (gitignore syntax, matched against absolute paths).
-    pub excludes: Vec<String>,
-    /// Name of per-directory ignore files (gitignore syntax); `None` disables.
-    pub ignore_file: Option<String>,
-    /// Do not cross file-system boundaries below each source path.
-    pub one_file_system: bool,
-    /// Snapshot to compare against (`None` = latest of this host and paths).
-    pub parent: Option<String>,
-    /// Read every file even if the parent says it is unchanged.
-    pub force: bool,
-    /// Tags to record.
-    pub tags: Vec<String>,
-    /// Host name to record (default: this machine's).
-    pub hostname: Option<String>,
-    /// Directories skipped whatever the patterns say: the repository (and
-    /// later the local cache) when they lie inside a source.
-    pub skip_dirs: Vec<PathBuf>,
-    /// Reader threads (0 = twice the cores).
-    pub threads: usize,
-    /// Run an estimating scan alongside so progress has totals and an ETA.
-    pub estimate: bool,
-    /// Local file for the journal of packs landed but not yet indexed (see
-    /// [`crate::journal`]); `None` keeps none, and an interrupted run's
-    /// unindexed packs are then uploaded again.
-    pub journal: Option<PathBuf>,
-    /// List the packs on the destination first and treat every indexed
-    /// pack that is missing or has the wrong size as lost (`--force`).
-    pub verify_packs: bool,
-    /// Packs known to be missing or damaged (from the last `check`): their
-    /// blobs count as not stored, so a backup uploads them again instead
-    /// of referencing lost data.
-    pub damaged_packs: Vec<ObjectId>,
-    /// What a change journal says changed since the parent snapshot: only
-    /// that is listed again (see [`Changes`]). `None`: a full scan.
-    pub changes: Option<Changes>,
-    /// Why no journal is used, when one was asked for and the caller
-    /// already knows it cannot be (reported as the full scan's reason).
-    pub no_changes_because: Option<String>,
-    /// A verification run: walk with `changes`, then scan in full, store
-    /// the full scan's snapshot and say whether the two agreed.
-    pub verify_changes: bool,
-}
-
-/// A problem with one source entry; the backup went on without it.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Warning {
-    /// The entry.
-    pub path: String,
-    /// What happened.
-    pub message: String,
-}
-
-/// Seconds spent per stage, summed over threads.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct StageTimes {
-    /// Listing directories and reading metadata.
-    pub scan: f64,
-    /// Reading file content.
-    pub read: f64,
-    /// Finding chunk boundaries and hashing.
-    pub chunk_hash: f64,
-    /// Compressing.
-    pub compress: f64,
-    /// Encrypting.
-    pub encrypt: f64,
-    /// Waiting on storage writes.
-    pub write: f64,
-}
-
-/// What a backup did.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct BackupReport {
-    /// The new snapshot's ID.
-    pub snapshot_id: String,
-    /// Parent used for change detection.
-    pub parent: Option<String>,
-    /// Summary as recorded in the snapshot.
-    pub summary: SnapshotSummary,
-    /// Files read because they were new.
-    pub files_new: u64,
-    /// Files read because they changed.
-    pub files_changed: u64,
-    /// Files reused from the parent without reading.
-    pub files_unchanged: u64,
-    /// Directories whose parent tree blob was reused without re-encoding.
-    pub trees_reused: u64,
-    /// Storage-side counters.
-    pub storage: SaverStatsSnapshot,
-    /// Per-stage seconds.
-    pub stages: StageTimes,
-    /// Wall-clock seconds.
-    pub duration_secs: f64,
-    /// Entries skipped, with reasons.
-    pub warnings: Vec<Warning>,
-    /// Packs treated as lost (known damaged, or found missing with
-    /// `verify_packs`): nothing in this snapshot refers to their copies.
-    pub packs_distrusted: Vec<String>,
-    /// This machine's clock is behind the newest snapshot of the same host
-    /// and paths (one of them is wrong): what was seen.
-    pub clock_warning: Option<String>,
-    /// Whether a change journal spared the walk, and if not, why.
-    pub scan: ScanReport,
-    /// Directories holding files with more than one name (hard links),
-    /// which a journal-driven run lists every time (see [`Changes`]).
-    #[serde(skip)]
-    pub linked_dirs: Vec<PathBuf>,
-    /// The sources and the directories above them as this run saw them
-    /// before its walk ([`tops`]), for the next run's journal.
-    #[serde(skip)]
-    pub tops: Vec<(PathBuf, String)>,
-}
-
-#[derive(Default)]
-pub(crate) struct Counters {
-    files: AtomicU64,
-    dirs: AtomicU64,
-    others: AtomicU64,
-    bytes: AtomicU64,
-    files_read: AtomicU64,
-    bytes_read: AtomicU64,
-    files_new: AtomicU64,
-    files_changed: AtomicU64,
-    files_unchanged: AtomicU64,
-    trees_reused: AtomicU64,
-    dirs_listed: AtomicU64,
-    /// With a journal, entries of the parent that are gone or listed again
-    /// (the summary is the parent's, plus what was seen, less these).
-    gone_files: AtomicU64,
-    gone_dirs: AtomicU64,
-    gone_others: AtomicU64,
-    gone_bytes: AtomicU64,
-    scan_ns: AtomicU64,
-    read_ns: AtomicU64,
-    hash_ns: AtomicU64,
-}
-
-/// (device, inode) → (size, content) of hard-linked files already read.
-type HardLinkCache = std::collections::HashMap<(u64, u64), (u64, Vec<BlobId>)>;
-
-/// Everything the walkers share.
-pub(crate) struct Ctx<'a> {
-    repo: &'a Repository,
-    index: &'a MasterIndex,
-    saver: &'a BlobSaver,
-    chunker: capsule_chunker::Chunker,
-    opts: &'a BackupOptions,
-    excludes: Excludes,
-    progress: &'a Progress,
-    counters: Counters,
-    warnings: Mutex<Vec<Warning>>,
-    /// Content of hard-linked files already read, by (device, inode).
-    hardlinks: Mutex<HardLinkCache>,
-    /// Start of the parent snapshot (Unix seconds): parent entries changed
-    /// within a second of it cannot be trusted (see docs/DESIGN.md).
-    parent_time: i64,
-    /// Start of this backup.
-    start_unix: i64,
-    /// What the readers' look-ahead windows may hold together (see
-    /// `walk::read_file`).
-    windows: crate::mem::Budget,
-    /// The change journal the walk follows, if any.
-    changes: Option<&'a Changes>,
-    /// Set when the journal's walk cannot go on (a parent tree that cannot
-    /// be read): the walk is then done again in full.
-    journal_broken: Mutex<Option<String>>,
-    /// Directories listed that hold a file with several names.
-    linked: Mutex<Vec<PathBuf>>,
-}
-
-impl Ctx<'_> {
-    pub(crate) fn warn(&self, path: &Path, message: impl Into<String>) {
-        Progress::add(&self.progress.errors, 1);
-        self.warnings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Warning {
-                path: path.display().to_string(),
-                message: message.into(),
-            });
-    }
-}
+pub use report::{BackupOptions, BackupReport, StageTimes, Warning};
 
 /// Makes `p` absolute and lexically normal, without resolving symlinks (the
 /// last component is backed up as what it is, link or not).
@@ -595,7 +412,7 @@ pub fn backup(
     };
 
     let estimator = if opts.estimate && changes.is_none() {
-        Some(walk::spawn_estimator(
+        Some(read::spawn_estimator(
             sources.clone(),
             excludes.clone(),
             opts.one_file_system,
@@ -621,7 +438,7 @@ pub fn backup(
             .map(|(_, s)| s.time_unix)
             .unwrap_or(i64::MIN),
         start_unix,
-        windows: crate::mem::Budget::new(walk::windows_budget(repo.chunker().sizes().max, cores)),
+        windows: crate::mem::Budget::new(read::windows_budget(repo.chunker().sizes().max, cores)),
         changes: changes.filter(|_| follow_journal),
         journal_broken: Mutex::new(None),
         linked: Mutex::new(Vec::new()),
