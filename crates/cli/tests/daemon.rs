@@ -63,21 +63,12 @@ impl World {
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+        let env = TestEnv::under(&self.dir)
+            .config(&self.config)
+            .clock(format!("@{}", self.clock.display()))
+            .var("CAPSULE_DAEMON_TICK_MS", "50");
+        let mut c = capsule_cmd(&env);
         c.args(args);
-        for k in [
-            "CAPSULE_PASSWORD",
-            "CAPSULE_PASSWORD_FILE",
-            "CAPSULE_REPO",
-            "CAPSULE_PROFILE",
-        ] {
-            c.env_remove(k);
-        }
-        c.env("CAPSULE_CONFIG", &self.config)
-            .env("CAPSULE_STATE_DIR", self.dir.join("state"))
-            .env("CAPSULE_CACHE_DIR", self.dir.join("cache"))
-            .env("CAPSULE_TEST_NOW", format!("@{}", self.clock.display()))
-            .env("CAPSULE_DAEMON_TICK_MS", "50");
         c
     }
 

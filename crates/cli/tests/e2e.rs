@@ -5,7 +5,6 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -601,12 +600,8 @@ fn embedded_default_repository() {
     std::fs::create_dir(&src).unwrap();
     std::fs::write(src.join("f"), b"x").unwrap();
     let run = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
+        capsule_cmd(&TestEnv::bare().home(t.path()).password(PASSWORD))
             .args(args)
-            .env_remove("CAPSULE_REPO")
-            .env("XDG_DATA_HOME", t.path().join("data"))
-            .env("HOME", t.path())
-            .env("CAPSULE_PASSWORD", PASSWORD)
             .output()
             .unwrap()
     };
@@ -659,14 +654,11 @@ fn help_on_every_command() {
     ] {
         let mut args: Vec<&str> = c.split(' ').collect();
         args.push("--help");
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
-            .args(&args)
-            .output()
-            .unwrap();
+        let o = capsule_cmd(&TestEnv::bare()).args(&args).output().unwrap();
         assert!(o.status.success(), "{c} --help");
         assert!(String::from_utf8_lossy(&o.stdout).contains("Usage"), "{c}");
     }
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
+    let o = capsule_cmd(&TestEnv::bare())
         .args(["backup"])
         .output()
         .unwrap();
@@ -737,10 +729,8 @@ fn files_vanishing_during_backup() {
 fn completions_and_man_pages_are_generated_and_installed() {
     let t = tempfile::tempdir().unwrap();
     let run = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_capsule"))
+        let o = capsule_cmd(&TestEnv::bare().home(t.path()))
             .args(args)
-            .env("HOME", t.path())
-            .env("XDG_DATA_HOME", t.path().join("data"))
             .output()
             .unwrap();
         assert!(o.status.success(), "{args:?}: {o:?}");

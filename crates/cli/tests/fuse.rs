@@ -33,7 +33,7 @@ impl Mounted {
             return None;
         }
         std::fs::create_dir_all(at).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_capsule"))
+        let child = capsule_cmd(&TestEnv::beside(repo).password(PASSWORD))
             .args([
                 "--repo",
                 repo.to_str().unwrap(),
@@ -41,12 +41,6 @@ impl Mounted {
                 at.to_str().unwrap(),
             ])
             .args(more)
-            .env("CAPSULE_PASSWORD", PASSWORD)
-            .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-            .env(
-                "CAPSULE_STATE_DIR",
-                repo.with_extension("cache").join("state"),
-            )
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

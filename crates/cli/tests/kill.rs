@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -22,7 +22,8 @@ fn count(dir: &Path) -> usize {
 }
 
 fn spawn_backup(repo: &Path, src: &Path) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_capsule"))
+    // The same cache (and so the same journal) as the helpers use.
+    capsule_cmd(&TestEnv::beside(repo).password(PASSWORD))
         .args([
             "--repo",
             repo.to_str().unwrap(),
@@ -30,13 +31,6 @@ fn spawn_backup(repo: &Path, src: &Path) -> std::process::Child {
             "backup",
             src.to_str().unwrap(),
         ])
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        // The same cache (and so the same journal) as the helpers use.
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -239,17 +233,11 @@ fn sigkill_at_seeded_points_across_backup_keys_repair_and_prune() {
     let pwfile = t.path().join("new-password");
     let run = |pw: &str, args: &[&str]| capsule_env(&repo, args, &[("CAPSULE_PASSWORD", pw)]);
     let spawn = |pw: &str, args: &[&str], kill_at_call: &str| {
-        Command::new(env!("CARGO_BIN_EXE_capsule"))
+        capsule_cmd(&TestEnv::beside(&repo).password(pw))
             .arg("--repo")
             .arg(&repo)
             .args(args)
-            .env("CAPSULE_PASSWORD", pw)
             .env("CAPSULE_TEST_KILL_AT_CALL", kill_at_call)
-            .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-            .env(
-                "CAPSULE_STATE_DIR",
-                repo.with_extension("cache").join("state"),
-            )
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -15,13 +15,14 @@
 
 mod common;
 
-use common::chromium;
+use common::{capsule_cmd, chromium};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use capsule_testkit::echo::Echo;
 use capsule_testkit::toxiproxy::{Proxy, Toxiproxy};
+use capsule_testkit::{server_vars, Server, TestEnv};
 use serde_json::Value;
 
 fn env(key: &str) -> Option<String> {
@@ -52,7 +53,7 @@ impl Dest {
         let url = env(&format!("CAPSULE_TEST_{which}"))?;
         let up_key = if which == "SMB_SYNC" { "SMB" } else { which };
         let upstream = env(&format!("CAPSULE_TEST_{up_key}_UPSTREAM"))?;
-        let servers = PathBuf::from(env("CAPSULE_TEST_SERVERS")?);
+        let _servers = PathBuf::from(env("CAPSULE_TEST_SERVERS")?);
         let proxy = Toxiproxy::new(&env("CAPSULE_TEST_PROXY_API")?)
             .proxy(&format!("lab-{name}"), &upstream)
             .unwrap();
@@ -60,29 +61,12 @@ impl Dest {
             proxy.latency(one_way_ms).unwrap();
         }
         let url = url.replace(&upstream, &proxy.listen);
-        let mut e = vec![];
-        match up_key {
-            "SMB" => e.push((
-                "CAPSULE_SMB_PASSWORD".to_string(),
-                env("CAPSULE_TEST_SMB_PASSWORD")?,
-            )),
-            "SFTP" => {
-                let key = std::fs::read_to_string(servers.join("ssh/host_key.pub")).unwrap();
-                let key: Vec<&str> = key.split_whitespace().take(2).collect();
-                let (host, port) = proxy.listen.rsplit_once(':').unwrap();
-                let kh = servers.join(format!("ssh/known_hosts-lab-{name}"));
-                std::fs::write(&kh, format!("[{host}]:{port} {}\n", key.join(" "))).unwrap();
-                e.push(("CAPSULE_SFTP_KEY".into(), env("CAPSULE_TEST_SFTP_KEY")?));
-                e.push(("CAPSULE_SFTP_KNOWN_HOSTS".into(), kh.display().to_string()));
-            }
-            _ => {
-                e.push(("AWS_ACCESS_KEY_ID".into(), env("CAPSULE_TEST_S3_KEY")?));
-                e.push((
-                    "AWS_SECRET_ACCESS_KEY".into(),
-                    env("CAPSULE_TEST_S3_SECRET")?,
-                ));
-            }
-        }
+        let server = match up_key {
+            "SMB" => Server::Smb,
+            "SFTP" => Server::Sftp,
+            _ => Server::S3,
+        };
+        let e = server_vars(server, &proxy.listen, &format!("lab-{name}"))?;
         Some(Dest {
             url,
             env: e,
@@ -92,18 +76,8 @@ impl Dest {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+        let mut c = capsule_cmd(&TestEnv::bare().state(self.state.path()));
         c.args(args);
-        for k in [
-            "CAPSULE_REPO",
-            "CAPSULE_SMB_PASSWORD",
-            "CAPSULE_SFTP_KEY",
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-        ] {
-            c.env_remove(k);
-        }
-        c.env("CAPSULE_STATE_DIR", self.state.path());
         for (k, v) in &self.env {
             c.env(k, v);
         }
@@ -557,9 +531,8 @@ fn interrupted_lab_cleans_up() {
     let state = d.state.path().to_path_buf();
     // A sequential probe of up to a quarter of the free space: seconds of
     // writing, long enough to be caught in the middle.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_capsule"))
+    let mut child = capsule_cmd(&TestEnv::bare().state(&state))
         .args(["lab", &d.url, "--size", "64G", "--no-seed"])
-        .env("CAPSULE_STATE_DIR", &state)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()

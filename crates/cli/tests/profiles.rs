@@ -11,21 +11,13 @@ use common::*;
 /// Runs capsule with only `env` set of capsule's variables (no
 /// `CAPSULE_PASSWORD` unless given), the config file at `config`.
 fn run(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+    // No CAPSULE_CACHE_DIR: where the cache goes is what some tests check.
+    let env_ = TestEnv::bare()
+        .config(config)
+        .state(config.with_extension("state"))
+        .var("XDG_CACHE_HOME", config.with_extension("cache"));
+    let mut c = capsule_cmd(&env_);
     c.args(args);
-    for k in [
-        "CAPSULE_PASSWORD",
-        "CAPSULE_PASSWORD_FILE",
-        "CAPSULE_REPO",
-        "CAPSULE_PROFILE",
-        "CAPSULE_CONNECTIONS",
-        "CAPSULE_CACHE_DIR",
-    ] {
-        c.env_remove(k);
-    }
-    c.env("CAPSULE_CONFIG", config)
-        .env("CAPSULE_STATE_DIR", config.with_extension("state"))
-        .env("XDG_CACHE_HOME", config.with_extension("cache"));
     for (k, v) in env {
         c.env(k, v);
     }

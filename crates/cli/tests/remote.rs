@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use capsule_testkit::server_env as env;
 use capsule_testkit::toxiproxy::{Proxy, Toxiproxy};
+use capsule_testkit::{server_vars, Server, TestEnv};
 use common::*;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,44 +47,25 @@ impl Remote {
         };
         let url = env(&format!("CAPSULE_TEST_{p}"))?;
         let upstream = env(&format!("CAPSULE_TEST_{p}_UPSTREAM"))?;
-        let servers = PathBuf::from(env("CAPSULE_TEST_SERVERS")?);
+        let _servers = PathBuf::from(env("CAPSULE_TEST_SERVERS")?);
         let proxy = Toxiproxy::new(&env("CAPSULE_TEST_PROXY_API")?)
             .proxy(&format!("e2e-{name}"), &upstream)
             .unwrap();
         proxy.latency(1).unwrap();
         let url = format!("{}/{name}", url.replace(&upstream, &proxy.listen));
         let mut env_vars = vec![("CAPSULE_PASSWORD".to_string(), PASSWORD.to_string())];
+        let (server, dir) = match kind {
+            Kind::Smb => (Server::Smb, Some("CAPSULE_TEST_SMB_DIR")),
+            Kind::Sftp => (Server::Sftp, Some("CAPSULE_TEST_SFTP_DIR")),
+            Kind::S3 => (Server::S3, None),
+        };
         let mut local_dir = None;
-        match kind {
-            Kind::Smb => {
-                let d = PathBuf::from(env("CAPSULE_TEST_SMB_DIR")?).join(name);
-                let _ = std::fs::remove_dir_all(&d);
-                local_dir = Some(d);
-                env_vars.push((
-                    "CAPSULE_SMB_PASSWORD".into(),
-                    env("CAPSULE_TEST_SMB_PASSWORD")?,
-                ));
-            }
-            Kind::Sftp => {
-                let d = PathBuf::from(env("CAPSULE_TEST_SFTP_DIR")?).join(name);
-                let _ = std::fs::remove_dir_all(&d);
-                local_dir = Some(d);
-                let key = std::fs::read_to_string(servers.join("ssh/host_key.pub")).unwrap();
-                let key: Vec<&str> = key.split_whitespace().take(2).collect();
-                let (host, port) = proxy.listen.rsplit_once(':').unwrap();
-                let kh = servers.join(format!("ssh/known_hosts-e2e-{name}"));
-                std::fs::write(&kh, format!("[{host}]:{port} {}\n", key.join(" "))).unwrap();
-                env_vars.push(("CAPSULE_SFTP_KEY".into(), env("CAPSULE_TEST_SFTP_KEY")?));
-                env_vars.push(("CAPSULE_SFTP_KNOWN_HOSTS".into(), kh.display().to_string()));
-            }
-            Kind::S3 => {
-                env_vars.push(("AWS_ACCESS_KEY_ID".into(), env("CAPSULE_TEST_S3_KEY")?));
-                env_vars.push((
-                    "AWS_SECRET_ACCESS_KEY".into(),
-                    env("CAPSULE_TEST_S3_SECRET")?,
-                ));
-            }
+        if let Some(var) = dir {
+            let d = PathBuf::from(env(var)?).join(name);
+            let _ = std::fs::remove_dir_all(&d);
+            local_dir = Some(d);
         }
+        env_vars.extend(server_vars(server, &proxy.listen, &format!("e2e-{name}"))?);
         let r = Remote {
             kind,
             url,
@@ -99,6 +81,13 @@ impl Remote {
         Some(r)
     }
 
+    /// This destination's cache and run records, in its own directory.
+    fn test_env(&self) -> TestEnv {
+        TestEnv::bare()
+            .cache(self.cache.path())
+            .state(self.cache.path().join("state"))
+    }
+
     fn run_with(&self, args: &[&str], extra: &[(&str, &str)]) -> Output {
         self.command(args, extra).output().expect("run capsule")
     }
@@ -106,22 +95,8 @@ impl Remote {
     /// capsule with `args` on this destination: its credentials and cache,
     /// none inherited from the caller's environment, then `extra`.
     fn command(&self, args: &[&str], extra: &[(&str, &str)]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+        let mut c = capsule_cmd(&self.test_env());
         c.arg("--repo").arg(&self.url).args(args);
-        for k in [
-            "CAPSULE_PASSWORD",
-            "CAPSULE_PASSWORD_FILE",
-            "CAPSULE_REPO",
-            "CAPSULE_SMB_PASSWORD",
-            "CAPSULE_SFTP_KEY",
-            "CAPSULE_SFTP_PASSWORD",
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-        ] {
-            c.env_remove(k);
-        }
-        c.env("CAPSULE_CACHE_DIR", self.cache.path());
-        c.env("CAPSULE_STATE_DIR", self.cache.path().join("state"));
         for (k, v) in &self.env {
             c.env(k, v);
         }
@@ -721,11 +696,8 @@ fn errors(kind: Kind) {
         Kind::Sftp => format!("{}/no/such/dir", r.url),
         Kind::S3 => r.url.replace("/capsule-test/", "/no-such-bucket/"),
     };
-    let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
-    c.arg("--repo")
-        .arg(&missing)
-        .arg("snapshots")
-        .env("CAPSULE_CACHE_DIR", r.cache.path());
+    let mut c = capsule_cmd(&r.test_env());
+    c.arg("--repo").arg(&missing).arg("snapshots");
     for (k, v) in &r.env {
         c.env(k, v);
     }
@@ -753,11 +725,8 @@ fn s3_init_creates_a_missing_bucket() {
     let bucket = format!("capsule-new-{}-{nanos}", std::process::id());
     let url = r.url.replace("/capsule-test/", &format!("/{bucket}/"));
     let run = |args: &[&str], extra: &[(&str, &str)]| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
-        c.arg("--repo")
-            .arg(&url)
-            .args(args)
-            .env("CAPSULE_CACHE_DIR", r.cache.path());
+        let mut c = capsule_cmd(&r.test_env());
+        c.arg("--repo").arg(&url).args(args);
         for (k, v) in &r.env {
             c.env(k, v);
         }

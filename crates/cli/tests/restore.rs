@@ -89,7 +89,7 @@ fn a_restore_killed_with_sigkill_resumes() {
     let (t, src, repo) = backed_up(200, 200_000);
     let target = t.path().join("target");
     let full = restore_json(&repo, &t.path().join("reference"), &[]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_capsule"))
+    let mut child = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD))
         .args([
             "--repo",
             repo.to_str().unwrap(),
@@ -98,12 +98,6 @@ fn a_restore_killed_with_sigkill_resumes() {
             "1",
         ])
         .args(["restore", "latest", "--target", target.to_str().unwrap()])
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -430,17 +424,11 @@ fn delete_below_a_source_that_is_not_utf8_is_skipped_and_said() {
     std::fs::create_dir_all(&src).unwrap();
     std::fs::write(src.join("f"), b"f").unwrap();
     init(&repo);
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
+    let o = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD))
         .arg("--repo")
         .arg(&repo)
         .arg("backup")
         .arg(&src)
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        )
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -551,7 +539,7 @@ fn a_killed_restore_never_leaves_a_wrong_file_under_its_real_name() {
     let mut wrong_before_fix = 0;
     for (round, delay_ms) in [0u64, 5, 20, 60, 150, 400].into_iter().enumerate() {
         let target = t.path().join(format!("target{round}"));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_capsule"))
+        let mut child = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD))
             .args([
                 "--repo",
                 repo.to_str().unwrap(),
@@ -560,12 +548,6 @@ fn a_killed_restore_never_leaves_a_wrong_file_under_its_real_name() {
                 "2",
             ])
             .args(["restore", "latest", "--target", target.to_str().unwrap()])
-            .env("CAPSULE_PASSWORD", PASSWORD)
-            .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-            .env(
-                "CAPSULE_STATE_DIR",
-                repo.with_extension("cache").join("state"),
-            )
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -672,7 +654,7 @@ fn versions_of_a_file_and_snapshots_named_by_time() {
         .collect();
     assert_eq!(held, [None, Some(1), Some(1), Some(2), None, Some(1)]);
     // A relative path is taken from the current directory, as typed.
-    let o = Command::new(env!("CARGO_BIN_EXE_capsule"))
+    let o = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD))
         .current_dir(&src)
         .args([
             "--repo",
@@ -680,8 +662,6 @@ fn versions_of_a_file_and_snapshots_named_by_time() {
             "versions",
             "./sub/../notes.txt",
         ])
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
         .output()
         .unwrap();
     assert!(o.status.success(), "{o:?}");

@@ -382,18 +382,10 @@ fn paused_backup(
 /// Starts `capsule args` at test time `when`, stopping at `point`
 /// (CAPSULE_TEST_PAUSE), and returns it once it is waiting there.
 fn paused(repo: &Path, args: &[&str], when: &str, point: &str, gate: &Path) -> std::process::Child {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+    let mut c = capsule_cmd(&TestEnv::beside(repo).password(PASSWORD));
     c.arg("--repo")
         .arg(repo)
         .args(args)
-        .env_remove("CAPSULE_PASSWORD_FILE")
-        .env_remove("CAPSULE_REPO")
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        )
         .env("CAPSULE_TEST_NOW", when)
         .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
         .stdout(std::process::Stdio::piped())
@@ -1002,18 +994,10 @@ fn a_prune_killed_at_any_step_leaves_a_repository_the_next_prune_finishes() {
         copy_tree(&base, &repo);
         copy_tree(&base.with_extension("cache"), &repo.with_extension("cache"));
         let gate = t.path().join(format!("{point}-gate"));
-        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+        let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
         c.arg("--repo")
             .arg(&repo)
             .args(["prune", "--max-unused", "0"])
-            .env_remove("CAPSULE_PASSWORD_FILE")
-            .env_remove("CAPSULE_REPO")
-            .env("CAPSULE_PASSWORD", PASSWORD)
-            .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-            .env(
-                "CAPSULE_STATE_DIR",
-                repo.with_extension("cache").join("state"),
-            )
             .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
@@ -1072,18 +1056,10 @@ fn prune_refuses_a_large_clock_skew_against_the_destination() {
     init(&repo);
     ok(&repo, &["backup", "-q", src.to_str().unwrap()]);
     let gate = t.path().join("gate");
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+    let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
     c.arg("--repo")
         .arg(&repo)
         .arg("prune")
-        .env_remove("CAPSULE_PASSWORD_FILE")
-        .env_remove("CAPSULE_REPO")
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        )
         .env(
             "CAPSULE_TEST_PAUSE",
             format!("prune-session:{}", gate.display()),
@@ -1258,18 +1234,10 @@ fn a_prune_names_the_sessions_it_waits_for_and_wait_sweeps_after_them() {
 
     // prune --wait, started while the backup still runs, sweeps once the
     // backup has committed.
-    let waiter = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"))
+    let waiter = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD))
         .arg("--repo")
         .arg(&repo)
         .args(["--json", "prune", "--wait"])
-        .env_remove("CAPSULE_PASSWORD_FILE")
-        .env_remove("CAPSULE_REPO")
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        )
         .env("CAPSULE_TEST_NOW", NOW.to_string())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

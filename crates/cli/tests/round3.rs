@@ -117,18 +117,10 @@ fn a_clock_that_went_back_is_reported_by_the_backup() {
 /// Runs capsule with a bound on its time: a hang fails the test instead of
 /// stalling it.
 fn bounded(repo: &Path, args: &[&str]) -> std::process::Output {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+    let mut c = capsule_cmd(&TestEnv::beside(repo).password(PASSWORD));
     c.arg("--repo")
         .arg(repo)
         .args(args)
-        .env_remove("CAPSULE_REPO")
-        .env_remove("CAPSULE_PASSWORD_FILE")
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();

@@ -47,21 +47,8 @@ impl World {
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
-        c.args(args);
-        for k in [
-            "CAPSULE_PASSWORD",
-            "CAPSULE_PASSWORD_FILE",
-            "CAPSULE_REPO",
-            "CAPSULE_PROFILE",
-            "CAPSULE_TEST_NOW",
-        ] {
-            c.env_remove(k);
-        }
-        c.env("CAPSULE_CONFIG", &self.config)
-            .env("CAPSULE_STATE_DIR", self.dir.join("state"))
-            .env("CAPSULE_CACHE_DIR", self.dir.join("cache"))
-            .stdin(Stdio::null());
+        let mut c = capsule_cmd(&TestEnv::under(&self.dir).config(&self.config));
+        c.args(args).stdin(Stdio::null());
         c
     }
 
@@ -356,12 +343,8 @@ fn a_test_clock_that_is_not_a_time_is_an_error() {
     .unwrap();
     let at_fifo = format!("@{}", fifo.display());
     for v in ["@/dev/zero", "garbage", "", at_fifo.as_str()] {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
-        c.arg("--repo")
-            .arg(&repo)
-            .arg("snapshots")
-            .env("CAPSULE_PASSWORD", PASSWORD)
-            .env("CAPSULE_TEST_NOW", v);
+        let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD).clock(v));
+        c.arg("--repo").arg(&repo).arg("snapshots");
         let o = bounded(c);
         assert_eq!(o.status.code(), Some(2), "{v:?}: {}", err(&o));
         assert!(err(&o).contains("CAPSULE_TEST_NOW"), "{v:?}: {}", err(&o));

@@ -515,12 +515,10 @@ fn cache_and_run_records_are_private() {
 #[test]
 fn ls_into_a_closed_pipe_exits_quietly() {
     let (_t, _, repo) = small_repo();
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_capsule"));
+    let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
     c.arg("--repo")
         .arg(&repo)
         .args(["ls", "latest"])
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();

@@ -31,7 +31,7 @@ impl Drop for Served {
 }
 
 fn serve(repo: &Path) -> Served {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_capsule"))
+    let mut child = capsule_cmd(&TestEnv::beside(repo).password(PASSWORD))
         .args([
             "--repo",
             repo.to_str().unwrap(),
@@ -39,12 +39,6 @@ fn serve(repo: &Path) -> Served {
             "ui",
             "--no-browser",
         ])
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        )
         .env_remove("BROWSER")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

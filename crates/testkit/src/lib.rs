@@ -1,10 +1,14 @@
-//! Test support shared by the integration tests and benchmarks: a client
-//! for Toxiproxy (latency and faults in front of real servers) and a TCP
-//! echo server that gives the ground truth of what a proxy adds to a round
+//! Test support shared by the integration tests and benchmarks: the
+//! environment every test runs capsule in ([`env`]), a client for
+//! Toxiproxy (latency and faults in front of real servers) and a TCP echo
+//! server that gives the ground truth of what a proxy adds to a round
 //! trip. Dev-dependency only: nothing here ships in capsule.
 
 pub mod echo;
+pub mod env;
 pub mod toxiproxy;
+
+pub use env::{server_vars, Server, TestEnv, PASSWORD};
 
 /// A variable the server script (`scripts/servers.sh`) set, or `None`
 /// when the servers were not started: the caller then skips its test.

@@ -9,28 +9,32 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-pub const PASSWORD: &str = "correct horse battery staple";
+pub use capsule_testkit::{TestEnv, PASSWORD};
+
+/// The capsule binary under test, in environment `env` (see
+/// [`capsule_testkit::env`]).
+pub fn capsule_cmd(env: &TestEnv) -> Command {
+    env.command(env!("CARGO_BIN_EXE_capsule"))
+}
+
+/// capsule with `--repo repo`, the test password, and the cache and run
+/// records beside the repository.
+pub fn capsule_at(repo: &Path) -> Command {
+    let mut c = capsule_cmd(&TestEnv::beside(repo).password(PASSWORD));
+    c.arg("--repo").arg(repo);
+    c
+}
 
 /// Runs capsule with `--repo repo` and the test password.
 pub fn capsule(repo: &Path, args: &[&str]) -> Output {
     capsule_env(repo, args, &[("CAPSULE_PASSWORD", PASSWORD)])
 }
 
+/// Runs capsule with `--repo repo`, the cache and run records beside the
+/// repository, and `env` (no password unless it gives one).
 pub fn capsule_env(repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_capsule"));
+    let mut c = capsule_cmd(&TestEnv::beside(repo));
     c.arg("--repo").arg(repo).args(args);
-    c.env_remove("CAPSULE_PASSWORD")
-        .env_remove("CAPSULE_PASSWORD_FILE")
-        .env_remove("CAPSULE_REPO")
-        // Each test's cache lives beside its repository, not in ~/.cache.
-        .env("CAPSULE_CACHE_DIR", repo.with_extension("cache"))
-        // Run records too (`capsule report`), not in ~/.local/state; inside
-        // the cache directory, which exists before the first backup walks, so
-        // writing a record does not touch the directory holding the source.
-        .env(
-            "CAPSULE_STATE_DIR",
-            repo.with_extension("cache").join("state"),
-        );
     for (k, v) in env {
         c.env(k, v);
     }
