@@ -92,7 +92,7 @@ pub enum Through {
     Direct,
 }
 
-/// Connects and opens the repository at `loc` with the password. The key
+/// Connects and opens the repository `access` reaches, with the password. The key
 /// derivation starts first, from the last run's hint (or is the daemon's,
 /// already done), so that on a network destination it runs while the
 /// connection is made and the key files are read. A password that must
@@ -100,20 +100,19 @@ pub enum Through {
 /// files passed over.
 pub fn open_at(
     s: &Settings,
-    loc: &RepoLocation,
+    access: &Access,
     through: Through,
     warn: &dyn Fn(String),
 ) -> Result<Opened> {
-    let access = s.access(loc)?;
-    let (pw, early) = password::start_key(s, &access);
-    let stack = connect(&access, false)?;
+    let (pw, early) = password::start_key(s, access);
+    let stack = connect(access, false)?;
     let pw = match pw {
         Some(pw) => pw,
         None => password::password(s)?,
     };
     let opened = match through {
-        Through::Direct => stack.open_direct(&access, &pw, early)?,
-        Through::Cache => stack.open(&access, &pw, early)?,
+        Through::Direct => stack.open_direct(access, &pw, early)?,
+        Through::Cache => stack.open(access, &pw, early)?,
     };
     for w in &opened.warnings {
         warn(format!(
@@ -126,17 +125,17 @@ pub fn open_at(
 /// Opens the settings' repository through the cache.
 pub fn open(s: &Settings, warn: &dyn Fn(String)) -> Result<(Repository, RepoLocation)> {
     let loc = s.location()?;
-    let opened = open_at(s, &loc, Through::Cache, warn)?;
+    let access = s.access(&loc)?;
+    let opened = open_at(s, &access, Through::Cache, warn)?;
     Ok((opened.repo, loc))
 }
 
-/// Creates a repository at the settings' location, with a new password
+/// Creates a repository where `access` reaches, with a new password
 /// (`what` is the prompt on a terminal).
-pub fn create(s: &Settings, loc: &RepoLocation, what: &str, opts: &InitOptions) -> Result<Opened> {
-    let access = s.access(loc)?;
-    let stack = connect(&access, true)?;
+pub fn create(s: &Settings, access: &Access, what: &str, opts: &InitOptions) -> Result<Opened> {
+    let stack = connect(access, true)?;
     let pw = password::new_password(s, what)?;
-    Ok(stack.init(&access, &pw, opts)?)
+    Ok(stack.init(access, &pw, opts)?)
 }
 
 /// Resolves a snapshot argument. When some snapshots cannot be read,

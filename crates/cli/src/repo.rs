@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use capsule_access::Opened;
+use capsule_access::{Access, Opened};
 use capsule_app::open::Through;
 use capsule_app::{RepoLocation, Settings};
 use capsule_engine::{EngineError, Repository};
@@ -21,20 +21,23 @@ pub fn open(s: &Settings, out: &Output) -> Result<(Repository, RepoLocation)> {
 /// Opens without the cache: for `check` and `repair`, which must read the
 /// destination.
 pub fn open_uncached(s: &Settings, out: &Output) -> Result<Opened> {
-    let loc = s.location()?;
+    let access = s.access(&s.location()?)?;
     Ok(capsule_app::open::open_at(
         s,
-        &loc,
+        &access,
         Through::Direct,
         &|w| out.warn(w),
     )?)
 }
 
-/// Opens at `loc` through the cache.
-pub fn open_at(s: &Settings, loc: &RepoLocation, out: &Output) -> Result<Opened> {
-    Ok(capsule_app::open::open_at(s, loc, Through::Cache, &|w| {
-        out.warn(w)
-    })?)
+/// Opens the repository `access` reaches, through the cache.
+pub fn open_at(s: &Settings, access: &Access, out: &Output) -> Result<Opened> {
+    Ok(capsule_app::open::open_at(
+        s,
+        access,
+        Through::Cache,
+        &|w| out.warn(w),
+    )?)
 }
 
 /// Resolves a snapshot argument, saying what is odd about the one it

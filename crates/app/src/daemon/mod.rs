@@ -30,9 +30,10 @@
 //! battery below `min-battery`, a metered network with `skip-metered`),
 //! shown in `status` as what it waits for.
 //!
-//! Not built yet (see the issue): holding the opened repository and its
-//! key between runs (each run derives the key, started early from its key
-//! hint).
+//! Each profile's derived key is held between runs and handed to each run
+//! on a pipe ([`crate::held_key`]), so a scheduled run derives none; the
+//! opened repository is not held (each run opens it, a child process of
+//! its own).
 
 mod jobs;
 mod watching;

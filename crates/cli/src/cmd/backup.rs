@@ -153,11 +153,12 @@ pub fn backup(
 ) -> Result<(u8, Option<BackupDone>)> {
     let (a, when_full) = with_profile(settings, a)?;
     let loc = settings.location()?;
+    let access = settings.access(&loc)?;
     let opened = if loc.is_new_default() {
         // The embedded default: created on first use.
         let opened = capsule_app::open::create(
             settings,
-            &loc,
+            &access,
             "password for the new default repository",
             &InitOptions::default(),
         )?;
@@ -166,7 +167,7 @@ pub fn backup(
         }
         opened
     } else {
-        open_at(settings, &loc, out)?
+        open_at(settings, &access, out)?
     };
     let connect_secs = opened.stack.connect_secs;
     let open_secs = opened.open_secs;

@@ -30,7 +30,8 @@ pub fn init(settings: &Settings, out: &Output, a: InitArgs) -> Result<u8> {
         pack_size: a.pack_size_mib << 20,
         ..InitOptions::default()
     };
-    let repo = capsule_app::open::create(settings, &loc, "new repository password", &opts)?.repo;
+    let access = settings.access(&loc)?;
+    let repo = capsule_app::open::create(settings, &access, "new repository password", &opts)?.repo;
     if let Some(q) = a.quota.filter(|q| *q > 0) {
         capsule_engine::quota::set(&repo, q, 3600)?;
         out.say(format!("quota {}", bytes(q)));
