@@ -8,7 +8,7 @@
 # against a process per view, as restic's web front ends work: `capsule ls`
 # and `restic ls` 0.14 of the same directory (median of 5). The target: a
 # warm open under 0.2 s. The measuring is the ignored test
-# `page_latency_of_a_10k_entry_directory` in crates/cli/tests/ui.rs, built
+# `page_latency_of_a_10k_entry_directory` in crates/cli/tests/ui_browser.rs, built
 # in release.
 #
 #   bench/page.sh [--output FILE]
@@ -26,7 +26,7 @@ command -v restic >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninter
 command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --release -q -p capsule --test ui page_latency -- --ignored --nocapture --test-threads 1 >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+cargo test --release -q -p capsule --test ui_browser page_latency -- --ignored --nocapture --test-threads 1 >"$log" 2>&1 || { cat "$log" >&2; exit 1; }
 {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); $(chromium --version 2>/dev/null); $(restic version | cut -d' ' -f1-2); capsule $(git rev-parse --short HEAD)"
   echo "Command: bench/page.sh"

@@ -2,12 +2,15 @@
 //! trees with real metadata, and compare trees entry by entry.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+pub mod page;
+pub mod remote;
 
 pub use capsule_testkit::{TestEnv, PASSWORD};
 
@@ -739,4 +742,75 @@ pub fn chromium() -> Option<PathBuf> {
     );
     eprintln!("skipped: no chromium");
     None
+}
+
+/// The test clock: an hour, a day, and a Monday noon to count from.
+pub const H: i64 = 3600;
+/// A day of the test clock.
+pub const D: i64 = 86_400;
+
+/// Monday 2026-11-23 12:00 UTC.
+pub const NOW: i64 = 1_795_435_200;
+
+/// capsule at test time `t` (Unix seconds), in UTC, with the password.
+pub fn at(repo: &Path, t: i64, args: &[&str]) -> std::process::Output {
+    let t = t.to_string();
+    capsule_env(
+        repo,
+        args,
+        &[
+            ("CAPSULE_PASSWORD", PASSWORD),
+            ("CAPSULE_TEST_NOW", t.as_str()),
+            // Calendar buckets are local: pin the zone.
+            ("TZ", "UTC"),
+        ],
+    )
+}
+
+/// [`at`], asserting success; stdout.
+pub fn ok_at(repo: &Path, t: i64, args: &[&str]) -> String {
+    let o = at(repo, t, args);
+    assert!(
+        o.status.success(),
+        "capsule {args:?} at {t} failed with {:?}: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Snapshot times (Unix seconds) by ID.
+pub fn snapshot_times(repo: &Path, forgotten: bool) -> Vec<(String, i64)> {
+    let args: &[&str] = if forgotten {
+        &["snapshots", "--forgotten"]
+    } else {
+        &["snapshots"]
+    };
+    json(repo, args)
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_string(),
+                s["snapshot"]["time_unix"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Pack objects on disk (data and tree).
+pub fn pack_files(repo: &Path) -> BTreeSet<std::path::PathBuf> {
+    files_under(repo)
+        .into_iter()
+        .filter(|p| p.starts_with(repo.join("data")) || p.starts_with(repo.join("tree")))
+        .collect()
+}
+
+/// Bytes of the files named.
+pub fn dir_bytes(paths: &BTreeSet<std::path::PathBuf>) -> u64 {
+    paths
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
 }
