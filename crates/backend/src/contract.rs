@@ -161,7 +161,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError>;
 
     /// The temporaries interrupted writes left behind (names whose last
-    /// segment starts with [`TEMP_PREFIX`]), with their sizes and times,
+    /// segment starts with [`crate::TEMP_PREFIX`]), with their sizes and times,
     /// for a prune to remove with [`Backend::delete`] once they are too old
     /// to belong to a write still under way. Destinations whose writes
     /// leave no such names (object stores) have none: the default.

@@ -1,5 +1,5 @@
 //! `capsule ui`: a local web page to go back in time. One long-lived
-//! process serves it from one [`Browser`], so opening a directory costs its
+//! process serves it from one [`capsule_engine::browse::Browser`], so opening a directory costs its
 //! own tree from a shared cache, never a process or a walk of a snapshot.
 //!
 //! Every request must carry the token printed with the page's address: in

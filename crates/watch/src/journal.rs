@@ -24,7 +24,7 @@ pub struct Identity {
     pub epoch: String,
     /// The watcher (`inotify`, `fanotify`).
     pub kind: String,
-    /// The sources and what is excluded from them ([`scope`]).
+    /// The sources and what is excluded from them ([`crate::watcher::scope`]).
     pub scope: String,
     /// Each source's device when the watcher started: a source remounted
     /// or replaced since is another file system.

@@ -121,7 +121,7 @@ pub struct BackupReport {
     #[serde(skip)]
     pub linked_dirs: Vec<PathBuf>,
     /// The sources and the directories above them as this run saw them
-    /// before its walk ([`tops`]), for the next run's journal.
+    /// before its walk ([`super::changes::tops`]), for the next run's journal.
     #[serde(skip)]
     pub tops: Vec<(PathBuf, String)>,
 }
