@@ -54,6 +54,38 @@ pub fn refresher(repo: &Arc<Repository>, first: &View) -> capsule_mount::Refresh
     })
 }
 
+/// A repository shown by a long-lived command (`mount`, `ui`).
+pub struct Shown {
+    /// The snapshots as first listed.
+    pub first: View,
+    /// Lists them again when asked, and reloads the index when they changed.
+    pub refresh: capsule_mount::Refresh,
+    /// Held as long as the repository is shown: a prune meanwhile keeps
+    /// what it would delete until the view ends, and files read on. `None`
+    /// when the destination takes no session (it was said to `warn`).
+    pub session: Option<capsule_engine::session::Session>,
+}
+
+/// Shows `repo` for a command of `kind`: its reading session, the first
+/// view of its snapshots and their refresh. `warn` hears of what cannot be
+/// read or held.
+pub fn show(repo: Repository, kind: &str, warn: &dyn Fn(String)) -> capsule_engine::Result<Shown> {
+    let repo = Arc::new(repo);
+    let session = crate::open::reading_session(
+        &repo,
+        kind,
+        "a prune running meanwhile may delete data of forgotten snapshots still shown, whose files then fail to read",
+        warn,
+    );
+    let first = view(&repo, Some(warn))?;
+    let refresh = refresher(&repo, &first);
+    Ok(Shown {
+        first,
+        refresh,
+        session,
+    })
+}
+
 /// A flag raised by Ctrl-C, SIGTERM or SIGHUP: a long-lived command
 /// (`mount`, `ui`) ends cleanly when it sees it.
 pub fn stop_flag() -> std::io::Result<Arc<AtomicBool>> {

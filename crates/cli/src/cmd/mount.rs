@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -14,7 +13,7 @@ use capsule_mount::CapsuleFs;
 
 use crate::exit;
 use crate::output::Output;
-use crate::repo::{open, reading_session};
+use crate::repo::open;
 
 /// Arguments of `mount`.
 #[derive(Args, Debug)]
@@ -36,18 +35,12 @@ pub fn mount(settings: &Settings, out: &Output, a: MountArgs) -> Result<u8> {
     capsule_mount::check_mount_point(&a.mountpoint)
         .map_err(|e| capsule_app::UsageError(e.to_string()))?;
     let (repo, _) = open(settings, out)?;
-    let repo = Arc::new(repo);
-    // Held as long as the mount is: a prune meanwhile keeps what it
-    // would delete until the mount ends, and files read on.
-    let _session = reading_session(
-        &repo,
-        out,
-        "mount",
-        "a prune running meanwhile may delete data of forgotten snapshots still shown, whose files then fail to read",
-    );
-    let first = browse::view(&repo, Some(&|w| out.warn(w)))?;
+    let browse::Shown {
+        first,
+        refresh,
+        session: _session,
+    } = browse::show(repo, "mount", &|w| out.warn(w))?;
     let count = first.snapshots.len();
-    let refresh = browse::refresher(&repo, &first);
     let stop = browse::stop_flag()?;
     let m = capsule_mount::mount(
         CapsuleFs::new(first, refresh, std::time::Duration::from_secs(a.refresh)),

@@ -10,7 +10,7 @@ use clap::Args;
 
 use crate::exit;
 use crate::output::Output;
-use crate::repo::{open, reading_session};
+use crate::repo::open;
 use capsule_app::{browse, Settings};
 
 /// Arguments of `ui`.
@@ -28,17 +28,12 @@ pub struct UiArgs {
 
 pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
     let (repo, _) = open(settings, out)?;
-    let repo = Arc::new(repo);
-    // Held as long as the page is served: a prune meanwhile keeps what it
-    // would delete until the page ends, and downloads and restores read on.
-    let _session = reading_session(
-        &repo,
-        out,
-        "ui",
-        "a prune running meanwhile may delete data of forgotten snapshots still shown, whose files then fail to read",
-    );
-    let first = browse::view(&repo, Some(&|w| out.warn(w)))?;
-    let refresh = browse::refresher(&repo, &first);
+    // Held as long as the page is served: downloads and restores read on.
+    let browse::Shown {
+        first,
+        refresh,
+        session: _session,
+    } = browse::show(repo, "ui", &|w| out.warn(w))?;
     let mut token = [0u8; 24];
     getrandom::fill(&mut token).map_err(|e| anyhow::anyhow!("no randomness for the token: {e}"))?;
     let token = hex::encode(token);
