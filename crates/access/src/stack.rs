@@ -26,6 +26,10 @@ pub struct Connect {
     /// Write a line per request into this trace (`--trace-requests`);
     /// every stack given a clone writes into the same one.
     pub trace: Option<TraceSink>,
+    /// How long a call rides out a destination that stopped answering
+    /// before the run gives up (`--retry-for`; default
+    /// [`capsule_backend::RIDE_OUT`]).
+    pub retry_for: Option<std::time::Duration>,
 }
 
 impl Connect {
@@ -66,6 +70,8 @@ pub struct Stack {
     /// The layers, top first, for tests and `--json` (`retry`, `metered`,
     /// `kill-at-call`, then the destination's kind).
     pub layers: Vec<&'static str>,
+    /// How long a call rides out a destination away before giving up.
+    pub retry_for: std::time::Duration,
 }
 
 impl std::fmt::Debug for Stack {
@@ -150,7 +156,11 @@ impl Stack {
         }
         layers.push("metered");
         let requests = metered.stats();
-        let retry = RetryBackend::new(Arc::new(metered), RetryPolicy::default());
+        let policy = RetryPolicy {
+            ride_out: how.retry_for.unwrap_or(capsule_backend::RIDE_OUT),
+            ..RetryPolicy::default()
+        };
+        let retry = RetryBackend::new(Arc::new(metered), policy);
         layers.push("retry");
         layers.reverse();
         Ok(Stack {
@@ -160,6 +170,7 @@ impl Stack {
             connect_secs: 0.0,
             remote: false,
             layers,
+            retry_for: policy.ride_out,
         })
     }
 }

@@ -23,6 +23,7 @@ struct DestinationStats {
     retries: Arc<AtomicU64>,
     remote: bool,
     layers: Vec<&'static str>,
+    retry_for: std::time::Duration,
 }
 
 static STATS: OnceLock<DestinationStats> = OnceLock::new();
@@ -35,6 +36,7 @@ pub fn connect(access: &Access, create: bool) -> Result<Stack> {
         retries: stack.retries.clone(),
         remote: stack.remote,
         layers: stack.layers.clone(),
+        retry_for: stack.retry_for,
     });
     Ok(stack)
 }
@@ -63,6 +65,7 @@ pub fn destination_json() -> serde_json::Value {
         "deletes": s.deletes.load(Relaxed),
         "errors": s.errors.load(Relaxed),
         "retries": d.retries.load(Relaxed),
+        "retry_for_secs": d.retry_for.as_secs(),
         "bytes_up": s.bytes_up.load(Relaxed),
         "bytes_down": s.bytes_down.load(Relaxed),
         "wait_secs": s.busy_micros.load(Relaxed) as f64 / 1e6,

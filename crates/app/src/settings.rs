@@ -34,6 +34,8 @@ pub struct Flags {
     pub no_fsync: bool,
     /// `--connections` / `CAPSULE_CONNECTIONS`.
     pub connections: Option<u32>,
+    /// `--retry-for` / `CAPSULE_RETRY_FOR`, seconds.
+    pub retry_for: Option<u64>,
     /// `--trace-requests FILE`.
     pub trace_requests: Option<PathBuf>,
     /// `--config` / `CAPSULE_CONFIG`.
@@ -228,6 +230,7 @@ impl Settings {
             connect.net.concurrency = Some(n as usize);
         }
         connect.no_fsync = self.flags.no_fsync;
+        connect.retry_for = self.flags.retry_for.map(std::time::Duration::from_secs);
         connect.trace = self.trace()?;
         let cache = if self.flags.no_cache {
             CachePolicy::Off

@@ -10,7 +10,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::contract::{BackendError, LabBackend, ObjectInfo, Space};
 
@@ -23,16 +23,28 @@ pub struct RetryPolicy {
     pub initial: Duration,
     /// Upper bound of one delay.
     pub max_delay: Duration,
+    /// How long one call keeps retrying, counted from its first failure:
+    /// a destination away for less (a NAS restarting, a node of a
+    /// distributed store lost and back, a Wi-Fi link dropping) is ridden
+    /// out. `attempts` are made however short it is.
+    pub ride_out: Duration,
 }
 
+/// How long a destination may be away before a run gives up on it, by
+/// default (`--retry-for` changes it).
+pub const RIDE_OUT: Duration = Duration::from_secs(60);
+
 impl Default for RetryPolicy {
-    /// Six attempts over about 15 s: long enough for a NAS or a Wi-Fi link
-    /// to come back, short enough that a dead server is reported promptly.
+    /// Retries starting at 250 ms, doubling to at most 8 s apart, for up to
+    /// a minute ([`RIDE_OUT`]): a node of a distributed store restarting,
+    /// or a NAS waking up, comes back within it; a dead server is reported
+    /// a minute after it stopped answering.
     fn default() -> Self {
         RetryPolicy {
             attempts: 6,
             initial: Duration::from_millis(250),
             max_delay: Duration::from_secs(8),
+            ride_out: RIDE_OUT,
         }
     }
 }
@@ -76,22 +88,56 @@ impl RetryBackend {
     }
 
     fn run<T>(&self, mut f: impl FnMut() -> Result<T, BackendError>) -> Result<T, BackendError> {
-        let mut n = 0;
+        let mut budget = Budget::default();
         loop {
             match f() {
-                Err(e) if e.transient && n + 1 < self.policy.attempts => {
-                    n += 1;
-                    self.retries.fetch_add(1, Relaxed);
-                    std::thread::sleep(self.policy.delay(n));
-                }
-                Err(mut e) if e.transient && n > 0 => {
-                    e.message = format!("{} (gave up after {} attempts)", e.message, n + 1);
-                    return Err(e);
+                Err(e) if e.transient => {
+                    if !self.wait(&mut budget) {
+                        return Err(self.gave_up(e, &budget));
+                    }
                 }
                 r => return r,
             }
         }
     }
+
+    /// After a transient failure: waits before the next attempt and says
+    /// true, or says false when the policy is spent (its attempts made and
+    /// its ride-out over).
+    fn wait(&self, b: &mut Budget) -> bool {
+        let first = *b.first.get_or_insert_with(Instant::now);
+        b.failed += 1;
+        let delay = self.policy.delay(b.failed);
+        if b.failed < self.policy.attempts || first.elapsed() + delay <= self.policy.ride_out {
+            self.retries.fetch_add(1, Relaxed);
+            std::thread::sleep(delay);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The error a spent policy gives up with, saying how long it waited
+    /// and how to wait longer.
+    fn gave_up(&self, mut e: BackendError, b: &Budget) -> BackendError {
+        if b.failed > 1 {
+            let secs = b.first.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            e.message = format!(
+                "{} (gave up after {} attempts in {secs:.0} s: the destination was away longer than a run waits for it, {} s; --retry-for SECS changes that)",
+                e.message,
+                b.failed,
+                self.policy.ride_out.as_secs()
+            );
+        }
+        e
+    }
+}
+
+/// One call's retries so far: failed attempts, and when the first failed.
+#[derive(Default)]
+struct Budget {
+    failed: u32,
+    first: Option<Instant>,
 }
 
 /// `put_stream` and `get_stream` are not retried (the source cannot be
@@ -116,18 +162,14 @@ impl crate::contract::Layer for RetryBackend {
     /// kept it cannot be asked again).
     fn put_owned(&self, name: &str, data: Vec<u8>) -> (Result<(), BackendError>, Option<Vec<u8>>) {
         let mut data = data;
-        let mut n = 0;
+        let mut budget = Budget::default();
         loop {
             match self.inner.put_owned(name, data) {
-                (Err(e), Some(back)) if e.transient && n + 1 < self.policy.attempts => {
-                    n += 1;
-                    self.retries.fetch_add(1, Relaxed);
-                    std::thread::sleep(self.policy.delay(n));
+                (Err(e), Some(back)) if e.transient => {
+                    if !self.wait(&mut budget) {
+                        return (Err(self.gave_up(e, &budget)), Some(back));
+                    }
                     data = back;
-                }
-                (Err(mut e), back) if e.transient && n > 0 => {
-                    e.message = format!("{} (gave up after {} attempts)", e.message, n + 1);
-                    return (Err(e), back);
                 }
                 done => return done,
             }
@@ -230,6 +272,7 @@ mod tests {
             attempts: 3,
             initial: Duration::from_millis(1),
             max_delay: Duration::from_millis(2),
+            ride_out: Duration::ZERO,
         }
     }
 
@@ -254,6 +297,26 @@ mod tests {
         );
         let e = gives_up.put("x", b"").unwrap_err();
         assert!(e.message.contains("gave up after 3 attempts"), "{e}");
+        assert!(e.message.contains("--retry-for"), "{e}");
+    }
+
+    #[test]
+    fn an_outage_within_the_ride_out_is_ridden_out() {
+        // 40 failures, a few milliseconds apart: far more than `attempts`,
+        // far less than the bound (they take milliseconds, the bound is a
+        // minute).
+        let b = RetryBackend::new(
+            Arc::new(Flaky {
+                fail: Mutex::new(40),
+                transient: true,
+            }),
+            RetryPolicy {
+                ride_out: Duration::from_secs(60),
+                ..quick()
+            },
+        );
+        b.put("x", b"").unwrap();
+        assert_eq!(b.retries().load(Relaxed), 40);
     }
 
     #[test]

@@ -41,6 +41,12 @@ pub struct GlobalArgs {
     #[arg(long, env = "CAPSULE_CONNECTIONS", global = true, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=256))]
     pub connections: Option<u32>,
+    /// How long a run waits for a destination that stopped answering, in
+    /// seconds, retrying, before it gives up (default 60: a NAS restarting
+    /// or a node of a distributed store lost and back is ridden out).
+    #[arg(long, env = "CAPSULE_RETRY_FOR", global = true, value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub retry_for: Option<u64>,
     /// Write a line per request to the destination into FILE (tab-separated:
     /// start and duration in seconds, operation, bytes, result, object), to
     /// see where a slow run waits.
@@ -68,6 +74,7 @@ impl GlobalArgs {
             cache_dir: self.cache_dir.clone(),
             no_fsync: self.no_fsync,
             connections: self.connections,
+            retry_for: self.retry_for,
             trace_requests: self.trace_requests.clone(),
             config: self.config.clone(),
             profile: self.profile.clone(),

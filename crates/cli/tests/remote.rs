@@ -178,6 +178,45 @@ fn vanish_mid_backup(kind: Kind) {
     assert_same_tree(&src, &restored(&target, &src), false);
 }
 
+/// A destination away for a while during a backup (a NAS restarting, a
+/// node of a distributed store lost and back) is ridden out: the run
+/// retries for up to `--retry-for` (60 s by default), here through an
+/// outage of 10 s, longer than the six attempts (about 8 s) a run made
+/// before, and its snapshot is whole.
+fn ride_out(kind: Kind) {
+    let name = format!("rideout-{kind:?}").to_lowercase();
+    let Some(r) = Remote::new(kind, &name) else {
+        return;
+    };
+    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..12 {
+        std::fs::write(src.join(format!("f{i:02}")), noise(10 << 20, 700 + i)).unwrap();
+    }
+    r.ok(&["init", "--pack-size-mib", "4"]);
+    let journal = || journal_in(r.cache.path());
+    let (status, out, err) = r.away_for(
+        &["--json", "backup", src.to_str().unwrap()],
+        &[("CAPSULE_RETRY_FOR", "60")],
+        || journal().is_some(),
+        Duration::from_secs(10),
+    );
+    assert!(status.success(), "{kind:?}: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["destination"]["retries"].as_u64().unwrap() > 0,
+        "{kind:?}: the outage was not met: {}",
+        v["destination"]
+    );
+    assert_eq!(v["destination"]["retry_for_secs"], 60, "{kind:?}");
+    let after = r.json(&["check", "--read-data"]);
+    assert_eq!(after["ok"], true, "{kind:?}: {after}");
+    let target = work.path().join("restored");
+    r.ok(&["restore", "latest", "--target", target.to_str().unwrap()]);
+    assert_same_tree(&src, &restored(&target, &src), false);
+}
+
 /// The destination vanishes mid-restore. The restore retries, then gives
 /// up with "unreachable" (14), leaving only complete files; the same
 /// command run again finishes, without fetching those files again.
@@ -583,6 +622,18 @@ fn sftp_cut_mid_upload() {
 #[test]
 fn s3_cut_mid_upload() {
     cut_mid_upload(Kind::S3);
+}
+#[test]
+fn smb_ride_out() {
+    ride_out(Kind::Smb);
+}
+#[test]
+fn sftp_ride_out() {
+    ride_out(Kind::Sftp);
+}
+#[test]
+fn s3_ride_out() {
+    ride_out(Kind::S3);
 }
 #[test]
 fn smb_vanish_mid_backup() {

@@ -571,6 +571,7 @@ fn packs_reach_streaming_destinations_as_files_and_retries_resend_them_whole() {
         attempts: 3,
         initial: std::time::Duration::from_millis(1),
         max_delay: std::time::Duration::from_millis(2),
+        ride_out: std::time::Duration::ZERO,
     };
     let retrying = capsule_backend::RetryBackend::new(streaming.clone(), quick);
     let repo = Repository::open(Arc::new(retrying), PW).unwrap();

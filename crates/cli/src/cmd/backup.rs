@@ -322,9 +322,10 @@ pub fn backup(
     ));
     let d = capsule_app::open::destination_json();
     out.say(format!(
-        "  destination: {} requests ({} retried), waited {:.2}s, up to {} in flight, sent {}",
+        "  destination: {} requests ({} retried; one away is waited for up to {} s), waited {:.2}s, up to {} in flight, sent {}",
         d["requests"],
         d["retries"],
+        d["retry_for_secs"],
         d["wait_secs"].as_f64().unwrap_or(0.0),
         d["max_in_flight"],
         bytes(d["bytes_up"].as_u64().unwrap_or(0))

@@ -59,7 +59,14 @@ impl Remote {
             .unwrap();
         proxy.latency(1).unwrap();
         let url = format!("{}/{name}", url.replace(&upstream, &proxy.listen));
-        let mut env_vars = vec![("CAPSULE_PASSWORD".to_string(), PASSWORD.to_string())];
+        let mut env_vars = vec![
+            ("CAPSULE_PASSWORD".to_string(), PASSWORD.to_string()),
+            // The faults these tests make are outages longer than a run
+            // waits: with no ride-out, a run gives up after its six
+            // attempts (about 8 s), which keeps them short. `ride_out`
+            // sets it back for the outage it rides out.
+            ("CAPSULE_RETRY_FOR".to_string(), "0".to_string()),
+        ];
         let (server, dir) = match kind {
             Kind::Smb => (Server::Smb, Some("CAPSULE_TEST_SMB_DIR")),
             Kind::Sftp => (Server::Sftp, Some("CAPSULE_TEST_SFTP_DIR")),
@@ -191,6 +198,50 @@ impl Remote {
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
         (status, err)
+    }
+
+    /// Runs capsule with `extra`, takes the destination away once `ready`
+    /// for `away`, brings it back, and waits for the run to end (bounded).
+    pub fn away_for(
+        &self,
+        args: &[&str],
+        extra: &[(&str, &str)],
+        ready: impl Fn() -> bool,
+        away: Duration,
+    ) -> (std::process::ExitStatus, String, String) {
+        let mut child = self
+            .command(args, extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let kind = self.kind;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ready() && Instant::now() < deadline {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{kind:?}: {args:?} finished before the destination could go away"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.proxy.set_enabled(false).unwrap();
+        std::thread::sleep(away);
+        self.proxy.set_enabled(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{kind:?}: {args:?} did not finish after the destination came back");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let (mut out, mut err) = (String::new(), String::new());
+        std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        (status, out, err)
     }
 
     /// Runs capsule paused at test point `point` (`CAPSULE_TEST_PAUSE`),
