@@ -130,13 +130,7 @@ fn vanish_mid_backup(kind: Kind) {
     let Some(r) = Remote::new(kind, &name) else {
         return;
     };
-    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let src = work.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    for i in 0..12 {
-        std::fs::write(src.join(format!("f{i:02}")), noise(10 << 20, 500 + i)).unwrap();
-    }
-    r.ok(&["init", "--pack-size-mib", "4"]);
+    let (work, src) = r.big_source(500);
     let journal = || journal_in(r.cache.path());
     let (status, err) = r.vanish_during(&["backup", src.to_str().unwrap()], || journal().is_some());
     assert_eq!(status.code(), Some(14), "{kind:?}: {err}");
@@ -188,19 +182,13 @@ fn ride_out(kind: Kind) {
     let Some(r) = Remote::new(kind, &name) else {
         return;
     };
-    let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let src = work.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    for i in 0..12 {
-        std::fs::write(src.join(format!("f{i:02}")), noise(10 << 20, 700 + i)).unwrap();
-    }
-    r.ok(&["init", "--pack-size-mib", "4"]);
+    let (work, src) = r.big_source(700);
     let journal = || journal_in(r.cache.path());
-    let (status, out, err) = r.away_for(
+    let (status, out, err) = r.away(
         &["--json", "backup", src.to_str().unwrap()],
         &[("CAPSULE_RETRY_FOR", "60")],
         || journal().is_some(),
-        Duration::from_secs(10),
+        Some(Duration::from_secs(10)),
     );
     assert!(status.success(), "{kind:?}: {err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

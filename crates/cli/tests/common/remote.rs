@@ -10,7 +10,7 @@ use capsule_testkit::server_env as env;
 use capsule_testkit::toxiproxy::{Proxy, Toxiproxy};
 use capsule_testkit::{server_vars, Server, TestEnv, PASSWORD};
 
-use super::capsule_cmd;
+use super::{capsule_cmd, noise};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Kind {
@@ -160,54 +160,29 @@ impl Remote {
 
     /// Runs capsule with `args`; once `ready` holds (within 60 s, and
     /// before the run ends), the destination vanishes (the proxy is
-    /// disabled) until the run gives up (within 90 s: the retry layer takes
-    /// about 15 s). Returns the run's exit status and stderr.
+    /// disabled) until the run gives up (within 180 s; with no ride-out
+    /// the retry layer takes about 8 s). Returns the run's exit status and
+    /// stderr.
     pub fn vanish_during(
         &self,
         args: &[&str],
         ready: impl Fn() -> bool,
     ) -> (std::process::ExitStatus, String) {
-        let mut child = self
-            .command(args, &[])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let kind = self.kind;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !ready() && Instant::now() < deadline {
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "{kind:?}: {args:?} finished before the destination could vanish"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        self.proxy.set_enabled(false).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let status = loop {
-            if let Some(st) = child.try_wait().unwrap() {
-                break st;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("{kind:?}: {args:?} did not give up on a vanished destination");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        self.proxy.set_enabled(true).unwrap();
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        let (status, _, err) = self.away(args, &[], ready, None);
         (status, err)
     }
 
-    /// Runs capsule with `extra`, takes the destination away once `ready`
-    /// for `away`, brings it back, and waits for the run to end (bounded).
-    pub fn away_for(
+    /// Runs capsule with `args` and `extra`; once `ready` holds (within
+    /// 60 s, and before the run ends), the destination goes away (the
+    /// proxy is disabled) for `away`, or, with `None`, until the run gives
+    /// up; then the run is waited for, bounded. Returns its exit status,
+    /// stdout and stderr.
+    pub fn away(
         &self,
         args: &[&str],
         extra: &[(&str, &str)],
         ready: impl Fn() -> bool,
-        away: Duration,
+        away: Option<Duration>,
     ) -> (std::process::ExitStatus, String, String) {
         let mut child = self
             .command(args, extra)
@@ -225,8 +200,12 @@ impl Remote {
             std::thread::sleep(Duration::from_millis(2));
         }
         self.proxy.set_enabled(false).unwrap();
-        std::thread::sleep(away);
-        self.proxy.set_enabled(true).unwrap();
+        if let Some(t) = away {
+            std::thread::sleep(t);
+            self.proxy.set_enabled(true).unwrap();
+        }
+        // Read once the run ends: what it prints (one JSON document at
+        // most, and its errors) fits in a pipe's buffer.
         let deadline = Instant::now() + Duration::from_secs(180);
         let status = loop {
             if let Some(st) = child.try_wait().unwrap() {
@@ -234,14 +213,29 @@ impl Remote {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                panic!("{kind:?}: {args:?} did not finish after the destination came back");
+                panic!("{kind:?}: {args:?} did not end after the destination went away");
             }
             std::thread::sleep(Duration::from_millis(50));
         };
+        self.proxy.set_enabled(true).unwrap();
         let (mut out, mut err) = (String::new(), String::new());
         std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
         (status, out, err)
+    }
+
+    /// A repository with 4 MiB packs, and a source of 12 files of 10 MiB
+    /// (noise from `seed`): enough packs that some land before an index
+    /// lists them. Returns the work directory and the source.
+    pub fn big_source(&self, seed: u64) -> (tempfile::TempDir, PathBuf) {
+        let work = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let src = work.path().join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        for i in 0..12 {
+            std::fs::write(src.join(format!("f{i:02}")), noise(10 << 20, seed + i)).unwrap();
+        }
+        self.ok(&["init", "--pack-size-mib", "4"]);
+        (work, src)
     }
 
     /// Runs capsule paused at test point `point` (`CAPSULE_TEST_PAUSE`),
