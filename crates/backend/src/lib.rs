@@ -26,4 +26,4 @@ pub use contract::{
 };
 pub use local::{LocalBackend, SyncPolicy};
 pub use metered::{MeteredBackend, RequestStats, TraceSink};
-pub use retry::{RetryBackend, RetryPolicy, RIDE_OUT};
+pub use retry::{RetryBackend, RetryPolicy, QUICK_FAILURES, RIDE_OUT};

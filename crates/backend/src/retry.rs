@@ -26,9 +26,17 @@ pub struct RetryPolicy {
     /// How long one call keeps retrying, counted from its first failure:
     /// a destination away for less (a NAS restarting, a node of a
     /// distributed store lost and back, a Wi-Fi link dropping) is ridden
-    /// out. `attempts` are made however short it is.
+    /// out. `attempts` are made however short it is, as long as they fail
+    /// quickly (within [`QUICK_FAILURES`]).
     pub ride_out: Duration,
 }
+
+/// How long after a call's first failure its `attempts` are still made
+/// whatever the ride-out: long enough for six quick failures (about 8 s),
+/// short enough that requests which each hang until their deadline (a
+/// store that has lost its quorum) do not stretch a run far past the
+/// ride-out it promised.
+pub const QUICK_FAILURES: Duration = Duration::from_secs(15);
 
 /// How long a destination may be away before a run gives up on it, by
 /// default (`--retry-for` changes it).
@@ -61,6 +69,15 @@ impl RetryPolicy {
         let _ = getrandom::fill(&mut r);
         let jitter = u16::from_le_bytes(r) as f64 / u16::MAX as f64 * 0.25;
         base.mul_f64(1.0 + jitter)
+    }
+}
+
+impl RetryPolicy {
+    /// Whether a call that has failed `failed` times, the first `since`
+    /// ago, tries again after `delay`.
+    fn keep_trying(&self, failed: u32, since: Duration, delay: Duration) -> bool {
+        let quick = failed < self.attempts && since < QUICK_FAILURES;
+        quick || since + delay <= self.ride_out
     }
 }
 
@@ -108,7 +125,7 @@ impl RetryBackend {
         let first = *b.first.get_or_insert_with(Instant::now);
         b.failed += 1;
         let delay = self.policy.delay(b.failed);
-        if b.failed < self.policy.attempts || first.elapsed() + delay <= self.policy.ride_out {
+        if self.policy.keep_trying(b.failed, first.elapsed(), delay) {
             self.retries.fetch_add(1, Relaxed);
             std::thread::sleep(delay);
             true
@@ -317,6 +334,29 @@ mod tests {
         );
         b.put("x", b"").unwrap();
         assert_eq!(b.retries().load(Relaxed), 40);
+    }
+
+    #[test]
+    fn slow_failures_stop_at_the_ride_out_not_after_every_attempt() {
+        let p = RetryPolicy {
+            ride_out: Duration::from_secs(60),
+            ..RetryPolicy::default()
+        };
+        let s = Duration::from_secs;
+        // Quick failures: every attempt is made, whatever the ride-out.
+        let none = RetryPolicy {
+            ride_out: Duration::ZERO,
+            ..p
+        };
+        assert!(none.keep_trying(5, s(8), s(4)));
+        assert!(!none.keep_trying(6, s(8), s(4)));
+        // Requests that each hang for 30 s: the second failure comes 30 s
+        // after the first, the third a minute after; the ride-out ends it
+        // there, not the five attempts left (which made a run against a
+        // store without quorum take ten minutes).
+        assert!(p.keep_trying(2, s(30), s(1)));
+        assert!(!p.keep_trying(3, s(60), s(1)));
+        assert!(!none.keep_trying(2, s(30), s(1)));
     }
 
     #[test]

@@ -331,6 +331,9 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
             K::Unreachable => {
                 return Some("check that the server is up and reachable; the next run resumes where this one stopped".into())
             }
+            K::AuthFailed if b.message.contains("RequestTimeTooSkewed") => {
+                return Some("set this machine's clock right (`timedatectl set-ntp true`) and run again; the credentials are not at fault".into())
+            }
             K::AuthFailed => return Some("check the user name and credentials in the repository URL and environment".into()),
             K::NoContainer => {
                 return Some("create the share, bucket or directory first, or check the repository URL".into())

@@ -59,6 +59,10 @@ pub struct CheckReport {
     /// Packs a prune has marked for deletion (out of the index on purpose;
     /// the next prune deletes them unless a snapshot uses them again).
     pub packs_marked_for_deletion: u64,
+    /// Packs the index names that the destination's listing left out but a
+    /// request by name found: its listings lag behind its writes (not
+    /// damage; said so that a store's operator can see it).
+    pub listing_lagged: u64,
     /// Everything found wrong.
     pub problems: Vec<Problem>,
     /// Packs found missing, truncated or damaged: a backup must not
@@ -123,6 +127,25 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
                 .into_iter()
                 .map(|o| (o.name, o.size)),
         );
+    }
+    // A listing is not the last word: a store whose listings lag behind its
+    // writes (an eventually consistent one, or a distributed one healing a
+    // node) can leave out a pack stored a moment ago. A pack the index
+    // names and the listing lacks is asked for by name (read-after-write
+    // holds for that on every store capsule supports) before it is called
+    // missing.
+    for pack in index.packs() {
+        let name = pack.name();
+        if !stored.contains_key(&name) {
+            match repo.backend().stat(&name) {
+                Ok(o) => {
+                    report.listing_lagged += 1;
+                    stored.insert(name, o.size);
+                }
+                Err(e) if e.kind == capsule_backend::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
     let indexed: HashSet<String> = index.packs().iter().map(|p| p.name()).collect();
     // Blob -> the problem object that makes it unusable.

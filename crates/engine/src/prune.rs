@@ -284,7 +284,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
 
     // Sessions first, snapshots after: a backup whose session is gone has
     // committed before the listing below, or never will.
-    let sessions = list_sessions(repo)?;
+    let sessions = sessions_listed(repo, own.as_ref())?;
     let destination_now = match &own {
         Some(own) => check_clock(repo, &own.id(), opts.max_skew_secs)?,
         None => None,
@@ -590,11 +590,12 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
             )?;
             crate::pause::test_pause("prune-rewritten");
             if let Some(unarmed) = unarmed {
-                let others: Vec<(String, crate::session::SessionInfo)> = list_sessions(repo)?
-                    .into_iter()
-                    .filter(|(_, _, i)| i.kind != "prune")
-                    .map(|(id, _, i)| (id, i))
-                    .collect();
+                let others: Vec<(String, crate::session::SessionInfo)> =
+                    sessions_listed(repo, own.as_ref())?
+                        .into_iter()
+                        .filter(|(_, _, i)| i.kind != "prune")
+                        .map(|(id, _, i)| (id, i))
+                        .collect();
                 // Nobody else holds a session: nothing can have seen these
                 // packs in the index that listed them.
                 sweep_now = others.is_empty();
@@ -712,6 +713,41 @@ fn wall_clock() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// How often, and how far apart, a prune lists the sessions again when the
+/// listing lacks its own.
+const LISTING_LAG_TRIES: u32 = 6;
+const LISTING_LAG_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The sessions held, from a listing that is known to be current: it must
+/// show this prune's own session, stored before the listing. A store whose
+/// listings lag behind its writes (an eventually consistent one, or a
+/// distributed one while a node heals) could otherwise leave out the
+/// session a backup stored a moment ago, and a mark naming no session is
+/// swept at once: the backup's packs would go. Lists again for up to ten
+/// seconds, then refuses, having deleted nothing.
+fn sessions_listed(
+    repo: &Repository,
+    own: Option<&crate::session::Session>,
+) -> Result<Vec<(String, Vec<String>, crate::session::SessionInfo)>> {
+    let Some(own) = own else {
+        return list_sessions(repo);
+    };
+    let own = own.id();
+    for attempt in 1..=LISTING_LAG_TRIES {
+        let sessions = list_sessions(repo)?;
+        if sessions.iter().any(|(id, _, _)| *id == own) {
+            return Ok(sessions);
+        }
+        if attempt < LISTING_LAG_TRIES {
+            std::thread::sleep(LISTING_LAG_WAIT);
+        }
+    }
+    Err(EngineError::PruneRefused(format!(
+        "the destination's listing of sessions/ still lacks the session this prune stored {} s ago: its listings lag behind its writes, and a prune that trusted them could delete packs a running backup uses; nothing was deleted, prune again later",
+        LISTING_LAG_TRIES * LISTING_LAG_WAIT.as_secs() as u32
+    )))
 }
 
 /// Refuses to prune when the destination's clock, read from the time it

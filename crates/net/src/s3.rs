@@ -77,18 +77,21 @@ fn aws_file(env: &str, default: &str) -> Option<PathBuf> {
 
 fn classify(op: &'static str, name: &str, e: object_store::Error) -> BackendError {
     use object_store::Error as E;
-    let text = e.to_string();
-    // The full cause chain: the store's own error code is often only there.
-    let mut chain = text.clone();
-    let mut src = std::error::Error::source(&e);
-    while let Some(s) = src {
-        chain.push_str(": ");
-        chain.push_str(&s.to_string());
-        src = s.source();
-    }
+    let chain = cause_chain(&e);
     let has = |needle: &str| chain.contains(needle);
     let (kind, transient) = match &e {
         _ if has("NoSuchBucket") => (ErrorKind::NoContainer, false),
+        // Signed requests carry the client's time; a store refuses one more
+        // than 15 minutes off its own clock. Retrying cannot help, and the
+        // credentials are not at fault.
+        _ if has("RequestTimeTooSkewed") => {
+            return BackendError::new(
+                ErrorKind::AuthFailed,
+                op,
+                name,
+                format!("this machine's clock is more than 15 minutes off the store's, and the store refuses requests signed at that time (RequestTimeTooSkewed); set the clock right (NTP) and run again: {chain}"),
+            )
+        }
         E::NotFound { .. } => (ErrorKind::NotFound, false),
         E::AlreadyExists { .. } | E::Precondition { .. } | E::NotModified { .. } => {
             (ErrorKind::AlreadyExists, false)
@@ -122,7 +125,10 @@ fn classify(op: &'static str, name: &str, e: object_store::Error) -> BackendErro
             || has("502 Bad Gateway")
             || has("503 Service Unavailable")
             || has("504 Gateway")
-            || has("SlowDown") =>
+            || has("SlowDown")
+            || has("XMinioServerNotInitialized")
+            || has("InsufficientWriteQuorum")
+            || has("InsufficientReadQuorum") =>
         {
             (ErrorKind::Unreachable, true)
         }
@@ -134,6 +140,55 @@ fn classify(op: &'static str, name: &str, e: object_store::Error) -> BackendErro
         op,
         name: name.to_string(),
         message: chain,
+    }
+}
+
+/// The error's text with its causes, each said once: the store's own error
+/// code is often only in a cause, but the HTTP client nests the same
+/// sentence several levels deep ("error sending request" four times).
+fn cause_chain(e: &object_store::Error) -> String {
+    let mut chain = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        let text = s.to_string();
+        if !chain.contains(&text) {
+            chain.push_str(": ");
+            chain.push_str(&text);
+        }
+        src = s.source();
+    }
+    chain
+}
+
+/// How long one request may go unanswered before it counts as a transient
+/// failure: 30 s, plus the time its body takes at 256 KiB/s. A distributed
+/// store that has lost its write quorum answers a plain PUT at once (503
+/// SlowDownWrite) but holds a conditional one, waiting for its lock, until
+/// the client hangs up; without a deadline of our own each attempt took the
+/// HTTP client's full two minutes.
+fn answer_within(bytes: u64) -> Duration {
+    Duration::from_secs(30) + Duration::from_secs_f64(bytes as f64 / (256.0 * 1024.0))
+}
+
+/// Runs one request under [`answer_within`]'s deadline.
+async fn within<T>(
+    op: &'static str,
+    name: &str,
+    bytes: u64,
+    fut: impl std::future::Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    let limit = answer_within(bytes);
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(BackendError::transient(
+            ErrorKind::Unreachable,
+            op,
+            name,
+            format!(
+                "no answer in {} s (a distributed store that has lost its quorum holds requests)",
+                limit.as_secs()
+            ),
+        )),
     }
 }
 
@@ -400,12 +455,15 @@ impl S3Backend {
             mode: PutMode::Create,
             ..Default::default()
         };
-        block_on(
+        let bytes = body.len() as u64;
+        let put = async {
             self.store
-                .put_opts(&self.key(name), PutPayload::from(body), opts),
-        )
-        .map(|_| ())
-        .map_err(|e| classify("put", name, e))
+                .put_opts(&self.key(name), PutPayload::from(body), opts)
+                .await
+                .map(|_| ())
+                .map_err(|e| classify("put", name, e))
+        };
+        block_on(within("put", name, bytes, put))
     }
 }
 
@@ -455,7 +513,12 @@ impl Backend for S3Backend {
         validate_name(name)?;
         block_on(async {
             match range {
-                Some(r) => self.get_bounded(name, r).await.map(|b| b.to_vec()),
+                Some(r) => {
+                    let len = r.end.saturating_sub(r.start);
+                    within("get", name, len, self.get_bounded(name, r))
+                        .await
+                        .map(|b| b.to_vec())
+                }
                 None => {
                     let res = self
                         .store
@@ -518,8 +581,13 @@ impl Backend for S3Backend {
 
     fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
         validate_name(name)?;
-        let meta =
-            block_on(self.store.head(&self.key(name))).map_err(|e| classify("stat", name, e))?;
+        let head = async {
+            self.store
+                .head(&self.key(name))
+                .await
+                .map_err(|e| classify("stat", name, e))
+        };
+        let meta = block_on(within("stat", name, 0, head))?;
         Ok(ObjectInfo {
             name: name.to_string(),
             size: meta.size,
@@ -557,10 +625,13 @@ impl Backend for S3Backend {
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         validate_name(name)?;
-        match block_on(self.store.delete(&self.key(name))) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(classify("delete", name, e)),
-        }
+        let delete = async {
+            match self.store.delete(&self.key(name)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(classify("delete", name, e)),
+            }
+        };
+        block_on(within("delete", name, 0, delete))
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -623,5 +694,68 @@ mod tests {
         );
         let e = range_error(refused, "data/f6/f6b4", &r);
         assert_eq!(e.kind, ErrorKind::InvalidRange);
+    }
+
+    /// An error whose text repeats its cause's, as the HTTP client's do.
+    #[derive(Debug)]
+    struct Nested(String, Option<Box<Nested>>);
+    impl std::fmt::Display for Nested {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+    impl std::error::Error for Nested {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|n| n as _)
+        }
+    }
+    fn nested(texts: &[&str]) -> object_store::Error {
+        let mut inner = None;
+        for t in texts.iter().rev() {
+            inner = Some(Box::new(Nested(t.to_string(), inner)));
+        }
+        object_store::Error::Generic {
+            store: "S3",
+            source: inner.unwrap(),
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let e = nested(&[
+            "Error performing PUT http://n2:9000/b/k in 120s - HTTP error: error sending request",
+            "HTTP error: error sending request",
+            "error sending request",
+            "operation timed out",
+        ]);
+        let b = classify("put", "k", e);
+        assert!(b.transient, "{b:?}");
+        assert_eq!(b.message.matches("error sending request").count(), 1, "{b}");
+        assert!(b.message.ends_with(": operation timed out"), "{b}");
+    }
+
+    #[test]
+    fn a_clock_far_off_is_named_and_not_retried() {
+        let e = nested(&["<Code>RequestTimeTooSkewed</Code> 403 Forbidden"]);
+        let b = classify("put", "k", e);
+        assert!(!b.transient && b.kind == ErrorKind::AuthFailed, "{b:?}");
+        assert!(b.message.contains("clock"), "{b}");
+    }
+
+    #[test]
+    fn a_store_without_quorum_is_waited_for() {
+        for text in [
+            "<Code>SlowDownWrite</Code> 503 Service Unavailable",
+            "<Code>SlowDownRead</Code>",
+            "<Code>XMinioServerNotInitialized</Code>",
+        ] {
+            let b = classify("put", "k", nested(&[text]));
+            assert!(
+                b.transient && b.kind == ErrorKind::Unreachable,
+                "{text}: {b:?}"
+            );
+        }
+        // The deadline grows with the body: a 16 MiB pack at 256 KiB/s.
+        assert_eq!(answer_within(16 << 20).as_secs(), 94);
     }
 }

@@ -101,6 +101,12 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
             r.unindexed_packs.len()
         ));
     }
+    if r.listing_lagged > 0 {
+        out.say(format!(
+            "{} packs were missing from the destination's listing but there when asked for by name: its listings lag behind its writes (not damage)",
+            r.listing_lagged
+        ));
+    }
     if r.ok() {
         out.say("no errors found");
         return Ok(exit::OK);
