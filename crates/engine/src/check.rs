@@ -135,12 +135,11 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     // holds for that on every store capsule supports) before it is called
     // missing.
     for pack in index.packs() {
-        let name = pack.name();
-        if !stored.contains_key(&name) {
-            match repo.backend().stat(&name) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = stored.entry(pack.name()) {
+            match repo.backend().stat(slot.key()) {
                 Ok(o) => {
                     report.listing_lagged += 1;
-                    stored.insert(name, o.size);
+                    slot.insert(o.size);
                 }
                 Err(e) if e.kind == capsule_backend::ErrorKind::NotFound => {}
                 Err(e) => return Err(e.into()),
