@@ -19,7 +19,10 @@
 #   scripts/cluster.sh status DIR       which nodes run, and the store's health
 #
 # Needs root, iproute2 and MinIO as scripts/servers.sh builds it.
-# CAPSULE_CLUSTER_NET (default 10.231.77) is the bridge's /24.
+# CAPSULE_CLUSTER_NET (default 10.231.77) is the bridge's /24 and
+# CAPSULE_CLUSTER_TAG (default capsule, at most 10 characters) names the
+# bridge, namespaces and veth pairs, so that a second cluster (a benchmark
+# beside a test run) can run at once with other values of both.
 set -euo pipefail
 
 usage="usage: cluster.sh start|stop|status DIR | kill|restart N DIR | wipe N D DIR"
@@ -35,13 +38,21 @@ dir=$(cd "$dir" && pwd)
 tools=${CAPSULE_TOOLS_DIR:-$HOME/.cache/capsule-servers/bin}
 
 NODES=4 DRIVES=2 PORT=9000
+# The names `start` chose are kept with the cluster, so that kill, restart,
+# wipe and stop find its namespaces whatever the caller's environment.
+names="$dir/cluster/names"
+if [ "$cmd" != start ] && [ -f "$names" ]; then
+  # shellcheck disable=SC1090
+  . "$names"
+fi
 NET=${CAPSULE_CLUSTER_NET:-10.231.77}
-BRIDGE=capsule-br0
+TAG=${CAPSULE_CLUSTER_TAG:-capsule}
+BRIDGE=$TAG-br0
 S3_KEY=capsule S3_SECRET=capsule-secret-key
 BUCKET=capsule-test
 
 log() { echo "cluster: $*" >&2; }
-ns() { echo "capsule-n$1"; }
+ns() { echo "$TAG-n$1"; }
 addr() { echo "$NET.$((10 + $1))"; }
 pidfile() { echo "$dir/cluster/n$1.pid"; }
 
@@ -69,11 +80,11 @@ net_up() {
   for ((i = 1; i <= NODES; i++)); do
     ip netns list | grep -qw "$(ns "$i")" && continue
     ip netns add "$(ns "$i")"
-    ip link add "capsule-v$i" type veth peer name "capsule-v${i}n"
-    ip link set "capsule-v${i}n" netns "$(ns "$i")"
-    ip link set "capsule-v$i" master "$BRIDGE" up
-    ip -n "$(ns "$i")" addr add "$(addr "$i")/24" dev "capsule-v${i}n"
-    ip -n "$(ns "$i")" link set "capsule-v${i}n" up
+    ip link add "$TAG-v$i" type veth peer name "$TAG-v${i}n"
+    ip link set "$TAG-v${i}n" netns "$(ns "$i")"
+    ip link set "$TAG-v$i" master "$BRIDGE" up
+    ip -n "$(ns "$i")" addr add "$(addr "$i")/24" dev "$TAG-v${i}n"
+    ip -n "$(ns "$i")" link set "$TAG-v${i}n" up
     ip -n "$(ns "$i")" link set lo up
   done
 }
@@ -81,7 +92,7 @@ net_up() {
 net_down() {
   local i
   for ((i = 1; i <= NODES; i++)); do
-    ip link del "capsule-v$i" 2>/dev/null || true
+    ip link del "$TAG-v$i" 2>/dev/null || true
     ip netns del "$(ns "$i")" 2>/dev/null || true
   done
   ip link del "$BRIDGE" 2>/dev/null || true
@@ -140,6 +151,7 @@ EOF
 case "$cmd" in
   start)
     net_up
+    printf 'CAPSULE_CLUSTER_NET=%s\nCAPSULE_CLUSTER_TAG=%s\n' "$NET" "$TAG" >"$names"
     for ((i = 1; i <= NODES; i++)); do start_node "$i"; done
     healthy 60 || { log "no write quorum after 60 s; see $dir/cluster/n*.log"; exit 1; }
     curl -fs -X PUT --user "$S3_KEY:$S3_SECRET" --aws-sigv4 "aws:amz:us-east-1:s3" \

@@ -6,6 +6,11 @@
 #                                  write DIR/env (source it for the URLs)
 #   scripts/servers.sh stop DIR    stop what `start` started (by PID only)
 #
+# As root it also starts a distributed MinIO (4 nodes × 2 drives, each node
+# in a network namespace of its own: scripts/cluster.sh) and writes its URL
+# into DIR/env; where namespaces cannot be made it says why and goes on
+# without it.
+#
 # Ports (all on 127.0.0.1): Samba 4450, sshd 2222, MinIO 9000, Toxiproxy API
 # 8474; through the proxy: Samba 14450, sshd 12222, MinIO 19000.
 # CAPSULE_SERVERS_PORT_OFFSET=N adds N to every port, so a second set (a
@@ -44,6 +49,9 @@ install_packages() {
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v ssh-keygen >/dev/null || missing+=(openssh-client)
   command -v curl >/dev/null || missing+=(curl)
+  # The distributed store's namespaces; the clock-skew test's client.
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v faketime >/dev/null || missing+=(faketime)
   # The lab's report test renders HTML in headless Chromium and mounts a
   # small ext4 image for the nearly-full destination.
   command -v chromium >/dev/null || missing+=(chromium)
@@ -228,6 +236,21 @@ export CAPSULE_TEST_S3_PROXY_PORT=$S3_PROXY
 EOF
 }
 
+start_cluster() {
+  if [ "$(id -u)" != 0 ]; then
+    log "no distributed store: network namespaces need root (its tests skip)"
+    return 0
+  fi
+  # A second set of servers gets a cluster of its own names and addresses.
+  local tag=capsule net=10.231.77
+  if [ "$off" != 0 ]; then tag="capsule$((off % 1000))" net="10.231.$((78 + off % 150))"; fi
+  if CAPSULE_CLUSTER_TAG=$tag CAPSULE_CLUSTER_NET=$net "$(dirname "$0")/cluster.sh" start "$dir"; then
+    cat "$dir/cluster.env" >>"$dir/env"
+  else
+    log "the distributed store did not start (see above); its tests fail under CAPSULE_REQUIRE_SERVERS=1"
+  fi
+}
+
 stop_pidfile() {
   local f="$dir/$1.pid"
   [ -f "$f" ] || return 0
@@ -252,9 +275,11 @@ case "$cmd" in
     start_minio
     start_proxy
     write_env
+    start_cluster
     log "ready; source $dir/env"
     ;;
   stop)
+    [ -f "$dir/cluster/names" ] && "$(dirname "$0")/cluster.sh" stop "$dir"
     for p in toxiproxy minio sshd samba; do stop_pidfile "$p"; done
     ;;
   *) echo "usage: servers.sh start|stop DIR" >&2; exit 2 ;;
