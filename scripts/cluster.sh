@@ -168,7 +168,14 @@ case "$cmd" in
     ;;
   kill) stop_node "$node" KILL ;;
   restart) start_node "$node" ;;
-  wipe) find "$dir/cluster/n$node/d$drive" -mindepth 1 -delete ;;
+  wipe)
+    # Swapped for an empty directory at once (a disk replaced), then the
+    # old one removed: deleting in place races with the node's own writes.
+    d="$dir/cluster/n$node/d$drive"
+    mv "$d" "$d.wiped.$$"
+    mkdir "$d"
+    rm -rf "$d.wiped.$$"
+    ;;
   status)
     for ((i = 1; i <= NODES; i++)); do
       if running "$i"; then echo "node $i ($(addr "$i")): running"; else echo "node $i ($(addr "$i")): stopped"; fi

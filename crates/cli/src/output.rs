@@ -364,7 +364,7 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
             Some("the repository's disk is full; free space and run the backup again (it resumes)".into())
         }
         EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::PermissionDenied => {
-            Some("capsule cannot write to the repository; check its permissions".into())
+            Some("check what these credentials may do on the repository (the message names what was refused)".into())
         }
         _ => None,
     }

@@ -79,6 +79,55 @@ impl Cluster {
             .var("AWS_SECRET_ACCESS_KEY", &self.secret)
     }
 
+    /// A request to node 1 signed with the cluster's own (admin) key by
+    /// curl's SigV4: the bucket operations and STS calls the tests need,
+    /// with no S3 client of their own.
+    fn signed(&self, service: &str, method: &str, path: &str, extra: &[&str]) -> String {
+        let o = Command::new("curl")
+            .args(["-sS", "-X", method, "--aws-sigv4"])
+            .arg(format!("aws:amz:us-east-1:{service}"))
+            .arg("--user")
+            .arg(format!("{}:{}", self.key, self.secret))
+            .args(extra)
+            .arg(format!("http://{}/{path}", self.nodes[0]))
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "curl: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Temporary credentials (STS AssumeRole) whose session policy allows
+    /// everything on the test bucket and nothing elsewhere.
+    fn key_for_test_bucket_only(&self) -> [(String, String); 3] {
+        let policy = format!(
+            r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Action":["s3:*"],"Resource":["arn:aws:s3:::{b}","arn:aws:s3:::{b}/*"]}}]}}"#,
+            b = self.bucket
+        );
+        let form = |kv: &str| ["--data-urlencode".to_string(), kv.to_string()];
+        let args: Vec<String> = [
+            form("Action=AssumeRole"),
+            form("Version=2011-06-15"),
+            form("DurationSeconds=3600"),
+            form(&format!("Policy={policy}")),
+        ]
+        .concat();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let xml = self.signed("sts", "POST", "", &args);
+        let field = |tag: &str| {
+            let (_, rest) = xml.split_once(&format!("<{tag}>")).expect(&xml);
+            rest.split_once(&format!("</{tag}>")).unwrap().0.to_string()
+        };
+        [
+            ("AWS_ACCESS_KEY_ID".into(), field("AccessKeyId")),
+            ("AWS_SECRET_ACCESS_KEY".into(), field("SecretAccessKey")),
+            ("AWS_SESSION_TOKEN".into(), field("SessionToken")),
+        ]
+    }
+
     /// Removes what an earlier run left under `prefix`.
     fn wipe(&self, prefix: &str) {
         std::env::set_var("AWS_ACCESS_KEY_ID", &self.key);
@@ -247,4 +296,130 @@ fn eight_machines_ride_out_a_lost_node_and_a_wiped_drive_with_prune_beside_them(
         assert!(o.status.success(), "{}", said(&o));
         common::assert_same_tree(src, &common::restored(&target, src), false);
     }
+}
+
+/// A repository in a bucket of its own, made with the admin key, and a
+/// machine to use it.
+fn own_bucket(c: &Cluster, bucket: &str, work: &Path) -> (String, TestEnv) {
+    // MinIO's force-delete empties it, so an earlier run's leftovers go.
+    c.signed(
+        "s3",
+        "DELETE",
+        bucket,
+        &["-H", "x-minio-force-delete: true"],
+    );
+    c.signed("s3", "PUT", bucket, &[]);
+    let url = format!("s3+http://{}/{bucket}/repo", c.nodes[0]);
+    let clock = work.join("clock");
+    std::fs::write(&clock, NOW.to_string()).unwrap();
+    let machine = c.machine(work, "m", &clock);
+    let o = capsule_cmd(&machine)
+        .args(["--repo", &url, "init"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+    (url, machine)
+}
+
+/// Credentials for one bucket used against another: the store's refusal
+/// is named, with the bucket, and the exit code says "access".
+#[test]
+fn a_key_for_another_bucket_is_a_clear_error() {
+    let Some(c) = Cluster::new() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let (url, machine) = own_bucket(&c, "capsule-other", work.path());
+    let mut cmd = capsule_cmd(&machine);
+    for (k, v) in c.key_for_test_bucket_only() {
+        cmd.env(k, v);
+    }
+    let o = cmd.args(["--repo", &url, "snapshots"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(15), "{}", said(&o));
+    assert!(
+        err.contains("refuses these credentials for bucket capsule-other (AccessDenied)"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("<Error>"),
+        "the store's XML is said, not quoted: {err}"
+    );
+}
+
+/// A bucket deleted under a repository: the run stops with the missing
+/// bucket named, not with "repository damaged" or "object missing".
+#[test]
+fn a_deleted_bucket_is_a_clear_error() {
+    let Some(c) = Cluster::new() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let (url, machine) = own_bucket(&c, "capsule-gone", work.path());
+    let src = work.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), noise(100_000, 5)).unwrap();
+    c.signed(
+        "s3",
+        "DELETE",
+        "capsule-gone",
+        &["-H", "x-minio-force-delete: true"],
+    );
+    let o = capsule_cmd(&machine)
+        .args(["--repo", &url, "backup", src.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(17), "{}", said(&o));
+    assert!(
+        err.contains("NoSuchBucket") && err.contains("capsule-gone"),
+        "{err}"
+    );
+}
+
+/// A machine whose clock is hours off (libfaketime moves it for this one
+/// process): the store refuses its signatures, and the error says it is
+/// the clock, not the key.
+#[test]
+fn a_clock_hours_off_is_a_clear_error() {
+    let Some(c) = Cluster::new() else { return };
+    let Some(faketime) = which("faketime") else {
+        assert!(
+            std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
+            "faketime is missing: scripts/servers.sh installs it"
+        );
+        eprintln!("skipped: no faketime (scripts/servers.sh installs it)");
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let (url, machine) = own_bucket(&c, "capsule-skew", work.path());
+    let mut cmd = Command::new(faketime);
+    machine.apply(&mut cmd);
+    let o = cmd
+        .args([
+            "-f",
+            "+3h",
+            env!("CARGO_BIN_EXE_capsule"),
+            "--repo",
+            &url,
+            "snapshots",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(15), "{}", said(&o));
+    assert!(
+        err.contains("RequestTimeTooSkewed") && err.contains("clock"),
+        "{err}"
+    );
+    // The same machine with its clock right reads the repository.
+    let o = capsule_cmd(&machine)
+        .args(["--repo", &url, "snapshots"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
 }

@@ -77,10 +77,23 @@ fn aws_file(env: &str, default: &str) -> Option<PathBuf> {
 
 fn classify(op: &'static str, name: &str, e: object_store::Error) -> BackendError {
     use object_store::Error as E;
-    let chain = cause_chain(&e);
+    let chain = tidy(&cause_chain(&e));
     let has = |needle: &str| chain.contains(needle);
     let (kind, transient) = match &e {
         _ if has("NoSuchBucket") => (ErrorKind::NoContainer, false),
+        // A key whose policy covers other buckets (or other prefixes): the
+        // credentials work, just not here.
+        _ if has("AccessDenied") => {
+            let bucket = between(&chain, "[bucket ", "]")
+                .and_then(|b| b.split(',').next())
+                .map_or("this bucket".to_string(), |b| format!("bucket {b}"));
+            return BackendError::new(
+                ErrorKind::PermissionDenied,
+                op,
+                name,
+                format!("the store refuses these credentials for {bucket} (AccessDenied): check that the key's policy covers this bucket and prefix, and that the repository URL names the right bucket"),
+            );
+        }
         // Signed requests carry the client's time; a store refuses one more
         // than 15 minutes off its own clock. Retrying cannot help, and the
         // credentials are not at fault.
@@ -89,7 +102,7 @@ fn classify(op: &'static str, name: &str, e: object_store::Error) -> BackendErro
                 ErrorKind::AuthFailed,
                 op,
                 name,
-                format!("this machine's clock is more than 15 minutes off the store's, and the store refuses requests signed at that time (RequestTimeTooSkewed); set the clock right (NTP) and run again: {chain}"),
+                "this machine's clock is more than 15 minutes off the store's, and the store refuses requests signed at that time (RequestTimeTooSkewed); set the clock right (NTP) and run again",
             )
         }
         E::NotFound { .. } => (ErrorKind::NotFound, false),
@@ -158,6 +171,47 @@ fn cause_chain(e: &object_store::Error) -> String {
         src = s.source();
     }
     chain
+}
+
+/// The text between `start` and the next `end` in `s`.
+fn between<'a>(s: &'a str, start: &str, end: &str) -> Option<&'a str> {
+    let from = s.find(start)? + start.len();
+    let len = s[from..].find(end)?;
+    Some(&s[from..from + len])
+}
+
+/// The error text with each XML error document the store sent replaced by
+/// what it says: `Code: Message [bucket B, key K]`. The same document is
+/// otherwise quoted at every level of the cause chain.
+fn tidy(chain: &str) -> String {
+    let mut out = String::new();
+    let mut rest = chain;
+    while let Some(at) = rest.find("<?xml") {
+        out.push_str(&rest[..at]);
+        let doc_end = rest[at..]
+            .find("</Error>")
+            .map_or(rest.len(), |e| at + e + "</Error>".len());
+        let doc = &rest[at..doc_end];
+        let field = |tag: &str| between(doc, &format!("<{tag}>"), &format!("</{tag}>"));
+        let mut said = format!(
+            "{}: {}",
+            field("Code").unwrap_or("error"),
+            field("Message").unwrap_or("")
+        );
+        let place: Vec<String> = [("bucket", "BucketName"), ("key", "Key")]
+            .iter()
+            .filter_map(|(what, tag)| field(tag).map(|v| format!("{what} {v}")))
+            .collect();
+        if !place.is_empty() {
+            said.push_str(&format!(" [{}]", place.join(", ")));
+        }
+        if !out.contains(&said) {
+            out.push_str(&said);
+        }
+        rest = &rest[doc_end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// How long one request may go unanswered before it counts as a transient
@@ -732,6 +786,29 @@ mod tests {
         assert!(b.transient, "{b:?}");
         assert_eq!(b.message.matches("error sending request").count(), 1, "{b}");
         assert!(b.message.ends_with(": operation timed out"), "{b}");
+    }
+
+    #[test]
+    fn a_key_for_another_bucket_is_named() {
+        let doc = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessDenied</Code><Message>Access Denied.</Message><Key>r/config</Key><BucketName>capsule-other</BucketName><RequestId>1</RequestId></Error>";
+        let outer = format!("Error performing GET http://h/capsule-other/r/config - Server returned non-2xx status code: 403 Forbidden: {doc}");
+        let e = nested(&[
+            &format!("The operation lacked the necessary privileges: {outer}"),
+            &outer,
+        ]);
+        let b = classify("get", "config", e);
+        assert_eq!(b.kind, ErrorKind::PermissionDenied, "{b:?}");
+        assert!(
+            b.message
+                .contains("for bucket capsule-other (AccessDenied)"),
+            "{b}"
+        );
+        assert!(!b.message.contains("<Error>"), "{b}");
+        let t = tidy(&format!("a: {doc}: b: {doc}"));
+        assert_eq!(
+            t,
+            "a: AccessDenied: Access Denied. [bucket capsule-other, key r/config]: b: "
+        );
     }
 
     #[test]
