@@ -155,6 +155,9 @@ fn said(o: &Output) -> String {
 ///   its clients ride it out (they retried, and succeeded);
 /// * before round 3 one drive of another node is emptied (a disk
 ///   replaced), which the store heals;
+/// * after the rounds the node is killed again and a run told to wait 3 s
+///   for it stops with exit 14; once the node is back the next run
+///   completes;
 /// * at the end `check --read-data` is clean and every machine's newest
 ///   snapshot restores equal to its source.
 #[test]
@@ -281,6 +284,39 @@ fn eight_machines_ride_out_a_lost_node_and_a_wiped_drive_with_prune_beside_them(
     let failures = failures.into_inner().unwrap();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert_eq!(rode_out, 2, "both machines of the lost node rode it out");
+
+    // A node away for longer than a run waits (here told to wait 3 s):
+    // the run stops with exit 14 naming the bound, and once the node is
+    // back the next run completes.
+    let away = lost_node + 1;
+    c.ctl(&["kill", &away.to_string()]);
+    std::fs::write(srcs[lost_node].join("late"), noise(50_000, 77)).unwrap();
+    let host = format!("machine{lost_node}");
+    let src = srcs[lost_node].to_str().unwrap();
+    let mut cmd = capsule_cmd(&c.machine(work, &host, &clock).var("CAPSULE_RETRY_FOR", "3"));
+    let o = cmd
+        .args([
+            "--repo",
+            &c.url(lost_node, prefix),
+            "backup",
+            "--host",
+            &host,
+            src,
+        ])
+        .output()
+        .unwrap();
+    c.ctl(&["restart", &away.to_string()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(14), "{}", said(&o));
+    assert!(err.contains("--retry-for") && err.contains("3 s"), "{err}");
+    let o = run(
+        lost_node,
+        &host,
+        &["--json", "backup", "--host", &host, src],
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    newest[lost_node] = v["snapshot_id"].as_str().unwrap().to_string();
 
     // Nothing lost: every pack reads back and authenticates, and each
     // machine's newest snapshot is its source.
