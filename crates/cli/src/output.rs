@@ -292,6 +292,7 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         ) => exit::NOT_FOUND,
         Some(EngineError::Invalid(_)) => exit::USAGE,
         Some(EngineError::PruneRefused(_)) => exit::DAMAGED,
+        Some(EngineError::AppendOnly(_)) => exit::ACCESS,
         Some(EngineError::Interrupted) => exit::INTERRUPTED,
         _ => exit::ERROR,
     }
@@ -346,6 +347,7 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
             Some(from) => format!("the password came from {from}: check it; nothing was written").into(),
             None => "check CAPSULE_PASSWORD / CAPSULE_PASSWORD_FILE; nothing was written".into(),
         }),
+        EngineError::AppendOnly(_) => Some("run it where the repository's admin credentials are (a key whose policy allows s3:DeleteObject); backups, listings and restores work with these".into()),
         EngineError::NotARepository { .. } => {
             Some("check --repo / CAPSULE_REPO, or create a new repository there with `capsule init`".into())
         }

@@ -101,10 +101,10 @@ impl Cluster {
     }
 
     /// Temporary credentials (STS AssumeRole) whose session policy allows
-    /// everything on the test bucket and nothing elsewhere.
-    fn key_for_test_bucket_only(&self) -> [(String, String); 3] {
+    /// `actions` (JSON strings) on the test bucket and nothing elsewhere.
+    fn key_for_test_bucket_only(&self, actions: &str) -> [(String, String); 3] {
         let policy = format!(
-            r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Action":["s3:*"],"Resource":["arn:aws:s3:::{b}","arn:aws:s3:::{b}/*"]}}]}}"#,
+            r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Action":[{actions}],"Resource":["arn:aws:s3:::{b}","arn:aws:s3:::{b}/*"]}}]}}"#,
             b = self.bucket
         );
         let form = |kv: &str| ["--data-urlencode".to_string(), kv.to_string()];
@@ -365,7 +365,7 @@ fn a_key_for_another_bucket_is_a_clear_error() {
     let work = tempfile::tempdir().unwrap();
     let (url, machine) = own_bucket(&c, "capsule-other", work.path());
     let mut cmd = capsule_cmd(&machine);
-    for (k, v) in c.key_for_test_bucket_only() {
+    for (k, v) in c.key_for_test_bucket_only(r#""s3:*""#) {
         cmd.env(k, v);
     }
     let o = cmd.args(["--repo", &url, "snapshots"]).output().unwrap();
@@ -458,4 +458,84 @@ fn which(program: &str) -> Option<PathBuf> {
         .split(':')
         .map(|d| Path::new(d).join(program))
         .find(|p| p.is_file())
+}
+
+/// A client whose key may add but not delete (an S3 policy without
+/// `s3:DeleteObject`) backs up, lists and restores, and says it runs
+/// append-only; forget and prune from it are refused before they change
+/// anything, and the admin's key still does both.
+#[test]
+fn an_append_only_client_backs_up_and_restores_but_cannot_forget_or_prune() {
+    let Some(c) = Cluster::new() else { return };
+    let prefix = "append-only";
+    c.wipe(prefix);
+    let work = tempfile::tempdir().unwrap();
+    let work = work.path();
+    let clock = work.join("clock");
+    std::fs::write(&clock, NOW.to_string()).unwrap();
+    let admin = |args: &[&str]| {
+        capsule_cmd(&c.machine(work, "admin", &clock))
+            .args(["--repo", &c.url(0, prefix)])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let creds = c.key_for_test_bucket_only(
+        r#""s3:GetObject","s3:PutObject","s3:ListBucket","s3:GetBucketLocation""#,
+    );
+    let client = |args: &[&str]| {
+        let mut cmd = capsule_cmd(&c.machine(work, "laptop", &clock));
+        for (k, v) in &creds {
+            cmd.env(k, v);
+        }
+        cmd.args(["--repo", &c.url(1, prefix)])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let o = admin(&["init"]);
+    assert!(o.status.success(), "{}", said(&o));
+    let src = work.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let mut ids = Vec::new();
+    for round in 0..2u64 {
+        std::fs::write(src.join(format!("f{round}")), noise(200_000, 60 + round)).unwrap();
+        let o = client(&["--json", "backup", src.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", said(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["append_only"], true, "{v}");
+        ids.push(v["snapshot_id"].as_str().unwrap().to_string());
+    }
+    let o = client(&["backup", src.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(text.matches("append-only").count(), 1, "said once: {text}");
+
+    let target = work.join("restored");
+    let o = client(&["restore", &ids[1], "--target", target.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", said(&o));
+    common::assert_same_tree(&src, &common::restored(&target, &src), false);
+
+    for args in [
+        &["forget", &ids[0]][..],
+        &["prune"],
+        &["forget", "--keep-last", "1", "--prune"],
+    ] {
+        let o = client(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(15), "{args:?}: {}", said(&o));
+        assert!(
+            err.contains("append-only") && err.contains("nothing was changed"),
+            "{err}"
+        );
+    }
+    // Nothing changed: the three snapshots are all there, none forgotten.
+    let o = admin(&["--json", "snapshots"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 3, "{v}");
+    // The admin's key may.
+    let o = admin(&["forget", &ids[0], "--prune"]);
+    assert!(o.status.success(), "{}", said(&o));
+    let o = admin(&["--no-cache", "check", "--read-data"]);
+    assert!(o.status.success(), "{}", said(&o));
 }

@@ -124,6 +124,10 @@ pub enum EngineError {
     /// Prune cannot run safely on this repository as it is.
     #[error("cannot prune: {0}")]
     PruneRefused(String),
+    /// The credentials may write but not delete (an append-only client),
+    /// and the command must delete.
+    #[error("{0} needs credentials that may delete objects in the repository; these may only add (append-only), so nothing was changed")]
+    AppendOnly(&'static str),
 }
 
 fn damaged_note(keys: &[String]) -> String {

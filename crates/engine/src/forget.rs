@@ -56,6 +56,13 @@ pub fn forget(repo: &Repository, id: &ObjectId) -> Result<()> {
 /// Forgets several snapshots, a few at a time (each move is three
 /// requests). Stops at the first failure; those moved stay moved.
 pub fn forget_all(repo: &Repository, ids: &[ObjectId]) -> Result<()> {
+    // Append-only credentials could add the forgotten copy but not remove
+    // the live one: refuse before changing anything. (Nor is the decision
+    // left for an admin's prune to carry out: whoever holds the client's
+    // credentials, ransomware included, could then forget every snapshot.)
+    if !ids.is_empty() {
+        crate::session::require_delete(repo, "forget")?;
+    }
     crate::flight::for_each_in_flight(ids, crate::flight::REQUESTS_IN_FLIGHT, |id| {
         forget(repo, id)
     })

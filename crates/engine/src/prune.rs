@@ -202,6 +202,9 @@ struct Mark {
 /// waits for them (until their leases end at most) and sweeps.
 pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport> {
     let started = Instant::now();
+    if !opts.dry_run {
+        crate::session::require_delete(repo, "prune")?;
+    }
     let (mut report, mut sweep_now) = prune_pass(repo, opts)?;
     if opts.dry_run {
         return Ok(report);

@@ -179,15 +179,18 @@ impl Session {
         }
     }
 
-    /// Ends the session: stops renewing and removes its object.
-    pub fn end(mut self) {
-        self.finish();
+    /// Ends the session: stops renewing and removes its object. Says false
+    /// when the destination refused the removal for want of permission:
+    /// the client is append-only, and its session object stays until a
+    /// prune with other credentials removes it once its lease is over.
+    pub fn end(mut self) -> bool {
+        self.finish()
     }
 
-    fn finish(&mut self) {
+    fn finish(&mut self) -> bool {
         // Once: `end` and then `drop` both come here.
         let Some(tx) = self.stop.take() else {
-            return;
+            return true;
         };
         drop(tx);
         if let Some(h) = self.heartbeat.take() {
@@ -196,13 +199,16 @@ impl Session {
         let name = self.lock().name.clone();
         // Best effort: a session object left behind only delays a prune
         // until its lease runs out.
-        let _ = self.repo.backend().delete(&name);
+        !matches!(
+            self.repo.backend().delete(&name),
+            Err(e) if e.kind == ErrorKind::PermissionDenied
+        )
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        self.finish();
+        let _ = self.finish();
     }
 }
 
@@ -293,4 +299,31 @@ fn load(repo: &Repository, name: &str) -> Result<SessionInfo> {
         .open(Aad::Session, &b)
         .map_err(|e| EngineError::corrupt(name, e))?;
     from_json(&p).map_err(|e| EngineError::corrupt(name, e))
+}
+
+/// Whether these credentials may delete objects in the repository: one
+/// DELETE of a name that does not exist, which a store answers with success
+/// when the credentials may delete and with "access denied" when they may
+/// only add (an S3 policy without `s3:DeleteObject`). Destinations that
+/// cannot tell (a file system reports a missing file before a permission)
+/// say yes, and a refused deletion later is still an error.
+pub fn may_delete(repo: &Repository) -> Result<bool> {
+    let mut r = [0u8; 8];
+    capsule_crypto::random_bytes(&mut r)?;
+    let probe = format!("{SESSIONS_PREFIX}probe-{}", hex::encode(r));
+    match repo.backend().delete(&probe) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind == ErrorKind::NotFound => Ok(true),
+        Err(e) if e.kind == ErrorKind::PermissionDenied => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Refuses `what` (a command that deletes) for append-only credentials.
+pub fn require_delete(repo: &Repository, what: &'static str) -> Result<()> {
+    if may_delete(repo)? {
+        Ok(())
+    } else {
+        Err(EngineError::AppendOnly(what))
+    }
 }

@@ -269,6 +269,11 @@ pub fn backup(
     if let Some(w) = &report.clock_warning {
         out.warn(w);
     }
+    if report.append_only {
+        out.say(
+            "append-only: these credentials may add to the repository but not delete (the snapshot is stored); forget and prune need credentials that may, and this run's session object stays until such a prune removes it",
+        );
+    }
     let cache_stats = cache
         .as_ref()
         .map(|c| capsule_app::open::cache_json(&c.stats));

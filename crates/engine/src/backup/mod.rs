@@ -240,6 +240,7 @@ fn unchanged(
         warnings: Vec::new(),
         packs_distrusted: Vec::new(),
         clock_warning,
+        append_only: false,
         scan: ScanReport {
             mode: "journal".into(),
             reason: None,
@@ -301,8 +302,8 @@ pub fn backup(
         &tops_now,
         started,
     )? {
-        session.end();
-        return Ok(r);
+        let append_only = !session.end();
+        return Ok(BackupReport { append_only, ..r });
     }
     // The index and the snapshots (for the parent) do not depend on each
     // other: listed at once, one round trip instead of two.
@@ -570,7 +571,7 @@ pub fn backup(
     if marked {
         crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
     }
-    session.end();
+    let append_only = !session.end();
     let ns = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
     Ok(BackupReport {
         snapshot_id: id.to_hex(),
@@ -593,6 +594,7 @@ pub fn backup(
         warnings,
         packs_distrusted,
         clock_warning,
+        append_only,
         scan: ScanReport {
             mode: match (journal_used, journal_matched) {
                 (true, _) => "journal",

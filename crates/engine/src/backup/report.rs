@@ -116,6 +116,11 @@ pub struct BackupReport {
     pub clock_warning: Option<String>,
     /// Whether a change journal spared the walk, and if not, why.
     pub scan: ScanReport,
+    /// The destination refused to remove this run's session object for
+    /// want of permission: these credentials may add but not delete
+    /// (an append-only client). The object stays until a prune with other
+    /// credentials removes it after its lease.
+    pub append_only: bool,
     /// Directories holding files with more than one name (hard links),
     /// which a journal-driven run lists every time (see [`Changes`]).
     #[serde(skip)]
