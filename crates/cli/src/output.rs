@@ -347,7 +347,7 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
             Some(from) => format!("the password came from {from}: check it; nothing was written").into(),
             None => "check CAPSULE_PASSWORD / CAPSULE_PASSWORD_FILE; nothing was written".into(),
         }),
-        EngineError::AppendOnly(_) => Some("run it where the repository's admin credentials are (a key whose policy allows s3:DeleteObject); backups, listings and restores work with these".into()),
+        EngineError::AppendOnly(_) => Some("run it with credentials that may delete (the repository's admin key or account); backups, listings and restores work with these".into()),
         EngineError::NotARepository { .. } => {
             Some("check --repo / CAPSULE_REPO, or create a new repository there with `capsule init`".into())
         }
