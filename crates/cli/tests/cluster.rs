@@ -140,6 +140,60 @@ impl Cluster {
     }
 }
 
+/// A repository of a test's own under `prefix` in the test bucket (what an
+/// earlier run left there removed), with a scratch directory and a test
+/// clock the machines share.
+struct Repo<'a> {
+    cluster: &'a Cluster,
+    prefix: &'static str,
+    work: tempfile::TempDir,
+    clock: PathBuf,
+}
+
+impl<'a> Repo<'a> {
+    fn new(cluster: &'a Cluster, prefix: &'static str) -> Repo<'a> {
+        cluster.wipe(prefix);
+        let work = tempfile::tempdir().unwrap();
+        let clock = work.path().join("clock");
+        std::fs::write(&clock, NOW.to_string()).unwrap();
+        Repo {
+            cluster,
+            prefix,
+            work,
+            clock,
+        }
+    }
+
+    fn work(&self) -> &Path {
+        self.work.path()
+    }
+
+    /// Sets the shared clock.
+    fn at(&self, t: i64) {
+        std::fs::write(&self.clock, t.to_string()).unwrap();
+    }
+
+    /// Machine `name`'s environment.
+    fn machine(&self, name: &str) -> TestEnv {
+        self.cluster.machine(self.work(), name, &self.clock)
+    }
+
+    /// capsule in `env` (a machine's), through node `node`.
+    fn command(&self, env: &TestEnv, node: usize) -> Command {
+        let mut c = capsule_cmd(env);
+        c.arg("--repo").arg(self.cluster.url(node, self.prefix));
+        c
+    }
+
+    /// Runs capsule `args` as machine `name` through node `node`.
+    fn run(&self, node: usize, name: &str, args: &[&str]) -> Output {
+        self.command(&self.machine(name), node)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
 fn said(o: &Output) -> String {
     format!(
         "exit {:?}: {}{}",
@@ -163,20 +217,9 @@ fn said(o: &Output) -> String {
 #[test]
 fn eight_machines_ride_out_a_lost_node_and_a_wiped_drive_with_prune_beside_them() {
     let Some(c) = Cluster::new() else { return };
-    let prefix = "eight-machines";
-    c.wipe(prefix);
-    let work = tempfile::tempdir().unwrap();
-    let work = work.path();
-    let clock = work.join("clock");
-    std::fs::write(&clock, NOW.to_string()).unwrap();
-    let run = |node: usize, name: &str, args: &[&str]| -> Output {
-        capsule_cmd(&c.machine(work, name, &clock))
-            .arg("--repo")
-            .arg(c.url(node, prefix))
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let repo = Repo::new(&c, "eight-machines");
+    let work = repo.work();
+    let run = |node: usize, name: &str, args: &[&str]| repo.run(node, name, args);
     let o = run(0, "admin", &["init"]);
     assert!(o.status.success(), "{}", said(&o));
 
@@ -225,7 +268,7 @@ fn eight_machines_ride_out_a_lost_node_and_a_wiped_drive_with_prune_beside_them(
             prunes
         });
         for round in 0..3i64 {
-            std::fs::write(&clock, (NOW + round * 3600).to_string()).unwrap();
+            repo.at(NOW + round * 3600);
             for (i, src) in srcs.iter().enumerate() {
                 std::fs::write(src.join("round"), format!("{i} {round}")).unwrap();
                 let fresh = noise(100_000, (10_000 + 100 * i as i64 + round) as u64);
@@ -293,16 +336,10 @@ fn eight_machines_ride_out_a_lost_node_and_a_wiped_drive_with_prune_beside_them(
     std::fs::write(srcs[lost_node].join("late"), noise(50_000, 77)).unwrap();
     let host = format!("machine{lost_node}");
     let src = srcs[lost_node].to_str().unwrap();
-    let mut cmd = capsule_cmd(&c.machine(work, &host, &clock).var("CAPSULE_RETRY_FOR", "3"));
-    let o = cmd
-        .args([
-            "--repo",
-            &c.url(lost_node, prefix),
-            "backup",
-            "--host",
-            &host,
-            src,
-        ])
+    let impatient = repo.machine(&host).var("CAPSULE_RETRY_FOR", "3");
+    let o = repo
+        .command(&impatient, lost_node)
+        .args(["backup", "--host", &host, src])
         .output()
         .unwrap();
     c.ctl(&["restart", &away.to_string()]);
@@ -467,32 +504,17 @@ fn which(program: &str) -> Option<PathBuf> {
 #[test]
 fn an_append_only_client_backs_up_and_restores_but_cannot_forget_or_prune() {
     let Some(c) = Cluster::new() else { return };
-    let prefix = "append-only";
-    c.wipe(prefix);
-    let work = tempfile::tempdir().unwrap();
-    let work = work.path();
-    let clock = work.join("clock");
-    std::fs::write(&clock, NOW.to_string()).unwrap();
-    let admin = |args: &[&str]| {
-        capsule_cmd(&c.machine(work, "admin", &clock))
-            .args(["--repo", &c.url(0, prefix)])
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let repo = Repo::new(&c, "append-only");
+    let work = repo.work();
+    let admin = |args: &[&str]| repo.run(0, "admin", args);
     let creds = c.key_for_test_bucket_only(
         r#""s3:GetObject","s3:PutObject","s3:ListBucket","s3:GetBucketLocation""#,
     );
-    let client = |args: &[&str]| {
-        let mut cmd = capsule_cmd(&c.machine(work, "laptop", &clock));
-        for (k, v) in &creds {
-            cmd.env(k, v);
-        }
-        cmd.args(["--repo", &c.url(1, prefix)])
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let mut laptop = repo.machine("laptop");
+    for (k, v) in &creds {
+        laptop = laptop.var(k, v);
+    }
+    let client = |args: &[&str]| repo.command(&laptop, 1).args(args).output().unwrap();
     let o = admin(&["init"]);
     assert!(o.status.success(), "{}", said(&o));
     let src = work.join("src");
