@@ -30,6 +30,9 @@ pub struct Connect {
     /// before the run gives up (`--retry-for`; default
     /// [`capsule_backend::RIDE_OUT`]).
     pub retry_for: Option<std::time::Duration>,
+    /// Read the destination as it was at this moment (Unix seconds,
+    /// `--as-of`): a versioned S3 bucket's old versions, read-only.
+    pub as_of: Option<i64>,
 }
 
 impl Connect {
@@ -122,6 +125,10 @@ impl Stack {
                 opts.create = create;
                 capsule_net::connect(remote, &opts)?
             }
+        };
+        let raw = match how.as_of {
+            Some(at) => Arc::new(capsule_backend::AsOf::new(raw, at as f64)?),
+            None => raw,
         };
         let connect_secs = t.elapsed().as_secs_f64();
         let mut s = Stack::over(raw, kind(dest), how)?;

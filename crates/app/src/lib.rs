@@ -28,6 +28,7 @@ pub mod daemon;
 pub mod error;
 pub mod explain;
 pub mod held_key;
+pub mod history;
 pub mod journal;
 pub mod lock;
 pub mod open;

@@ -38,6 +38,8 @@ pub struct Flags {
     pub retry_for: Option<u64>,
     /// `--trace-requests FILE`.
     pub trace_requests: Option<PathBuf>,
+    /// `--as-of WHEN`, as given.
+    pub as_of: Option<String>,
     /// `--config` / `CAPSULE_CONFIG`.
     pub config: Option<PathBuf>,
     /// `--profile` / `CAPSULE_PROFILE`.
@@ -232,6 +234,23 @@ impl Settings {
         connect.no_fsync = self.flags.no_fsync;
         connect.retry_for = self.flags.retry_for.map(std::time::Duration::from_secs);
         connect.trace = self.trace()?;
+        if let Some(when) = &self.flags.as_of {
+            let at = capsule_engine::timefmt::parse_when(when).ok_or_else(|| {
+                UsageError(format!(
+                    "--as-of {when:?} is not a moment: give it as \"2026-11-20 14:00\" (local time), 2026-11-20 or 2026-11-20T13:00:00Z"
+                ))
+            })?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            if at > now {
+                return Err(UsageError(format!(
+                    "--as-of {when:?} is later than now: name a moment in the past (the one before the damage)"
+                ))
+                .into());
+            }
+            connect.as_of = Some(at);
+        }
         let cache = if self.flags.no_cache {
             CachePolicy::Off
         } else {

@@ -223,6 +223,12 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Where this backend points, for messages (`/srv/backup`, `s3://…`).
     fn location(&self) -> String;
+
+    /// The versioned store's own operations (old versions, retention),
+    /// where the destination has them: S3 only.
+    fn history(&self) -> Option<&dyn crate::history::History> {
+        None
+    }
 }
 
 /// What the destination lab needs beyond [`Backend`]: writes shaped like a
@@ -342,6 +348,10 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     fn location(&self) -> String {
         self.inner().location()
     }
+    /// See [`Backend::history`].
+    fn history(&self) -> Option<&dyn crate::history::History> {
+        self.inner().history()
+    }
     /// See [`LabBackend::probe_write`].
     fn probe_write(
         &self,
@@ -408,6 +418,9 @@ impl<L: Layer> Backend for L {
     fn location(&self) -> String {
         Layer::location(self)
     }
+    fn history(&self) -> Option<&dyn crate::history::History> {
+        Layer::history(self)
+    }
 }
 
 impl<L: Layer> LabBackend for L {
@@ -472,6 +485,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn location(&self) -> String {
         (**self).location()
+    }
+    fn history(&self) -> Option<&dyn crate::history::History> {
+        (**self).history()
     }
 }
 

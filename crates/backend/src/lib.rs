@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod conformance;
 pub mod contract;
+pub mod history;
 pub mod local;
 pub mod metered;
 pub mod ownfile;
@@ -24,6 +25,7 @@ pub use contract::{
     write_out_error, Backend, BackendError, Capabilities, ErrorKind, LabBackend, Layer, ObjectInfo,
     ReadAt, Space,
 };
+pub use history::{AsOf, History, LockMode, LockState, ObjectVersion, Retention};
 pub use local::{LocalBackend, SyncPolicy};
 pub use metered::{MeteredBackend, RequestStats, TraceSink};
 pub use retry::{RetryBackend, RetryPolicy, QUICK_FAILURES, RIDE_OUT};

@@ -52,6 +52,13 @@ pub struct GlobalArgs {
     /// see where a slow run waits.
     #[arg(long, global = true, value_name = "FILE")]
     pub trace_requests: Option<std::path::PathBuf>,
+    /// Read the repository as it was at this moment ("2026-11-20 14:00",
+    /// local time, or RFC 3339): on a versioned S3 bucket, every object's
+    /// version of then, so what was deleted or overwritten later (by
+    /// ransomware holding the backup credentials) reads as it was. Read
+    /// only; `capsule --as-of WHEN repair history` writes that state back.
+    #[arg(long, global = true, value_name = "WHEN")]
+    pub as_of: Option<String>,
     /// Configuration file (default: capsule.toml in your configuration
     /// directory, e.g. ~/.config/capsule/capsule.toml).
     #[arg(long, env = capsule_app::config::CONFIG_ENV, global = true, value_name = "FILE")]
@@ -76,6 +83,7 @@ impl GlobalArgs {
             connections: self.connections,
             retry_for: self.retry_for,
             trace_requests: self.trace_requests.clone(),
+            as_of: self.as_of.clone(),
             config: self.config.clone(),
             profile: self.profile.clone(),
         }

@@ -11,6 +11,7 @@ mod flight;
 pub mod forget;
 pub mod index;
 pub mod journal;
+pub mod locked;
 mod mem;
 mod meta;
 pub mod packer;

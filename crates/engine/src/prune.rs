@@ -132,6 +132,9 @@ pub struct PruneReport {
     pub waiting_for: Vec<WaitingFor>,
     /// Seconds spent waiting for them (`wait`).
     pub waited_secs: f64,
+    /// Object lock's maintenance, on a bucket with object lock
+    /// ([`crate::locked`]).
+    pub object_lock: Option<crate::locked::LockReport>,
 }
 
 /// A session a mark waits for.
@@ -207,6 +210,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     }
     let (mut report, mut sweep_now) = prune_pass(repo, opts)?;
     if opts.dry_run {
+        report.object_lock = crate::locked::maintain(repo, true)?;
         return Ok(report);
     }
     // Another pass when the last one armed a mark no session can have
@@ -236,6 +240,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
         }
         break;
     }
+    report.object_lock = crate::locked::maintain(repo, false)?;
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
 }

@@ -36,6 +36,7 @@ impl Connector {
             // answering is reported after six attempts (about 8 s), not
             // ridden out for a minute as a backup rides it out.
             retry_for: Some(std::time::Duration::ZERO),
+            as_of: None,
         }
     }
 

@@ -64,10 +64,18 @@ fn connect_once(dest: &Destination, opts: &Options) -> Result<Arc<dyn LabBackend
         Destination::Sftp(t) => Arc::new(sftp::SftpBackend::connect(t, opts)?),
         Destination::S3(t) => {
             let b = s3::S3Backend::connect(t, opts)?;
-            if opts.create && b.ensure_bucket()? {
+            if opts.create && b.ensure_bucket(opts.create_locked)? {
                 // The one thing a connect says on its own: a bucket is a
                 // billing-visible resource, so its creation is never silent.
-                eprintln!("capsule: created bucket {} at {}", t.bucket, t.endpoint);
+                let lock = if opts.create_locked {
+                    " with object lock"
+                } else {
+                    ""
+                };
+                eprintln!(
+                    "capsule: created bucket {} at {}{lock}",
+                    t.bucket, t.endpoint
+                );
             }
             Arc::new(b)
         }

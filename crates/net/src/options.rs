@@ -19,6 +19,9 @@ pub struct Options {
     /// Create the base directory (SMB, SFTP) or the bucket (S3) if it is
     /// missing (for `init`).
     pub create: bool,
+    /// A bucket made by `create` gets object lock (and versioning) on
+    /// (`init --object-lock`).
+    pub create_locked: bool,
 }
 
 impl Options {
@@ -47,6 +50,7 @@ impl Options {
             known_hosts: var("CAPSULE_SFTP_KNOWN_HOSTS").map(Into::into),
             concurrency: var("CAPSULE_CONNECTIONS").and_then(|v| v.parse().ok()),
             create: false,
+            create_locked: false,
         }
     }
 }

@@ -31,6 +31,8 @@ use object_store::{
     PutPayload, RetryConfig,
 };
 
+mod history;
+
 use crate::options::Options;
 use crate::rt::block_on;
 use crate::url::S3Target;
@@ -48,6 +50,11 @@ pub struct S3Backend {
     concurrency: usize,
     /// For a bucket created outside us-east-1.
     region: String,
+    /// `scheme://endpoint/bucket`, for the requests `object_store` does not
+    /// make (bucket creation, versions, retention).
+    base_url: String,
+    /// The client those requests go through.
+    http: reqwest::Client,
 }
 
 /// Reads `key` from the `[section]` of an AWS-style ini file.
@@ -326,14 +333,17 @@ impl S3Backend {
             location,
             concurrency: opts.concurrency.unwrap_or(8).max(1),
             region,
+            base_url: format!("{scheme}://{}/{}", t.endpoint, t.bucket),
+            http: reqwest::Client::new(),
         })
     }
 
     /// Creates the bucket if it does not exist, as restic and kopia do at
-    /// `init`. Returns whether it created one. A bucket that exists costs
-    /// one listing request; credentials that may not create buckets give
-    /// an access error that says so.
-    pub fn ensure_bucket(&self) -> Result<bool, BackendError> {
+    /// `init`, with object lock (and so versioning) on when `locked`.
+    /// Returns whether it created one. A bucket that exists costs one
+    /// listing request; credentials that may not create buckets give an
+    /// access error that says so.
+    pub fn ensure_bucket(&self, locked: bool) -> Result<bool, BackendError> {
         block_on(async {
             let probe = self.store.list_with_delimiter(None).await;
             match probe.map_err(|e| classify("list", &self.location, e)) {
@@ -341,47 +351,46 @@ impl S3Backend {
                 Err(e) if e.kind == ErrorKind::NoContainer => {}
                 Err(e) => return Err(e),
             }
-            // object_store has no CreateBucket; a presigned PUT of the
-            // bucket's own URL is one, signed with the same credentials.
-            let url = object_store::signer::Signer::signed_url(
-                &*self.store,
-                reqwest::Method::PUT,
-                &Path::from(""),
-                Duration::from_secs(300),
-            )
-            .await
-            .map_err(|e| classify("create bucket", &self.location, e))?;
-            let mut req = reqwest::Client::new().put(url);
-            if self.region != "us-east-1" {
-                req = req.body(format!(
-                    "<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><LocationConstraint>{}</LocationConstraint></CreateBucketConfiguration>",
-                    self.region
-                ));
-            }
             let fail =
                 |kind, msg: String| BackendError::new(kind, "create bucket", &self.location, msg);
-            let resp = req
-                .send()
+            let headers: Vec<(&str, String)> = if locked {
+                vec![("x-amz-bucket-object-lock-enabled", "true".into())]
+            } else {
+                Vec::new()
+            };
+            match self
+                .raw("create bucket", reqwest::Method::PUT, None, "", &headers, self.location_constraint())
                 .await
-                .map_err(|e| fail(ErrorKind::Unreachable, e.to_string()))?;
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            match status.as_u16() {
-                200..=299 => Ok(true),
+            {
+                Ok(_) => Ok(true),
                 // Created meanwhile by someone else with these credentials.
-                409 if body.contains("BucketAlreadyOwnedByYou") => Ok(false),
-                401 | 403 => Err(fail(
+                Err(e) if e.message.contains("BucketAlreadyOwnedByYou") => Ok(false),
+                Err(e) if matches!(e.kind, ErrorKind::PermissionDenied | ErrorKind::AuthFailed) => Err(fail(
                     ErrorKind::PermissionDenied,
                     format!(
-                        "the bucket does not exist and these credentials may not create it ({status}); create it, or use credentials that may"
+                        "the bucket does not exist and these credentials may not create it ({}); create it, or use credentials that may",
+                        e.message
                     ),
                 )),
-                _ => Err(fail(
+                Err(e) if e.transient => Err(e),
+                Err(e) => Err(fail(
                     ErrorKind::NoContainer,
-                    format!("the bucket does not exist and creating it failed: {status} {body}"),
+                    format!("the bucket does not exist and creating it failed: {}", e.message),
                 )),
             }
         })
+    }
+
+    /// The body of a CreateBucket outside us-east-1.
+    fn location_constraint(&self) -> Vec<u8> {
+        if self.region == "us-east-1" {
+            return Vec::new();
+        }
+        format!(
+            "<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><LocationConstraint>{}</LocationConstraint></CreateBucketConfiguration>",
+            self.region
+        )
+        .into_bytes()
     }
 
     fn key(&self, name: &str) -> Path {
@@ -699,6 +708,10 @@ impl Backend for S3Backend {
 
     fn location(&self) -> String {
         self.location.clone()
+    }
+
+    fn history(&self) -> Option<&dyn capsule_backend::History> {
+        Some(self)
     }
 }
 

@@ -178,12 +178,23 @@ pub enum RepairCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Write the repository as it was at `--as-of WHEN` back as its current
+    /// state, on a versioned S3 bucket: every object deleted or overwritten
+    /// since (by ransomware holding the backup credentials, say) is written
+    /// again from its old version; objects made later stay. Needs
+    /// credentials that may write.
+    History {
+        /// Count what would be written back; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 pub fn repair(settings: &Settings, out: &Output, r: RepairCommand) -> Result<u8> {
     let dry_run = match r {
         RepairCommand::Index { dry_run } => dry_run,
         RepairCommand::Snapshots { dry_run } => return repair_snapshots(settings, out, dry_run),
+        RepairCommand::History { dry_run } => return repair_history(settings, out, dry_run),
     };
     // The destination's truth, not the cache's.
     let repo = open_uncached(settings, out)?.repo;
@@ -220,6 +231,37 @@ pub fn repair(settings: &Settings, out: &Output, r: RepairCommand) -> Result<u8>
         );
         Ok(exit::DAMAGED)
     }
+}
+
+fn repair_history(settings: &Settings, out: &Output, dry_run: bool) -> Result<u8> {
+    let loc = settings.location()?;
+    let access = settings.access(&loc)?;
+    let Some(at) = access.connect.as_of else {
+        return Err(capsule_app::UsageError(
+            "repair history writes back the repository as it was at a moment: name it with --as-of WHEN (the moment before the damage)".into(),
+        )
+        .into());
+    };
+    let r = capsule_app::history::restore_as_of(&access, at, dry_run)?;
+    if out.json {
+        let mut v = serde_json::to_value(&r)?;
+        v["dry_run"] = serde_json::json!(dry_run);
+        out.json(&v);
+    }
+    let would = if dry_run { "would write" } else { "wrote" };
+    out.result(format!(
+        "{} objects at {}: {} unchanged, {would} back {} ({}) deleted or overwritten since; {} newer objects left as they are",
+        r.objects,
+        capsule_engine::timefmt::rfc3339(r.as_of),
+        r.unchanged,
+        r.written,
+        bytes(r.bytes),
+        r.newer
+    ));
+    if !dry_run && r.written > 0 {
+        out.say("run `capsule check` to see that every snapshot reads again");
+    }
+    Ok(exit::OK)
 }
 
 fn repair_snapshots(settings: &Settings, out: &Output, dry_run: bool) -> Result<u8> {

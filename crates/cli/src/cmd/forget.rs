@@ -501,6 +501,22 @@ fn run_prune(
             bytes(r.bytes_temporaries)
         ));
     }
+    if let Some(l) = &r.object_lock {
+        let ext = if dry_run { "would extend" } else { "extended" };
+        out.result(format!(
+            "object lock ({}, {} days): {ext} the retention of {} of {} objects; {} retired versions ({}) {would}deleted for good, {} still locked{}",
+            l.mode,
+            l.days,
+            l.extended,
+            l.objects,
+            l.versions_deleted,
+            bytes(l.bytes_deleted),
+            l.versions_locked,
+            l.next_unlock
+                .map(|t| format!(" (the first unlocks {})", capsule_engine::timefmt::rfc3339(t)))
+                .unwrap_or_default()
+        ));
+    }
     let d = capsule_app::open::destination_json();
     out.say(format!(
         "{}in {:.2}s, {} requests",

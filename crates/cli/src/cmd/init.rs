@@ -21,6 +21,24 @@ pub struct InitArgs {
     /// oldest snapshots to stay within it (`capsule quota` changes it).
     #[arg(long, value_name = "SIZE", value_parser = capsule_app::config::parse_size)]
     quota: Option<u64>,
+    /// Keep every object from deletion and overwrite for this long (30d,
+    /// 4w, 1y) with S3 Object Lock: on a bucket made with object lock (init
+    /// makes it so when it creates the bucket). Prune extends what is
+    /// still in use and deletes what it retired once its date passes.
+    #[arg(long, value_name = "PERIOD", value_parser = capsule_app::history::parse_days)]
+    object_lock: Option<u32>,
+    /// Who may lift a retention early: `governance` (credentials with
+    /// s3:BypassGovernanceRetention, so an admin can undo a mistake) or
+    /// `compliance` (nobody, not even the account's root).
+    #[arg(long, value_enum, default_value_t = LockModeArg::Governance, requires = "object_lock")]
+    lock_mode: LockModeArg,
+}
+
+/// `--lock-mode`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum LockModeArg {
+    Governance,
+    Compliance,
 }
 
 pub fn init(settings: &Settings, out: &Output, a: InitArgs) -> Result<u8> {
@@ -31,12 +49,34 @@ pub fn init(settings: &Settings, out: &Output, a: InitArgs) -> Result<u8> {
         ..InitOptions::default()
     };
     let access = settings.access(&loc)?;
-    let repo = capsule_app::open::create(settings, &access, "new repository password", &opts)?.repo;
+    let what = "new repository password";
+    let repo = match a.object_lock {
+        Some(days) => {
+            let mode = match a.lock_mode {
+                LockModeArg::Governance => capsule_backend::LockMode::Governance,
+                LockModeArg::Compliance => capsule_backend::LockMode::Compliance,
+            };
+            let lock = capsule_app::history::LockRequest { mode, days };
+            let repo =
+                capsule_app::history::create_locked(settings, &access, what, &opts, lock)?.repo;
+            out.say(format!(
+                "object lock: every object is kept from deletion and overwrite for {days} days ({} mode); prune extends what is in use",
+                mode.s3_name().to_ascii_lowercase()
+            ));
+            repo
+        }
+        None => capsule_app::open::create(settings, &access, what, &opts)?.repo,
+    };
     if let Some(q) = a.quota.filter(|q| *q > 0) {
         capsule_engine::quota::set(&repo, q, 3600)?;
         out.say(format!("quota {}", bytes(q)));
     }
-    out.json(&serde_json::json!({ "repository": loc.display(), "id": repo.config().id, "quota": a.quota }));
+    out.json(&serde_json::json!({
+        "repository": loc.display(),
+        "id": repo.config().id,
+        "quota": a.quota,
+        "object_lock_days": a.object_lock,
+    }));
     out.say(format!(
         "created repository {} at {}",
         &repo.config().id[..8],

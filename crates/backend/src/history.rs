@@ -1,0 +1,266 @@
+//! What a versioned, object-locked store offers beyond the contract: every
+//! version of an object, a retention date the store enforces, and reads of
+//! the store as it was at a moment ([`AsOf`]).
+//!
+//! Only S3 has it. A destination without it answers `None` to
+//! [`crate::Backend::history`], and the features built on it (object lock,
+//! `--as-of`) say they need a versioned bucket.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::contract::{Backend, BackendError, Capabilities, ErrorKind, LabBackend, ObjectInfo};
+
+/// Who may lift a retention before its date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockMode {
+    /// Credentials with `s3:BypassGovernanceRetention` may shorten or lift
+    /// it (an admin can undo a mistake); others may not.
+    Governance,
+    /// Nobody may, not even the account's root, until the date passes.
+    Compliance,
+}
+
+impl LockMode {
+    /// The name S3 uses (`GOVERNANCE`, `COMPLIANCE`).
+    pub fn s3_name(self) -> &'static str {
+        match self {
+            LockMode::Governance => "GOVERNANCE",
+            LockMode::Compliance => "COMPLIANCE",
+        }
+    }
+
+    /// Parses S3's name (any case).
+    pub fn parse(s: &str) -> Option<LockMode> {
+        match s.to_ascii_uppercase().as_str() {
+            "GOVERNANCE" => Some(LockMode::Governance),
+            "COMPLIANCE" => Some(LockMode::Compliance),
+            _ => None,
+        }
+    }
+}
+
+/// The bucket's versioning and object-lock settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LockState {
+    /// Versioning is on: an overwrite or delete keeps the old version.
+    pub versioned: bool,
+    /// Object lock was enabled when the bucket was made (it cannot be
+    /// turned on later on most stores).
+    pub lock_enabled: bool,
+    /// The retention every new object gets: mode and days.
+    pub default_retention: Option<(LockMode, u32)>,
+}
+
+/// One object's retention, as the store reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Who may lift it.
+    pub mode: LockMode,
+    /// Until when (Unix seconds).
+    pub until: i64,
+}
+
+/// One version of an object (or a delete marker) in a listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectVersion {
+    /// Object name, relative to the repository.
+    pub name: String,
+    /// The store's version ID.
+    pub version: String,
+    /// When this version was written (Unix seconds, the store's clock;
+    /// S3 lists whole seconds and better).
+    pub modified: f64,
+    /// Size (0 for a delete marker).
+    pub size: u64,
+    /// Whether it is the current version.
+    pub latest: bool,
+    /// A delete marker: the object was deleted at `modified`.
+    pub delete_marker: bool,
+}
+
+/// The versioned store's own operations.
+pub trait History: Send + Sync + std::fmt::Debug {
+    /// Versioning and lock settings of the bucket.
+    fn lock_state(&self) -> Result<LockState, BackendError>;
+    /// Sets the retention every new object gets.
+    fn set_default_retention(&self, mode: LockMode, days: u32) -> Result<(), BackendError>;
+    /// The retention of `name` (its current version, or `version`); `None`
+    /// when it has none.
+    fn retention(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Option<Retention>, BackendError>;
+    /// Sets the retention of `name`'s current version to `until` (Unix
+    /// seconds). The store refuses to shorten one.
+    fn set_retention(&self, name: &str, mode: LockMode, until: i64) -> Result<(), BackendError>;
+    /// Every version and delete marker under `prefix`, oldest first per name.
+    fn versions(&self, prefix: &str) -> Result<Vec<ObjectVersion>, BackendError>;
+    /// Reads one version of `name`.
+    fn get_version(
+        &self,
+        name: &str,
+        version: &str,
+        range: Option<Range<u64>>,
+    ) -> Result<Vec<u8>, BackendError>;
+    /// Deletes one version (or delete marker) for good. The store refuses
+    /// while its retention lasts.
+    fn delete_version(&self, name: &str, version: &str) -> Result<(), BackendError>;
+    /// Writes `data` as the current version of `name`, over whatever is
+    /// there (`repair --as-of` puts history back this way).
+    fn overwrite(&self, name: &str, data: &[u8]) -> Result<(), BackendError>;
+}
+
+/// A read-only view of a versioned store as it was at a moment: each name's
+/// newest version written at or before it, and nothing deleted after it
+/// missing. What an attacker overwrote or deleted later reads as it was.
+#[derive(Debug)]
+pub struct AsOf {
+    inner: Arc<dyn LabBackend>,
+    at: f64,
+    /// Name → (version ID, size, modified).
+    objects: BTreeMap<String, (String, u64, f64)>,
+}
+
+impl AsOf {
+    /// The view of `inner` at `at` (Unix seconds, the store's clock). Lists
+    /// every version once.
+    pub fn new(inner: Arc<dyn LabBackend>, at: f64) -> Result<AsOf, BackendError> {
+        let location = inner.location();
+        let history = inner.history().ok_or_else(|| {
+            BackendError::new(
+                ErrorKind::Io,
+                "as-of",
+                &location,
+                "--as-of reads old versions, which only a versioned S3 bucket keeps; this destination keeps none",
+            )
+        })?;
+        let state = history.lock_state()?;
+        if !state.versioned {
+            return Err(BackendError::new(
+                ErrorKind::Io,
+                "as-of",
+                &location,
+                "the bucket does not keep versions (versioning is off), so it holds nothing older than what is there now; turn versioning on (or create the repository with --object-lock) to be able to go back",
+            ));
+        }
+        let mut objects = BTreeMap::new();
+        let mut newest: BTreeMap<String, f64> = BTreeMap::new();
+        for v in history.versions("")? {
+            if v.modified > at {
+                continue;
+            }
+            let seen = newest.get(&v.name).copied().unwrap_or(f64::MIN);
+            // Several versions within the same listed instant: the one the
+            // store calls latest, or else the later one in the listing.
+            if v.modified < seen {
+                continue;
+            }
+            newest.insert(v.name.clone(), v.modified);
+            if v.delete_marker {
+                objects.remove(&v.name);
+            } else {
+                objects.insert(v.name.clone(), (v.version, v.size, v.modified));
+            }
+        }
+        Ok(AsOf { inner, at, objects })
+    }
+
+    /// The moment this view shows.
+    pub fn at(&self) -> f64 {
+        self.at
+    }
+
+    /// The names in the view with their version IDs.
+    pub fn objects(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.objects
+            .iter()
+            .map(|(n, (v, _, _))| (n.as_str(), v.as_str()))
+    }
+
+    fn refuse(&self, op: &'static str, name: &str) -> BackendError {
+        BackendError::new(
+            ErrorKind::PermissionDenied,
+            op,
+            name,
+            "the repository is open as it was at an earlier moment (--as-of), which can only be read; `capsule repair --as-of` writes that state back",
+        )
+    }
+
+    fn history(&self) -> &dyn History {
+        // Checked in `new`.
+        self.inner.history().expect("a versioned destination")
+    }
+
+    fn find(&self, op: &'static str, name: &str) -> Result<&(String, u64, f64), BackendError> {
+        self.objects.get(name).ok_or_else(|| {
+            BackendError::new(
+                ErrorKind::NotFound,
+                op,
+                name,
+                "no version of this object existed at that moment",
+            )
+        })
+    }
+}
+
+/// A reader's session (so that a prune meanwhile keeps what it reads) is
+/// the one thing written, and it goes to the store as it is now.
+fn is_session(name: &str) -> bool {
+    name.starts_with("sessions/")
+}
+
+impl Backend for AsOf {
+    fn put(&self, name: &str, data: &[u8]) -> Result<(), BackendError> {
+        if is_session(name) {
+            return self.inner.put(name, data);
+        }
+        Err(self.refuse("put", name))
+    }
+    fn get(&self, name: &str, range: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+        let (version, size, _) = self.find("get", name)?;
+        if let Some(r) = &range {
+            crate::contract::check_range(name, r, *size)?;
+        }
+        self.history().get_version(name, version, range)
+    }
+    fn stat(&self, name: &str) -> Result<ObjectInfo, BackendError> {
+        let (_, size, modified) = self.find("stat", name)?;
+        Ok(ObjectInfo {
+            name: name.to_string(),
+            size: *size,
+            modified: Some(*modified as i64),
+        })
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+        Ok(self
+            .objects
+            .range(prefix.to_string()..)
+            .take_while(|(n, _)| n.starts_with(prefix))
+            .map(|(n, (_, size, modified))| ObjectInfo {
+                name: n.clone(),
+                size: *size,
+                modified: Some(*modified as i64),
+            })
+            .collect())
+    }
+    fn delete(&self, name: &str) -> Result<(), BackendError> {
+        if is_session(name) {
+            return self.inner.delete(name);
+        }
+        Err(self.refuse("delete", name))
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+    fn history(&self) -> Option<&dyn History> {
+        self.inner.history()
+    }
+}
+
+impl LabBackend for AsOf {}

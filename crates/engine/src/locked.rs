@@ -1,0 +1,164 @@
+//! Object lock's maintenance, run by every prune on a bucket with object
+//! lock: what is still in the repository keeps a retention date ahead of
+//! it, and what prune retired is deleted for good once its date passes.
+//!
+//! The bucket's default retention (set by `init --object-lock`) gives every
+//! new object version its date when it is written. A prune then:
+//!
+//! 1. **extends** every current object whose date may come within half the
+//!    period (it was written, or last extended, more than half a period
+//!    ago) to a full period from now, so live data never becomes
+//!    deletable by credentials that may delete;
+//! 2. **reclaims** retired versions: a plain delete in a versioned bucket
+//!    only hides an object behind a delete marker (its locked version
+//!    stays, and `--as-of` still reads it). For a name whose current
+//!    version is a delete marker, each older version whose retention has
+//!    passed is deleted for good, and the marker with the last of them. A
+//!    version still locked is never asked to be deleted; a later prune
+//!    takes it.
+//!
+//! Sessions are not extended: they are deleted within the hour, and their
+//! versions go at the first prune after their retention.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use capsule_backend::{History, LockMode, ObjectVersion};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::flight::{for_each_in_flight, REQUESTS_IN_FLIGHT};
+use crate::repo::Repository;
+use crate::session::SESSIONS_PREFIX;
+
+/// The shortest retention `init --object-lock` accepts. Maintenance runs
+/// with prune (daily in the daemon's default schedule) and extends what has
+/// less than half its period left; a period under a day would leave live
+/// data unlocked between two runs a day apart.
+pub const MIN_DAYS: u32 = 1;
+
+/// What one maintenance run did (or, in a dry run, would do).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LockReport {
+    /// `governance` or `compliance`.
+    pub mode: String,
+    /// The bucket's default retention, days.
+    pub days: u32,
+    /// Current objects looked at.
+    pub objects: u64,
+    /// Those whose retention was extended to a full period from now.
+    pub extended: u64,
+    /// Retired versions (and delete markers) deleted for good.
+    pub versions_deleted: u64,
+    /// Their bytes.
+    pub bytes_deleted: u64,
+    /// Retired versions still locked, left for a later prune.
+    pub versions_locked: u64,
+    /// The earliest date one of those becomes deletable (Unix seconds).
+    pub next_unlock: Option<i64>,
+}
+
+fn wall_clock() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Runs the maintenance when the repository's bucket has object lock with a
+/// default retention; `None` otherwise (any other destination, or a bucket
+/// without it).
+pub fn maintain(repo: &Repository, dry_run: bool) -> Result<Option<LockReport>> {
+    let backend = repo.backend();
+    let Some(history) = backend.history() else {
+        return Ok(None);
+    };
+    let state = history.lock_state()?;
+    let Some((mode, days)) = state.default_retention.filter(|_| state.lock_enabled) else {
+        return Ok(None);
+    };
+    let mut report = LockReport {
+        mode: match mode {
+            LockMode::Governance => "governance".into(),
+            LockMode::Compliance => "compliance".into(),
+        },
+        days,
+        ..LockReport::default()
+    };
+    let now = wall_clock();
+    let period = i64::from(days) * 86_400;
+
+    let current = backend.list("")?;
+    report.objects = current.len() as u64;
+    let due: Vec<&str> = current
+        .iter()
+        .filter(|o| !o.name.starts_with(SESSIONS_PREFIX))
+        // Written (or last extended, which we cannot see without a request
+        // per object) more than half a period ago.
+        .filter(|o| o.modified.is_none_or(|m| m + period / 2 <= now))
+        .map(|o| o.name.as_str())
+        .collect();
+    report.extended = due.len() as u64;
+    if !dry_run {
+        for_each_in_flight(&due, REQUESTS_IN_FLIGHT, |name| {
+            Ok(history.set_retention(name, mode, now + period)?)
+        })?;
+    }
+
+    reclaim(history, now, dry_run, &mut report)?;
+    Ok(Some(report))
+}
+
+/// Deletes for good the versions of deleted names whose retention passed.
+fn reclaim(history: &dyn History, now: i64, dry_run: bool, report: &mut LockReport) -> Result<()> {
+    let mut by_name: BTreeMap<String, Vec<ObjectVersion>> = BTreeMap::new();
+    for v in history.versions("")? {
+        by_name.entry(v.name.clone()).or_default().push(v);
+    }
+    // Names whose newest entry is a delete marker: what prune (or a
+    // session's end) removed.
+    let retired: Vec<(String, Vec<ObjectVersion>)> = by_name
+        .into_iter()
+        .filter(|(_, vs)| vs.last().is_some_and(|v| v.delete_marker))
+        .collect();
+    let deleted = AtomicU64::new(0);
+    let bytes = AtomicU64::new(0);
+    let locked = AtomicU64::new(0);
+    let next_unlock = std::sync::Mutex::new(None::<i64>);
+    for_each_in_flight(&retired, REQUESTS_IN_FLIGHT, |(name, versions)| {
+        let mut still_locked = false;
+        for v in versions.iter().filter(|v| !v.delete_marker) {
+            match history.retention(name, Some(&v.version))? {
+                Some(r) if r.until > now => {
+                    still_locked = true;
+                    locked.fetch_add(1, Ordering::Relaxed);
+                    if let Ok(mut n) = next_unlock.lock() {
+                        *n = Some(n.map_or(r.until, |t: i64| t.min(r.until)));
+                    }
+                }
+                _ => {
+                    if !dry_run {
+                        history.delete_version(name, &v.version)?;
+                    }
+                    deleted.fetch_add(1, Ordering::Relaxed);
+                    bytes.fetch_add(v.size, Ordering::Relaxed);
+                }
+            }
+        }
+        if !still_locked {
+            // Nothing left behind the markers: they go too, so that the
+            // listing of versions does not grow with every session.
+            for m in versions.iter().filter(|v| v.delete_marker) {
+                if !dry_run {
+                    history.delete_version(name, &m.version)?;
+                }
+                deleted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    })?;
+    report.versions_deleted = deleted.into_inner();
+    report.bytes_deleted = bytes.into_inner();
+    report.versions_locked = locked.into_inner();
+    report.next_unlock = next_unlock.into_inner().ok().flatten();
+    Ok(())
+}
