@@ -17,6 +17,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use capsule_testkit::server_env as env;
+use common::s3::{Creds, S3};
 use common::{capsule_cmd, noise, TestEnv, NOW, PASSWORD};
 
 /// The distributed store `scripts/servers.sh` started.
@@ -79,53 +80,26 @@ impl Cluster {
             .var("AWS_SECRET_ACCESS_KEY", &self.secret)
     }
 
-    /// A request to node 1 signed with the cluster's own (admin) key by
-    /// curl's SigV4: the bucket operations and STS calls the tests need,
-    /// with no S3 client of their own.
-    fn signed(&self, service: &str, method: &str, path: &str, extra: &[&str]) -> String {
-        let o = Command::new("curl")
-            .args(["-sS", "-X", method, "--aws-sigv4"])
-            .arg(format!("aws:amz:us-east-1:{service}"))
-            .arg("--user")
-            .arg(format!("{}:{}", self.key, self.secret))
-            .args(extra)
-            .arg(format!("http://{}/{path}", self.nodes[0]))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "curl: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
+    /// Requests to node 1 signed with the cluster's own (admin) key.
+    fn admin(&self) -> S3 {
+        S3 {
+            endpoint: self.nodes[0].clone(),
+            creds: Creds {
+                key: self.key.clone(),
+                secret: self.secret.clone(),
+                token: None,
+            },
+        }
     }
 
-    /// Temporary credentials (STS AssumeRole) whose session policy allows
-    /// `actions` (JSON strings) on the test bucket and nothing elsewhere.
-    fn key_for_test_bucket_only(&self, actions: &str) -> [(String, String); 3] {
-        let policy = format!(
-            r#"{{"Version":"2012-10-17","Statement":[{{"Effect":"Allow","Action":[{actions}],"Resource":["arn:aws:s3:::{b}","arn:aws:s3:::{b}/*"]}}]}}"#,
-            b = self.bucket
-        );
-        let form = |kv: &str| ["--data-urlencode".to_string(), kv.to_string()];
-        let args: Vec<String> = [
-            form("Action=AssumeRole"),
-            form("Version=2011-06-15"),
-            form("DurationSeconds=3600"),
-            form(&format!("Policy={policy}")),
-        ]
-        .concat();
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let xml = self.signed("sts", "POST", "", &args);
-        let field = |tag: &str| {
-            let (_, rest) = xml.split_once(&format!("<{tag}>")).expect(&xml);
-            rest.split_once(&format!("</{tag}>")).unwrap().0.to_string()
-        };
-        [
-            ("AWS_ACCESS_KEY_ID".into(), field("AccessKeyId")),
-            ("AWS_SECRET_ACCESS_KEY".into(), field("SecretAccessKey")),
-            ("AWS_SESSION_TOKEN".into(), field("SessionToken")),
-        ]
+    fn signed(&self, service: &str, method: &str, path: &str, extra: &[&str]) -> String {
+        self.admin().signed(service, method, path, extra)
+    }
+
+    /// Temporary credentials whose policy allows `actions` (JSON strings)
+    /// on the test bucket and nothing elsewhere.
+    fn key_for_test_bucket_only(&self, actions: &str) -> Vec<(String, String)> {
+        self.admin().key_for(&self.bucket, actions).vars()
     }
 
     /// Removes what an earlier run left under `prefix`.

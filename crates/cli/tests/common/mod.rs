@@ -11,6 +11,7 @@ use std::process::{Command, Output};
 
 pub mod page;
 pub mod remote;
+pub mod s3;
 
 pub use capsule_testkit::{TestEnv, PASSWORD};
 
