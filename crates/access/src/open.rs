@@ -192,6 +192,20 @@ impl Stack {
         access.finish_open(self, repo, t, true)
     }
 
+    /// Creates a repository on this stack that cuts files and names blobs
+    /// as `like` does (see [`Repository::init_like`]), and opens it.
+    pub fn init_like(
+        self,
+        access: &Access,
+        password: &[u8],
+        opts: &InitOptions,
+        like: &Repository,
+    ) -> Result<Opened> {
+        let t = Instant::now();
+        let repo = Repository::init_like(self.backend.clone(), password, opts, like)?;
+        access.finish_open(self, repo, t, true)
+    }
+
     /// Opens the repository on this stack with `password` (and a key
     /// derivation already under way or done, for the key file it was
     /// started for), and puts the cache on top when `access` keeps one.

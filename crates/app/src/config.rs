@@ -92,6 +92,10 @@ pub struct Profile {
     /// "delete-oldest" or "fail".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub when_full: Option<String>,
+    /// A second repository `capsule copy` copies this profile's snapshots
+    /// to (the default of its `--to`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copy_to: Option<String>,
     /// When each job runs (used by the daemon).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub schedule: Option<Schedules>,

@@ -58,6 +58,7 @@ pub fn create_locked(
     what: &str,
     opts: &InitOptions,
     lock: LockRequest,
+    like: Option<&capsule_engine::Repository>,
 ) -> Result<Opened> {
     if !matches!(access.dest, capsule_net::Destination::S3(_)) {
         return Err(UsageError(format!(
@@ -85,7 +86,10 @@ pub fn create_locked(
         history.set_default_retention(lock.mode, lock.days)?;
     }
     let pw = crate::password::new_password(s, what)?;
-    let opened = stack.init(&access, &pw, opts)?;
+    let opened = match like {
+        Some(like) => stack.init_like(&access, &pw, opts, like)?,
+        None => stack.init(&access, &pw, opts)?,
+    };
     verify(history, lock, &location)?;
     Ok(opened)
 }

@@ -24,6 +24,7 @@
 pub mod browse;
 pub mod conditions;
 pub mod config;
+pub mod copy;
 pub mod daemon;
 pub mod error;
 pub mod explain;

@@ -7,6 +7,7 @@
 mod args;
 mod cmd;
 mod exit;
+mod keep;
 mod output;
 mod repo;
 
@@ -39,6 +40,9 @@ enum Command {
     /// Forget snapshots, by ID or by a retention policy (their data stays
     /// until a prune; `unforget` brings them back until then).
     Forget(Box<cmd::forget::ForgetArgs>),
+    /// Copy snapshots into another repository (the NAS's to S3, say),
+    /// sending only the blobs it lacks.
+    Copy(Box<cmd::copy::CopyArgs>),
     /// Bring back forgotten snapshots.
     Unforget(cmd::forget::UnforgetArgs),
     /// Give back the space of data no snapshot uses (safe while backups run).
@@ -196,6 +200,7 @@ fn main() -> ExitCode {
         Command::Schedule(c) => cmd::schedule::schedule(s, &out, c),
         Command::Snapshots(a) => cmd::snapshots::snapshots(s, &out, a),
         Command::Forget(a) => cmd::forget::forget(s, &out, *a),
+        Command::Copy(a) => cmd::copy::copy(s, &out, *a),
         Command::Unforget(a) => cmd::forget::unforget(s, &out, a),
         Command::Prune(a) => cmd::forget::prune(s, &out, a),
         Command::Quota(q) => cmd::quota::quota(s, &out, q),

@@ -161,6 +161,22 @@ impl MasterKey {
         v
     }
 
+    /// A fresh key that cuts files and names blobs as `self` does (same
+    /// blob-ID key and chunker seed) but seals with a key of its own: for a
+    /// repository that copies another's snapshots without re-chunking
+    /// (`init --copy-chunker-params-from`).
+    pub fn sharing_ids(&self) -> Result<Self, CryptoError> {
+        let mut k = Self::generate()?;
+        k.id_key = self.id_key;
+        k.chunker_seed = self.chunker_seed;
+        Ok(k)
+    }
+
+    /// Whether `other` names blobs and cuts files as `self` does.
+    pub fn shares_ids_with(&self, other: &MasterKey) -> bool {
+        self.id_key == other.id_key && self.chunker_seed == other.chunker_seed
+    }
+
     /// The chunker seed (never zero).
     pub fn chunker_seed(&self) -> u64 {
         self.chunker_seed

@@ -5,6 +5,7 @@
 pub mod backup;
 pub mod browse;
 pub mod check;
+pub mod copy;
 pub mod diff;
 pub mod error;
 mod flight;

@@ -32,6 +32,13 @@ pub struct InitArgs {
     /// `compliance` (nobody, not even the account's root).
     #[arg(long, value_enum, default_value_t = LockModeArg::Governance, requires = "object_lock")]
     lock_mode: LockModeArg,
+    /// Cut files and name blobs as the repository REPO does (its chunk
+    /// sizes and keyed chunker and IDs; a sealing key of its own), so that
+    /// `capsule copy` between the two sends blobs as they are, without
+    /// re-chunking, and they dedup against each other. REPO's password:
+    /// CAPSULE_FROM_PASSWORD or CAPSULE_FROM_PASSWORD_FILE, else this one's.
+    #[arg(long, value_name = "REPO")]
+    copy_chunker_params_from: Option<String>,
 }
 
 /// `--lock-mode`.
@@ -50,6 +57,13 @@ pub fn init(settings: &Settings, out: &Output, a: InitArgs) -> Result<u8> {
     };
     let access = settings.access(&loc)?;
     let what = "new repository password";
+    let like = match &a.copy_chunker_params_from {
+        Some(url) => {
+            let pw = capsule_app::copy::password(settings, capsule_app::copy::Other::From)?;
+            Some(capsule_app::copy::open(settings, url, &pw)?.repo)
+        }
+        None => None,
+    };
     let repo = match a.object_lock {
         Some(days) => {
             let mode = match a.lock_mode {
@@ -57,16 +71,33 @@ pub fn init(settings: &Settings, out: &Output, a: InitArgs) -> Result<u8> {
                 LockModeArg::Compliance => capsule_backend::LockMode::Compliance,
             };
             let lock = capsule_app::history::LockRequest { mode, days };
-            let repo =
-                capsule_app::history::create_locked(settings, &access, what, &opts, lock)?.repo;
+            let repo = capsule_app::history::create_locked(
+                settings,
+                &access,
+                what,
+                &opts,
+                lock,
+                like.as_ref(),
+            )?
+            .repo;
             out.say(format!(
                 "object lock: every object is kept from deletion and overwrite for {days} days ({} mode); prune extends what is in use",
                 mode.s3_name().to_ascii_lowercase()
             ));
             repo
         }
-        None => capsule_app::open::create(settings, &access, what, &opts)?.repo,
+        None => match &like {
+            Some(like) => {
+                capsule_app::copy::create_like(settings, &access, &opts, like, what)?.repo
+            }
+            None => capsule_app::open::create(settings, &access, what, &opts)?.repo,
+        },
     };
+    if let Some(url) = &a.copy_chunker_params_from {
+        out.say(format!(
+            "cuts files and names blobs as {url} does: `capsule copy` from it sends blobs as they are"
+        ));
+    }
     if let Some(q) = a.quota.filter(|q| *q > 0) {
         capsule_engine::quota::set(&repo, q, 3600)?;
         out.say(format!("quota {}", bytes(q)));

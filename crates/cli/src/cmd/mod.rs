@@ -6,6 +6,7 @@ pub mod backup;
 pub mod check;
 pub mod completions;
 pub mod config;
+pub mod copy;
 pub mod daemon;
 pub mod diff;
 pub mod forget;

@@ -174,6 +174,37 @@ impl crate::index::SealedStore for Repository {
 impl Repository {
     /// Creates a new repository on an empty backend and opens it.
     pub fn init(backend: Arc<dyn Backend>, password: &[u8], opts: &InitOptions) -> Result<Self> {
+        Self::init_keyed(backend, password, opts, None)
+    }
+
+    /// [`init`](Self::init) for a repository that cuts files and names
+    /// blobs as `like` does (its chunk sizes, chunker seed and blob-ID key;
+    /// a sealing key of its own), so snapshots copy between the two without
+    /// re-chunking and dedup against each other.
+    pub fn init_like(
+        backend: Arc<dyn Backend>,
+        password: &[u8],
+        opts: &InitOptions,
+        like: &Repository,
+    ) -> Result<Self> {
+        let c = like.config();
+        let opts = InitOptions {
+            chunks: capsule_chunker::ChunkSizes {
+                min: c.chunk_min as usize,
+                avg: c.chunk_avg as usize,
+                max: c.chunk_max as usize,
+            },
+            ..opts.clone()
+        };
+        Self::init_keyed(backend, password, &opts, Some(like.key().sharing_ids()?))
+    }
+
+    fn init_keyed(
+        backend: Arc<dyn Backend>,
+        password: &[u8],
+        opts: &InitOptions,
+        key: Option<MasterKey>,
+    ) -> Result<Self> {
         match backend.stat("config") {
             Ok(_) => {
                 return Err(EngineError::AlreadyInitialized {
@@ -195,7 +226,10 @@ impl Repository {
                 "the password must not be empty".into(),
             ));
         }
-        let key = MasterKey::generate()?;
+        let key = match key {
+            Some(k) => k,
+            None => MasterKey::generate()?,
+        };
         let mut rid = [0u8; 16];
         capsule_crypto::random_bytes(&mut rid)?;
         let config = RepoConfig {

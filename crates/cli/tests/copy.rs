@@ -1,0 +1,270 @@
+//! `capsule copy`: snapshots into a second repository, sending only what it
+//! lacks; resumable when killed, idempotent when run again; with shared
+//! chunker parameters or re-chunked; into S3.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Output;
+
+use capsule_testkit::server_env as env;
+use common::{capsule_env, json, noise, ok, PASSWORD};
+
+fn said(o: &Output) -> String {
+    format!(
+        "exit {:?}: {}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Three backups of a changing tree into `src`; returns the source dir.
+fn three_backups(work: &Path, src_repo: &Path) -> std::path::PathBuf {
+    let src = work.join("files");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    ok(src_repo, &["init"]);
+    for round in 0..3u64 {
+        std::fs::write(src.join(format!("new-{round}")), noise(3_000_000, round)).unwrap();
+        std::fs::write(src.join("sub/changing"), noise(2_000_000, 50 + round)).unwrap();
+        ok(src_repo, &["backup", src.to_str().unwrap()]);
+    }
+    src
+}
+
+/// Every file below `d` (none when it does not exist).
+fn walk(d: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(rd) = std::fs::read_dir(d) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        if e.path().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+fn snapshot_ids(repo: &Path) -> Vec<(String, String)> {
+    json(repo, &["snapshots"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_string(),
+                s["snapshot"]["time"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Every snapshot of `dst` restores to what the same-timed snapshot of
+/// `src` restores to.
+fn same_snapshots(work: &Path, src: &Path, dst: &Path) {
+    let (a, b) = (snapshot_ids(src), snapshot_ids(dst));
+    assert_eq!(a.len(), b.len(), "{a:?} against {b:?}");
+    for ((ida, ta), (idb, tb)) in a.iter().zip(&b) {
+        assert_eq!(ta, tb);
+        let (ra, rb) = (
+            work.join(format!("ra-{ida}")),
+            work.join(format!("rb-{idb}")),
+        );
+        ok(src, &["restore", ida, "--target", ra.to_str().unwrap()]);
+        ok(dst, &["restore", idb, "--target", rb.to_str().unwrap()]);
+        common::assert_same_tree(&ra, &rb, false);
+    }
+}
+
+/// With shared chunker parameters: blobs go as they are, a second copy
+/// sends nothing, and a copy killed midway finishes on the next run.
+#[test]
+fn a_copy_sends_only_what_is_missing_and_resumes_after_a_kill() {
+    let work = tempfile::tempdir().unwrap();
+    let work = work.path();
+    let (a, b) = (work.join("nas"), work.join("offsite"));
+    three_backups(work, &a);
+    // Killed after it has sent some packs and before it wrote a snapshot:
+    // the request to die at is found by trying (each stack counts its own
+    // requests, and how many the opening takes is not this test's to fix).
+    let files = |d: &Path| walk(d).into_iter().count();
+    let mut cut = None;
+    for n in (8..120).step_by(3) {
+        let _ = std::fs::remove_dir_all(&b);
+        let out = ok(
+            &b,
+            &[
+                "init",
+                "--pack-size-mib",
+                "4",
+                "--copy-chunker-params-from",
+                a.to_str().unwrap(),
+            ],
+        );
+        assert!(out.contains("cuts files and names blobs as"), "{out}");
+        let o = capsule_env(
+            &a,
+            &["copy", "--to", b.to_str().unwrap()],
+            &[
+                ("CAPSULE_PASSWORD", PASSWORD),
+                ("CAPSULE_TEST_KILL_AT_CALL", &n.to_string()),
+            ],
+        );
+        if o.status.success() {
+            break;
+        }
+        if files(&b.join("data")) > 0 && files(&b.join("snapshots")) == 0 {
+            cut = Some(n);
+            break;
+        }
+    }
+    assert!(
+        cut.is_some(),
+        "no request found between the first pack and the snapshots"
+    );
+    let v = json(&a, &["copy", "--to", b.to_str().unwrap()]);
+    assert_eq!(v["rechunked"], false, "{v}");
+    assert_eq!(v["copied"].as_array().unwrap().len(), 3, "{v}");
+    // What the killed run sent was not sent again.
+    assert!(v["blobs_present"].as_u64().unwrap() > 0, "{v}");
+    ok(&b, &["check", "--read-data"]);
+    same_snapshots(work, &a, &b);
+
+    // Again: nothing new, nothing sent.
+    let v = json(&a, &["copy", "--to", b.to_str().unwrap()]);
+    assert_eq!(v["copied"].as_array().unwrap().len(), 0, "{v}");
+    assert_eq!(v["already_there"], 3, "{v}");
+    assert_eq!(v["blobs_sent"], 0, "{v}");
+    assert_eq!(v["bytes_stored"], 0, "{v}");
+
+    // The destination's own backup of the same files dedups against the
+    // copies: the keyed IDs are the same.
+    let src = work.join("files");
+    let v = json(&b, &["backup", src.to_str().unwrap()]);
+    assert_eq!(v["storage"]["blobs_added"], 0, "{v}");
+}
+
+/// Without shared parameters the copy says it re-chunks, and what that
+/// reads; every snapshot still restores the same. A policy picks which.
+#[test]
+fn a_copy_between_unrelated_repositories_rechunks_and_says_so() {
+    let work = tempfile::tempdir().unwrap();
+    let work = work.path();
+    let (a, b) = (work.join("nas"), work.join("other"));
+    three_backups(work, &a);
+    ok(&b, &["init"]);
+    let o = capsule_env(
+        &a,
+        &["copy", "--to", b.to_str().unwrap(), "--keep-last", "2"],
+        &[("CAPSULE_PASSWORD", PASSWORD)],
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("cuts files differently") && err.contains("to read"),
+        "{err}"
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("copied 2 of 2 snapshots"));
+    ok(&b, &["check", "--read-data"]);
+    let (sa, sb) = (snapshot_ids(&a), snapshot_ids(&b));
+    assert_eq!(sb.len(), 2);
+    assert_eq!(
+        sa[1..].iter().map(|s| &s.1).collect::<Vec<_>>(),
+        sb.iter().map(|s| &s.1).collect::<Vec<_>>()
+    );
+    // The rest, then all again: idempotent.
+    let v = json(&a, &["copy", "--to", b.to_str().unwrap()]);
+    assert_eq!(v["copied"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(v["rechunked"], true, "{v}");
+    same_snapshots(work, &a, &b);
+
+    // A repository into itself is a mistake.
+    let o = capsule_env(
+        &a,
+        &["copy", "--to", a.to_str().unwrap()],
+        &[("CAPSULE_PASSWORD", PASSWORD)],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+}
+
+/// From a local repository into S3 (the test MinIO), with its own
+/// password, and back out byte for byte.
+#[test]
+fn a_copy_goes_to_s3_under_the_destinations_own_password() {
+    let (Some(url), Some(key), Some(secret)) = (
+        env("CAPSULE_TEST_S3"),
+        env("CAPSULE_TEST_S3_KEY"),
+        env("CAPSULE_TEST_S3_SECRET"),
+    ) else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let work = work.path();
+    let a = work.join("nas");
+    three_backups(work, &a);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dest = format!("{url}/copy-{}-{nanos}", std::process::id());
+    let s3 = [
+        ("AWS_ACCESS_KEY_ID", key.as_str()),
+        ("AWS_SECRET_ACCESS_KEY", secret.as_str()),
+    ];
+    let with = |pw: &'static str, extra: &[(&'static str, &'static str)]| {
+        let mut v: Vec<(&str, &str)> = s3.to_vec();
+        v.push(("CAPSULE_PASSWORD", pw));
+        v.extend_from_slice(extra);
+        v
+    };
+    // The S3 repository's cache and run records in the scratch directory.
+    let cache = work.join("s3-cache");
+    let at = |repo: &str, args: &[&str], env: &[(&str, &str)]| {
+        let mut c = common::capsule_cmd(
+            &common::TestEnv::bare()
+                .cache(&cache)
+                .state(cache.join("state")),
+        );
+        c.arg("--repo").arg(repo).args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let o = at(
+        &dest,
+        &["init", "--copy-chunker-params-from", a.to_str().unwrap()],
+        &with("offsite secret", &[("CAPSULE_FROM_PASSWORD", PASSWORD)]),
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let o = at(
+        a.to_str().unwrap(),
+        &["--json", "copy", "--to", &dest],
+        &with(PASSWORD, &[("CAPSULE_TO_PASSWORD", "offsite secret")]),
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["copied"].as_array().unwrap().len(), 3, "{v}");
+    // The source's password does not open the copy.
+    let o = at(&dest, &["snapshots"], &with(PASSWORD, &[]));
+    assert_eq!(o.status.code(), Some(10), "{}", said(&o));
+    let o = at(
+        &dest,
+        &["check", "--read-data"],
+        &with("offsite secret", &[]),
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let target = work.join("from-s3");
+    let o = at(
+        &dest,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+        &with("offsite secret", &[]),
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let src = work.join("files");
+    common::assert_same_tree(&src, &common::restored(&target, &src), false);
+}

@@ -1,0 +1,318 @@
+//! `capsule copy`: snapshots from one repository into another (the NAS to
+//! S3, say), sending only the blobs the destination lacks and sealing them
+//! under the destination's key.
+//!
+//! Two ways, chosen by the keys:
+//!
+//! * **Shared chunks** (the destination was made with `init
+//!   --copy-chunker-params-from` the source, so both cut files alike and
+//!   name blobs alike): every blob keeps its ID, trees are copied as they
+//!   are, and a blob the destination already holds (from an earlier copy,
+//!   or from its own backups of the same files) is not sent.
+//! * **Re-chunked** otherwise: every file's bytes are read back and cut
+//!   again with the destination's chunker, and trees are rewritten with
+//!   the new IDs. It costs reading every byte of every file copied, and
+//!   the destination dedups copied files only against each other and its
+//!   own backups cut the same way.
+//!
+//! A copy holds a writer session on the destination, like a backup, so a
+//! prune there keeps what it sent until its snapshots are written. Packs
+//! are indexed as they land; a copy cut short leaves them indexed, and the
+//! next run sends only what is still missing. A snapshot already in the
+//! destination (same time, host and paths) is not copied again.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use capsule_format::snapshot::Snapshot;
+use capsule_format::tree::{decode_tree, encode_tree, NodeKind};
+use capsule_format::{BlobId, BlobType, ObjectId};
+use serde::Serialize;
+
+use crate::error::{EngineError, Result};
+use crate::index::MasterIndex;
+use crate::packer::BlobSaver;
+use crate::repo::Repository;
+
+/// What a copy did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CopyReport {
+    /// Snapshots written to the destination.
+    pub copied: Vec<String>,
+    /// Snapshots the destination already had.
+    pub already_there: u64,
+    /// Whether files were cut again (the repositories do not share chunks).
+    pub rechunked: bool,
+    /// Blobs sent.
+    pub blobs_sent: u64,
+    /// Blobs the destination already had.
+    pub blobs_present: u64,
+    /// Bytes stored in the destination (after compression and sealing).
+    pub bytes_stored: u64,
+    /// Plaintext bytes read from the source.
+    pub bytes_read: u64,
+    /// Wall time.
+    pub duration_secs: f64,
+}
+
+/// Whether `dst` cuts and names blobs as `src` does, so blobs and trees
+/// copy unchanged.
+pub fn shares_chunks(src: &Repository, dst: &Repository) -> bool {
+    let (a, b) = (src.config(), dst.config());
+    src.key().shares_ids_with(dst.key())
+        && (a.chunk_min, a.chunk_avg, a.chunk_max) == (b.chunk_min, b.chunk_avg, b.chunk_max)
+}
+
+/// A snapshot's identity across repositories: a copy keeps its time, host
+/// and paths, whatever its tree is called there.
+fn identity(s: &Snapshot) -> (i64, u32, String, Vec<String>) {
+    (
+        s.time_unix,
+        s.time_nanos,
+        s.hostname.clone(),
+        s.paths.clone(),
+    )
+}
+
+/// Copies `snapshots` (read from `src`) into `dst`.
+pub fn copy(
+    src: &Arc<Repository>,
+    dst: &Arc<Repository>,
+    snapshots: &[(ObjectId, Snapshot)],
+) -> Result<CopyReport> {
+    let started = Instant::now();
+    let mut report = CopyReport {
+        rechunked: !shares_chunks(src, dst),
+        ..CopyReport::default()
+    };
+    let (there, _) = dst.list_snapshots()?;
+    let there: HashSet<_> = there.iter().map(|(_, s)| identity(s)).collect();
+    let todo: Vec<&(ObjectId, Snapshot)> = snapshots
+        .iter()
+        .filter(|(_, s)| !there.contains(&identity(s)))
+        .collect();
+    report.already_there = (snapshots.len() - todo.len()) as u64;
+    if todo.is_empty() {
+        report.duration_secs = started.elapsed().as_secs_f64();
+        return Ok(report);
+    }
+
+    let session = crate::session::Session::start(dst)?;
+    let (src_index, bad) = src.load_index()?;
+    if let Some(e) = bad.into_iter().next() {
+        return Err(e);
+    }
+    let (dst_index, _) = dst.load_index()?;
+    let dst_index = Arc::new(dst_index);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let saver = BlobSaver::start(dst.clone(), dst_index.clone(), cores);
+
+    let sent = if report.rechunked {
+        rechunk(src, dst, &src_index, &saver, &todo, &mut report)
+    } else {
+        send_missing(src, &src_index, &dst_index, &saver, &todo, &mut report).map(|()| {
+            todo.iter()
+                .map(|(_, s)| s.tree.clone())
+                .collect::<Vec<String>>()
+        })
+    };
+    let stats = saver.finish();
+    let roots = sent?;
+    report.bytes_stored = stats?.stored_bytes_added;
+
+    for ((_, snap), root) in todo.iter().zip(roots) {
+        let mut s = snap.clone();
+        s.tree = root;
+        // The parent is a snapshot of the source; here it names nothing.
+        s.parent = None;
+        let id = dst.save_snapshot(&s)?;
+        report.copied.push(id.to_hex());
+    }
+    session.end();
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Shared chunks: every blob of the snapshots' trees the destination lacks,
+/// read pack by pack from the source and saved as it is.
+fn send_missing(
+    src: &Arc<Repository>,
+    src_index: &MasterIndex,
+    dst_index: &MasterIndex,
+    saver: &BlobSaver,
+    todo: &[&(ObjectId, Snapshot)],
+    report: &mut CopyReport,
+) -> Result<()> {
+    // The blobs needed, by source pack. A tree the destination holds may
+    // still lack descendants (a copy cut short indexes packs in the order
+    // they land), so every tree is walked.
+    let mut seen: HashSet<BlobId> = HashSet::new();
+    let mut by_pack: HashMap<u32, Vec<(BlobType, BlobId)>> = HashMap::new();
+    let mut need = |t: BlobType, id: BlobId, report: &mut CopyReport| -> Result<()> {
+        if !seen.insert(id) {
+            return Ok(());
+        }
+        if dst_index.contains(&id) {
+            report.blobs_present += 1;
+            return Ok(());
+        }
+        let loc = src_index
+            .get(&id)
+            .ok_or_else(|| EngineError::MissingBlob(id.to_hex()))?;
+        by_pack.entry(loc.pack).or_default().push((t, id));
+        report.blobs_sent += 1;
+        Ok(())
+    };
+    let mut trees: Vec<BlobId> = Vec::new();
+    for (_, s) in todo {
+        trees.push(parse_tree_id(&s.tree)?);
+    }
+    let mut walked: HashSet<BlobId> = HashSet::new();
+    while let Some(t) = trees.pop() {
+        if !walked.insert(t) {
+            continue;
+        }
+        need(BlobType::Tree, t, report)?;
+        for n in src.load_tree(src_index, &t)? {
+            match n.kind {
+                Some(NodeKind::Dir) => trees.extend(n.subtree),
+                Some(NodeKind::File) => {
+                    for c in n.content {
+                        need(BlobType::Data, c, report)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let packs: Vec<(u32, Vec<(BlobType, BlobId)>)> = by_pack.into_iter().collect();
+    let read = std::sync::atomic::AtomicU64::new(0);
+    // Two packs at once, as a repack reads them: the next one's round trips
+    // hide behind this one's decoding.
+    crate::flight::for_each_in_flight(&packs, 2, |(_, blobs)| {
+        for (t, id) in blobs {
+            let plain = src.read_blob(src_index, *t, id)?;
+            read.fetch_add(plain.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            saver.save(*t, *id, &plain)?;
+        }
+        Ok(())
+    })?;
+    report.bytes_read = read.into_inner();
+    Ok(())
+}
+
+fn parse_tree_id(hex: &str) -> Result<BlobId> {
+    hex.parse()
+        .map_err(|_| EngineError::Invalid(format!("bad tree ID {hex:?}")))
+}
+
+/// Different chunks: each snapshot's trees rewritten bottom up, every file
+/// cut again with the destination's chunker. Returns the new root trees.
+fn rechunk(
+    src: &Arc<Repository>,
+    dst: &Arc<Repository>,
+    src_index: &MasterIndex,
+    saver: &BlobSaver,
+    todo: &[&(ObjectId, Snapshot)],
+    report: &mut CopyReport,
+) -> Result<Vec<String>> {
+    let mut r = Rechunk {
+        src,
+        dst,
+        src_index,
+        saver,
+        trees: HashMap::new(),
+        files: HashMap::new(),
+        report,
+    };
+    let mut roots = Vec::new();
+    for (_, s) in todo {
+        let root = r.tree(&parse_tree_id(&s.tree)?, 0)?;
+        roots.push(root.to_hex());
+    }
+    Ok(roots)
+}
+
+struct Rechunk<'a> {
+    src: &'a Arc<Repository>,
+    dst: &'a Arc<Repository>,
+    src_index: &'a MasterIndex,
+    saver: &'a BlobSaver,
+    /// Source tree → destination tree, for trees shared between snapshots.
+    trees: HashMap<BlobId, BlobId>,
+    /// Source content → destination content, for files seen before.
+    files: HashMap<Vec<BlobId>, Vec<BlobId>>,
+    report: &'a mut CopyReport,
+}
+
+impl Rechunk<'_> {
+    fn tree(&mut self, id: &BlobId, depth: usize) -> Result<BlobId> {
+        if let Some(done) = self.trees.get(id) {
+            return Ok(*done);
+        }
+        // Deeper than any file system allows: a tree that contains itself.
+        if depth > 4096 {
+            return Err(EngineError::corrupt(
+                format!("tree {}", id.short()),
+                "nested more than 4096 levels deep (a tree that contains itself)",
+            ));
+        }
+        let plain = self.src.read_blob(self.src_index, BlobType::Tree, id)?;
+        let mut nodes = decode_tree(&plain)
+            .map_err(|e| EngineError::corrupt(format!("tree {}", id.short()), e))?;
+        for n in &mut nodes {
+            match n.kind {
+                Some(NodeKind::Dir) => {
+                    if let Some(sub) = n.subtree {
+                        n.subtree = Some(self.tree(&sub, depth + 1)?);
+                    }
+                }
+                Some(NodeKind::File) if !n.content.is_empty() => {
+                    n.content = self.file(&n.content)?;
+                }
+                _ => {}
+            }
+        }
+        let enc = encode_tree(&nodes);
+        let new = self.dst.key().blob_id(&enc);
+        self.save(BlobType::Tree, new, &enc)?;
+        self.trees.insert(*id, new);
+        Ok(new)
+    }
+
+    fn file(&mut self, content: &[BlobId]) -> Result<Vec<BlobId>> {
+        if let Some(done) = self.files.get(content) {
+            return Ok(done.clone());
+        }
+        let chunker = self.dst.chunker();
+        let max = self.dst.config().chunk_max as usize;
+        let mut buf: Vec<u8> = Vec::new();
+        let mut out = Vec::new();
+        for (i, c) in content.iter().enumerate() {
+            let plain = self.src.read_blob(self.src_index, BlobType::Data, c)?;
+            self.report.bytes_read += plain.len() as u64;
+            buf.extend_from_slice(&plain);
+            let last = i + 1 == content.len();
+            // Cut while a whole chunk's worth is buffered (or at the end).
+            while !buf.is_empty() && (buf.len() >= max || last) {
+                let cut = chunker.next_cut(&buf, last).clamp(1, buf.len());
+                let id = self.dst.key().blob_id(&buf[..cut]);
+                self.save(BlobType::Data, id, &buf[..cut])?;
+                out.push(id);
+                buf.drain(..cut);
+            }
+        }
+        self.files.insert(content.to_vec(), out.clone());
+        Ok(out)
+    }
+
+    fn save(&mut self, t: BlobType, id: BlobId, data: &[u8]) -> Result<()> {
+        if self.saver.save(t, id, data)? {
+            self.report.blobs_sent += 1;
+        } else {
+            self.report.blobs_present += 1;
+        }
+        Ok(())
+    }
+}
