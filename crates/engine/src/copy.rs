@@ -17,8 +17,9 @@
 //!
 //! A copy holds a writer session on the destination, like a backup, so a
 //! prune there keeps what it sent until its snapshots are written. Packs
-//! are indexed as they land; a copy cut short leaves them indexed, and the
-//! next run sends only what is still missing. A snapshot already in the
+//! that landed are written down in a local journal until an index file
+//! lists them (as a backup's are), so a copy cut short is resumed by the
+//! next run, which sends only what is still missing. A snapshot already in the
 //! destination (same time, host and paths) is not copied again.
 
 use std::collections::{HashMap, HashSet};
@@ -75,11 +76,14 @@ fn identity(s: &Snapshot) -> (i64, u32, String, Vec<String>) {
     )
 }
 
-/// Copies `snapshots` (read from `src`) into `dst`.
+/// Copies `snapshots` (read from `src`) into `dst`. `journal` is a file
+/// of this machine's for the packs landed but not yet in an index file
+/// (as a backup keeps one): a copy cut short then does not send them again.
 pub fn copy(
     src: &Arc<Repository>,
     dst: &Arc<Repository>,
     snapshots: &[(ObjectId, Snapshot)],
+    journal: Option<&std::path::Path>,
 ) -> Result<CopyReport> {
     let started = Instant::now();
     let mut report = CopyReport {
@@ -103,10 +107,17 @@ pub fn copy(
     if let Some(e) = bad.into_iter().next() {
         return Err(e);
     }
-    let (dst_index, _) = dst.load_index()?;
+    let (mut dst_index, _) = dst.load_index()?;
+    let journal = match journal {
+        Some(p) => Some((
+            p.to_path_buf(),
+            crate::journal::recover(dst, &mut dst_index, p)?,
+        )),
+        None => None,
+    };
     let dst_index = Arc::new(dst_index);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let saver = BlobSaver::start(dst.clone(), dst_index.clone(), cores);
+    let saver = BlobSaver::start_with(dst.clone(), dst_index.clone(), cores, journal);
 
     let sent = if report.rechunked {
         rechunk(src, dst, &src_index, &saver, &todo, &mut report)
@@ -120,6 +131,7 @@ pub fn copy(
     let stats = saver.finish();
     let roots = sent?;
     report.bytes_stored = stats?.stored_bytes_added;
+    crate::pause::test_pause("copy-sent");
 
     for ((_, snap), root) in todo.iter().zip(roots) {
         let mut s = snap.clone();

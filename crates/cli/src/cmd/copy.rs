@@ -100,7 +100,11 @@ pub fn copy(settings: &Settings, out: &Output, a: CopyArgs) -> Result<u8> {
     chosen.sort_by_key(|(id, s)| (s.time_unix, s.time_nanos, *id));
 
     let pw = capsule_app::copy::password(settings, Other::To)?;
-    let dst = Arc::new(capsule_app::copy::open(settings, &to, &pw)?.repo);
+    let opened = capsule_app::copy::open(settings, &to, &pw)?;
+    // Packs sent but not yet indexed, for a run cut short; apart from the
+    // backups' own journal for that repository.
+    let journal = opened.cache_dir().map(|d| d.join("unindexed-packs-copy"));
+    let dst = Arc::new(opened.repo);
     if dst.config().id == src.config().id {
         return Err(UsageError(format!(
             "{to} is this repository ({}); copy into another one",
@@ -131,7 +135,7 @@ pub fn copy(settings: &Settings, out: &Output, a: CopyArgs) -> Result<u8> {
         }));
         return Ok(exit::OK);
     }
-    let report = capsule_engine::copy::copy(&src, &dst, &chosen)?;
+    let report = capsule_engine::copy::copy(&src, &dst, &chosen, journal.as_deref())?;
     if out.json {
         let mut v = serde_json::to_value(&report)?;
         v["to"] = serde_json::json!(to);
