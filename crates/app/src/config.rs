@@ -200,6 +200,9 @@ pub struct Schedules {
     /// `check --read-data` of a sample.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check_read_data: Option<String>,
+    /// `copy` of new snapshots to the profile's `copy-to` repository.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copy: Option<String>,
     /// How old the last successful backup may be before the profile is
     /// stale (default: twice the backup interval), e.g. "2d".
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -444,6 +447,7 @@ impl Config {
                     ("prune", &s.prune),
                     ("check", &s.check),
                     ("check-read-data", &s.check_read_data),
+                    ("copy", &s.copy),
                 ] {
                     if let Some(v) = v {
                         Schedule::parse(v).map_err(|e| bad(key, e))?;
@@ -457,6 +461,13 @@ impl Config {
                         )
                     })?;
                 }
+            }
+            if p.schedule.as_ref().is_some_and(|s| s.copy.is_some()) && p.copy_to.is_none() {
+                return Err(bad(
+                    "copy",
+                    "a copy schedule needs the repository to copy to: set `copy-to` in the profile"
+                        .into(),
+                ));
             }
             if let Some(q) = &p.quota {
                 parse_size(q).map_err(|e| bad("quota", e))?;

@@ -17,6 +17,8 @@ pub(super) enum Job {
     Prune,
     Check,
     CheckReadData,
+    /// `copy` to the profile's `copy-to`.
+    Copy,
 }
 
 impl Job {
@@ -27,6 +29,7 @@ impl Job {
             Job::Prune => &["prune"],
             Job::Check => &["check"],
             Job::CheckReadData => &["check", "--read-data"],
+            Job::Copy => &["copy"],
         }
     }
     pub(super) fn name(self) -> &'static str {
@@ -36,6 +39,7 @@ impl Job {
             Job::Prune => "prune",
             Job::Check => "check",
             Job::CheckReadData => "check --read-data",
+            Job::Copy => "copy",
         }
     }
     pub(super) fn schedule(self, p: &Profile) -> Option<Schedule> {
@@ -47,17 +51,19 @@ impl Job {
             Job::Prune => s.prune,
             Job::Check => s.check,
             Job::CheckReadData => s.check_read_data,
+            Job::Copy => s.copy.filter(|_| p.copy_to.is_some()),
         }?;
         Schedule::parse(&text).ok().filter(|s| *s != Schedule::Off)
     }
 }
 
-pub(super) const JOBS: [Job; 5] = [
+pub(super) const JOBS: [Job; 6] = [
     Job::Backup,
     Job::Forget,
     Job::Prune,
     Job::Check,
     Job::CheckReadData,
+    Job::Copy,
 ];
 
 /// One line per event, with a syslog priority prefix the systemd journal
