@@ -66,8 +66,9 @@ fn wall_clock() -> i64 {
 
 /// Runs the maintenance when the repository's bucket has object lock with a
 /// default retention; `None` otherwise (any other destination, or a bucket
-/// without it).
-pub fn maintain(repo: &Repository, dry_run: bool) -> Result<Option<LockReport>> {
+/// without it). With `extend_all`, every current object is extended, not
+/// only those written or extended more than half a period ago.
+pub fn maintain(repo: &Repository, dry_run: bool, extend_all: bool) -> Result<Option<LockReport>> {
     let backend = repo.backend();
     let Some(history) = backend.history() else {
         return Ok(None);
@@ -94,13 +95,23 @@ pub fn maintain(repo: &Repository, dry_run: bool) -> Result<Option<LockReport>> 
         .filter(|o| !o.name.starts_with(SESSIONS_PREFIX))
         // Written (or last extended, which we cannot see without a request
         // per object) more than half a period ago.
-        .filter(|o| o.modified.is_none_or(|m| m + period / 2 <= now))
+        .filter(|o| extend_all || o.modified.is_none_or(|m| m + period / 2 <= now))
         .map(|o| o.name.as_str())
         .collect();
     report.extended = due.len() as u64;
     if !dry_run {
+        // A second past the period: S3 keeps retention dates in
+        // milliseconds and takes whole seconds here, so an object written
+        // within this second would otherwise be asked to shorten.
+        let until = now + period + 1;
         for_each_in_flight(&due, REQUESTS_IN_FLIGHT, |name| {
-            Ok(history.set_retention(name, mode, now + period)?)
+            match history.set_retention(name, mode, until) {
+                Ok(()) => Ok(()),
+                // Already kept longer (a compliance date set by hand, or a
+                // clock behind the store's): nothing to extend.
+                Err(e) if e.message.contains("WORM protected") => Ok(()),
+                Err(e) => Err(e.into()),
+            }
         })?;
     }
 

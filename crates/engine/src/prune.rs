@@ -63,6 +63,10 @@ pub struct PruneOptions {
     /// When marks wait for sessions held elsewhere, wait for them to end
     /// (at most until their leases run out), then sweep.
     pub wait: bool,
+    /// On a bucket with object lock, extend the retention of every
+    /// current object now, not only of those with less than half a period
+    /// left (after raising the period).
+    pub extend_all: bool,
 }
 
 impl Default for PruneOptions {
@@ -73,6 +77,7 @@ impl Default for PruneOptions {
             max_unused: 0.05,
             max_skew_secs: 300,
             wait: false,
+            extend_all: false,
         }
     }
 }
@@ -210,7 +215,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     }
     let (mut report, mut sweep_now) = prune_pass(repo, opts)?;
     if opts.dry_run {
-        report.object_lock = crate::locked::maintain(repo, true)?;
+        report.object_lock = crate::locked::maintain(repo, true, opts.extend_all)?;
         return Ok(report);
     }
     // Another pass when the last one armed a mark no session can have
@@ -240,7 +245,7 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
         }
         break;
     }
-    report.object_lock = crate::locked::maintain(repo, false)?;
+    report.object_lock = crate::locked::maintain(repo, false, opts.extend_all)?;
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
 }

@@ -203,6 +203,7 @@ pub fn forget(settings: &Settings, out: &Output, a: ForgetArgs) -> Result<u8> {
             dry_run: a.dry_run,
             max_unused: a.max_unused,
             wait: false,
+            extend_retention: false,
         };
         return run_prune(&std::sync::Arc::new(repo), out, &p, Some(summary));
     }
@@ -268,6 +269,11 @@ pub struct PruneArgs {
     #[arg(long, value_name = "PERCENT", default_value_t = 5.0,
           value_parser = parse_percent)]
     max_unused: f64,
+    /// On a bucket with object lock: extend the retention of every object
+    /// in use to a full period from now, not only of those with less than
+    /// half of it left (after raising the bucket's retention period).
+    #[arg(long)]
+    extend_retention: bool,
 }
 
 fn parse_percent(s: &str) -> Result<f64, String> {
@@ -299,6 +305,7 @@ fn run_prune(
             dry_run,
             max_unused: a.max_unused / 100.0,
             wait: a.wait,
+            extend_all: a.extend_retention,
             ..Default::default()
         },
     )?;
