@@ -67,6 +67,16 @@ def puts_in(trace):
     return n, b
 
 
+MCENV = dict(ENV, MC_CONFIG_DIR=os.path.join(WORK, "mc"))
+
+
+def drop_bucket(bucket):
+    """Removes a bucket and every version in it (the root key may bypass
+    governance retention), so that the run fits on this machine's disk."""
+    run([MC, "rm", "-r", "--force", "--versions", "--bypass", f"bench/{bucket}"], env=MCENV, check=False)
+    run([MC, "rb", "--force", f"bench/{bucket}"], env=MCENV, check=False)
+
+
 def count_files(d):
     n = size = 0
     for root, _, files in os.walk(d):
@@ -95,6 +105,7 @@ def main():
     time.sleep(2)
 
     rows = []
+    run([MC, "alias", "set", "bench", f"http://{S3_DIRECT}", KEY, SECRET], env=MCENV)
 
     # --- what object lock costs a backup: plain, then locked, then plain
     # again (the same data, the same run; the median of the plain ones).
@@ -109,6 +120,7 @@ def main():
         v = json.loads(out)
         (locked if kind == "lock" else plain).append((secs, v["destination"]["requests"]))
         log(f"backup to S3 ({kind}): {secs:.1f} s, {v['destination']['requests']} requests")
+        drop_bucket(f"hist-{TAG}-{kind}")
     plain_secs = sorted(s for s, _ in plain)[len(plain) // 2]
     lock_secs = locked[0][0]
     rows.append(("backup to S3, no lock (median of 2)", f"{plain_secs:.1f} s", f"{plain[0][1]} requests", ""))
@@ -148,6 +160,7 @@ def main():
         f"{len(again['copied'])} copied, {again['already_there']} already there",
     ))
     _, _ = capsule(dst, "check")
+    drop_bucket(f"hist-{TAG}-copy")
 
     # --- restic copy, where restic runs here.
     if shutil.which("restic"):
@@ -160,6 +173,8 @@ def main():
         t_rc, _ = run(["restic", "-r", rdst, "copy", "-q", "--from-repo", rlocal], env=renv)
         t_rc2, _ = run(["restic", "-r", rdst, "copy", "-q", "--from-repo", rlocal], env=renv)
         log(f"restic copy: {t_rc:.1f} s; again {t_rc2:.1f} s")
+        drop_bucket(f"hist-{TAG}-restic")
+        shutil.rmtree(rlocal)
         rows.append(("`restic copy` local → S3 (`--copy-chunker-params`)", f"{t_rc:.1f} s", "",
                      f"capsule copy is {t_rc / secs_copy:.2f}× as fast"))
         rows.append(("`restic copy` again, nothing new", f"{t_rc2:.1f} s", "",
@@ -182,9 +197,8 @@ def main():
             os.makedirs(d)
         with open(os.path.join(d, f"{i:08d}"), "wb") as f:
             f.write(b"x" * 64)
-    mcenv = dict(ENV, MC_CONFIG_DIR=os.path.join(WORK, "mc"))
-    run([MC, "alias", "set", "bench", f"http://{S3_DIRECT}", KEY, SECRET], env=mcenv)
-    t_up, _ = run([MC, "mirror", "-q", many, f"bench/{bucket}/repo/extra"], env=mcenv)
+    shutil.rmtree(local)
+    t_up, _ = run([MC, "mirror", "-q", many, f"bench/{bucket}/repo/extra"], env=MCENV)
     log(f"{a.objects} objects written in {t_up:.0f} s")
     secs_m, out = capsule(url, "--json", "prune", "--extend-retention")
     m = json.loads(out)["prune"]["object_lock"]
@@ -203,6 +217,7 @@ def main():
         f"{m2['extended']} extended",
         "",
     ))
+    drop_bucket(bucket)
 
     pinned = "pinned (servers and proxy on the last core)" if os.environ.get("PINNED") == "1" else "unpinned"
     print(f"Data: {files:,} files, {size / 2**20:,.0f} MiB; MinIO at {a.rtt} ms round trip; {pinned}; "

@@ -28,6 +28,9 @@ off=${CAPSULE_SERVERS_PORT_OFFSET:-0}
 SMB_PORT=$((4450 + off)) SSH_PORT=$((2222 + off)) S3_PORT=$((9000 + off)) PROXY_API=$((8474 + off))
 SMB_PROXY=$((14450 + off)) SSH_PROXY=$((12222 + off)) S3_PROXY=$((19000 + off))
 USER_NAME=backup PASSWORD=capsule-test-pw
+# The append-only SFTP account and the requests its server refuses.
+AO_USER=capsule-ao
+AO_DENIED=remove,rmdir,rename,posix-rename,setstat,fsetstat,lsetstat,hardlink,symlink,copy-data
 S3_KEY=capsule S3_SECRET=capsule-secret-key
 
 log() { echo "servers: $*" >&2; }
@@ -142,12 +145,22 @@ start_sshd() {
   [ -f "$s/client_key" ] || ssh-keygen -q -t ed25519 -N '' -f "$s/client_key"
   mkdir -p "$s/home"
   cp "$s/client_key.pub" "$s/authorized_keys"
-  chmod 600 "$s/authorized_keys"
+  # Public keys; sshd reads the file as the user logging in (the
+  # append-only account below is not root).
+  chmod 644 "$s/authorized_keys"
   # The same account as Samba's, with a password, for password logins.
   id "$USER_NAME" >/dev/null 2>&1 || useradd -M "$USER_NAME"
   echo "$USER_NAME:$PASSWORD" | chpasswd
   mkdir -p "$s/pwhome"
   chown "$USER_NAME" "$s/pwhome"
+  # An append-only account (the README's): it may create files and
+  # directories, read and list, and nothing else; not root, so the
+  # read-only objects capsule writes hold against it.
+  id "$AO_USER" >/dev/null 2>&1 || useradd -M "$AO_USER"
+  # No password, but not locked: sshd (without PAM) refuses a locked one.
+  usermod -p '*' "$AO_USER"
+  mkdir -p "$s/aohome"
+  chown "$AO_USER" "$s/aohome"
   cat >"$s/sshd_config" <<EOF
 Port $SSH_PORT
 ListenAddress 127.0.0.1
@@ -162,6 +175,8 @@ StrictModes no
 Subsystem sftp internal-sftp
 MaxSessions 64
 MaxStartups 64:30:128
+Match User $AO_USER
+    ForceCommand internal-sftp -P $AO_DENIED
 EOF
   mkdir -p /run/sshd
   /usr/sbin/sshd -f "$s/sshd_config" -E "$s/sshd.log"
@@ -218,6 +233,8 @@ export CAPSULE_TEST_SMB_PASSWORD=$PASSWORD
 export CAPSULE_TEST_SFTP=sftp://root@127.0.0.1:$SSH_PORT$dir/ssh/home
 export CAPSULE_TEST_SFTP_KEY=$dir/ssh/client_key
 export CAPSULE_TEST_SFTP_PASSWORD=$PASSWORD
+export CAPSULE_TEST_SFTP_APPEND_ONLY=sftp://$AO_USER@127.0.0.1:$SSH_PORT$dir/ssh/aohome
+export CAPSULE_TEST_SFTP_APPEND_ONLY_DIR=$dir/ssh/aohome
 export CAPSULE_TEST_SFTP_PASSWORD_URL=sftp://$USER_NAME@127.0.0.1:$SSH_PORT$dir/ssh/pwhome
 export CAPSULE_TEST_KNOWN_HOSTS=$dir/ssh/known_hosts
 export CAPSULE_TEST_S3=s3+http://127.0.0.1:$S3_PORT/capsule-test

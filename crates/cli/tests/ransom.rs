@@ -508,3 +508,159 @@ fn object_lock_where_it_cannot_hold_is_a_clear_error() {
         said(&o)
     );
 }
+
+/// One `sftp` batch command as the append-only account: whether the
+/// server carried it out.
+fn sftp_as(url_host: &str, port: &str, key: &str, known: &str, dir: &Path, cmd: &str) -> bool {
+    let batch = dir.join("batch");
+    std::fs::write(&batch, format!("{cmd}\n")).unwrap();
+    let o = std::process::Command::new("sftp")
+        .args(["-q", "-b"])
+        .arg(&batch)
+        .args(["-i", key, "-P", port])
+        .arg("-o")
+        .arg(format!("UserKnownHostsFile={known}"))
+        .args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"])
+        .arg(url_host)
+        .output()
+        .unwrap();
+    o.status.success()
+}
+
+/// The drill over SFTP: an OpenSSH account whose server refuses removal,
+/// renames, permission changes and links (the README's append-only
+/// account) backs up; then an attacker holding that account tries to
+/// delete, rename, chmod, overwrite and link over every object and to
+/// remove every directory. Only new files are accepted, and every snapshot
+/// restores byte for byte afterwards, with no `--as-of` needed.
+#[test]
+fn ransomware_holding_the_append_only_sftp_account_loses_no_snapshot() {
+    let (Some(base), Some(key), Some(known)) = (
+        env("CAPSULE_TEST_SFTP_APPEND_ONLY"),
+        env("CAPSULE_TEST_SFTP_KEY"),
+        env("CAPSULE_TEST_KNOWN_HOSTS"),
+    ) else {
+        return;
+    };
+    let base_dir = PathBuf::from(env("CAPSULE_TEST_SFTP_APPEND_ONLY_DIR").unwrap());
+    let work = tempfile::tempdir().unwrap();
+    let work = work.path();
+    let name = fresh_bucket("sftp-drill");
+    let url = format!("{base}/{name}");
+    let env_of = |who: &str| {
+        let cache = work.join(format!("cache-{who}"));
+        TestEnv::bare()
+            .cache(&cache)
+            .state(cache.join("state"))
+            .password(PASSWORD)
+            .var("CAPSULE_SFTP_KEY", &key)
+            .var("CAPSULE_SFTP_KNOWN_HOSTS", &known)
+    };
+    let laptop = Machine {
+        env: env_of("laptop"),
+        url: url.clone(),
+    };
+    // The account creates its own repository (it owns what it makes).
+    laptop.ok(&["init"]);
+    let src = work.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let mut saved: Vec<(String, PathBuf)> = Vec::new();
+    for round in 0..3u64 {
+        std::fs::write(src.join(format!("new-{round}")), noise(300_000, round)).unwrap();
+        std::fs::write(src.join("changing"), noise(50_000, 200 + round)).unwrap();
+        let v = laptop.json(&["backup", src.to_str().unwrap()]);
+        assert_eq!(v["append_only"], true, "{v}");
+        let expect = work.join(format!("expect-{round}"));
+        std::fs::create_dir_all(&expect).unwrap();
+        for e in std::fs::read_dir(&src).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), expect.join(e.file_name())).unwrap();
+        }
+        saved.push((v["snapshot_id"].as_str().unwrap().to_string(), expect));
+    }
+    // forget and prune from the account stop before changing anything.
+    let o = laptop.run(&["forget", "--keep-last", "1", "--prune"]);
+    assert_eq!(o.status.code(), Some(15), "{}", said(&o));
+
+    // The attacker, with the same account and key.
+    let rest = base.strip_prefix("sftp://").unwrap();
+    let (user_host, _) = rest.split_once('/').unwrap();
+    let (user_at_host, port) = user_host.rsplit_once(':').unwrap();
+    let remote = format!("{}/{name}", base_dir.display());
+    let repo_dir = base_dir.join(&name);
+    let mut objects = Vec::new();
+    let mut dirs = Vec::new();
+    for p in walk_all(&repo_dir) {
+        let rel = p
+            .strip_prefix(&repo_dir)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        if p.is_dir() {
+            dirs.push(rel);
+        } else {
+            objects.push(rel);
+        }
+    }
+    assert!(objects.len() > 5, "{objects:?}");
+    let junk = work.join("junk");
+    std::fs::write(&junk, b"encrypted by ransomware").unwrap();
+    let mut t = Tally::default();
+    let mut try_it = |what: &'static str, cmd: String| {
+        let done = sftp_as(user_at_host, port, &key, &known, work, &cmd);
+        let e = t.0.entry(what).or_default();
+        if done {
+            e.1 += 1;
+        } else {
+            e.0 += 1;
+        }
+    };
+    for o in &objects {
+        let p = format!("{remote}/{o}");
+        try_it("delete object", format!("rm {p}"));
+        try_it("rename object away", format!("rename {p} {p}.gone"));
+        try_it("make it writable", format!("chmod 666 {p}"));
+        try_it(
+            "overwrite with garbage",
+            format!("put {} {p}", junk.display()),
+        );
+        try_it("symlink over it", format!("ln -s /dev/null {p}"));
+        try_it("hard-link it elsewhere", format!("ln {p} {p}.link"));
+    }
+    for d in &dirs {
+        try_it("remove a directory", format!("rmdir {remote}/{d}"));
+    }
+    try_it(
+        "write a new file",
+        format!("put {} {remote}/junk-file", junk.display()),
+    );
+    eprintln!("attack: {t:?}");
+    assert_eq!(
+        t.accepted(),
+        vec!["write a new file"],
+        "the only thing the server let the attacker do is add a file: {t:?}"
+    );
+
+    // Every snapshot restores as it was; check reads everything, and says
+    // nothing worse than the attacker's extra file.
+    for (id, expect) in &saved {
+        let target = work.join(format!("restored-{id}"));
+        laptop.ok(&["restore", id, "--target", target.to_str().unwrap()]);
+        assert_same_files(expect, &common::restored(&target, &src));
+    }
+    laptop.ok(&["--no-cache", "check", "--read-data"]);
+}
+
+/// Every file and directory below `d`.
+fn walk_all(d: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_all(&p));
+        }
+        out.push(p);
+    }
+    out
+}

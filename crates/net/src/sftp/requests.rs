@@ -47,6 +47,21 @@ pub struct SftpBackend {
     active: AtomicUsize,
     pub(crate) dirs: Mutex<HashSet<String>>,
     pub(crate) concurrency: usize,
+    /// Whether the server refuses renames (an append-only account:
+    /// `internal-sftp -P rename,posix-rename,…`), asked once, at the first
+    /// write: objects are then written under their own names.
+    renames_refused: tokio::sync::OnceCell<bool>,
+}
+
+/// Objects are created read-only (as restic creates its files): on an
+/// account that may not change permissions (`-P setstat,fsetstat`), not
+/// even its owner can then open one to overwrite or truncate it. Deleting
+/// is a right of the directory, and unaffected.
+fn read_only() -> FileAttributes {
+    FileAttributes {
+        permissions: Some(0o444),
+        ..FileAttributes::default()
+    }
 }
 
 /// One place in the connection pool.
@@ -111,6 +126,7 @@ impl SftpBackend {
             active: AtomicUsize::new(0),
             dirs: Mutex::new(HashSet::new()),
             concurrency: conns,
+            renames_refused: tokio::sync::OnceCell::new(),
         };
         let first = block_on(b.dialer.open())?;
         if opts.create {
@@ -323,8 +339,32 @@ impl SftpBackend {
         Ok(())
     }
 
-    /// Writes `size` bytes from `next_chunk` into a new temporary next to
-    /// `name`, then renames it into place.
+    /// Whether this account may not rename: a rename of a name that does
+    /// not exist is refused before it is tried (PERMISSION_DENIED) when the
+    /// server denies the request, and fails for the missing file otherwise.
+    async fn renames_refused(&self, c: &Conn) -> bool {
+        *self
+            .renames_refused
+            .get_or_init(|| async {
+                let probe = |n: &str| {
+                    self.path(&format!(
+                        "{}probe-{n}-{}",
+                        capsule_backend::TEMP_PREFIX,
+                        crate::dirwalk::random_suffix()
+                    ))
+                };
+                matches!(
+                    c.sftp.rename(probe("a"), probe("b")).await,
+                    Err(russh_sftp::client::error::Error::Status(s))
+                        if s.status_code == StatusCode::PermissionDenied
+                )
+            })
+            .await
+    }
+
+    /// Writes `size` bytes from `source` under `name`: into a new temporary
+    /// next to it, renamed into place; or, on an account that may not
+    /// rename, straight under its own name.
     pub(crate) async fn put_inner(
         &self,
         c: &Conn,
@@ -332,6 +372,9 @@ impl SftpBackend {
         size: u64,
         source: &mut dyn Read,
     ) -> Result<(), BackendError> {
+        if self.renames_refused(c).await {
+            return self.put_direct(c, name, size, source).await;
+        }
         let dir = name.rsplit_once('/').map(|(d, _)| d);
         let tmp_rel = match dir {
             Some(d) => format!(
@@ -347,22 +390,58 @@ impl SftpBackend {
         };
         let tmp = self.path(&tmp_rel);
         let flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;
-        let handle = match c
-            .sftp
-            .open(tmp.clone(), flags, FileAttributes::default())
-            .await
-        {
+        let handle = match c.sftp.open(tmp.clone(), flags, read_only()).await {
             Ok(h) => h.handle,
             Err(e) if is_missing(&e) && dir.is_some() => {
                 self.make_dirs(c, dir.unwrap_or_default()).await?;
                 c.sftp
-                    .open(tmp.clone(), flags, FileAttributes::default())
+                    .open(tmp.clone(), flags, read_only())
                     .await
                     .map_err(|e| sftp_err("put", name, e))?
                     .handle
             }
             Err(e) => return Err(sftp_err("put", name, e)),
         };
+        let failed = self.send_body(c, handle, name, size, source).await;
+        if let Some(mut e) = failed {
+            let _ = c.sftp.remove(tmp).await;
+            if e.kind == ErrorKind::Io && c._ssh.is_closed() {
+                // A generic failure on a connection that is gone is the
+                // connection's failure: retried.
+                e.kind = ErrorKind::Unreachable;
+                e.transient = true;
+            } else if e.kind == ErrorKind::Io {
+                e = self.explain_failure(c, e, size).await;
+            }
+            return Err(e);
+        }
+        match c.sftp.rename(tmp.clone(), self.path(name)).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let _ = c.sftp.remove(tmp).await;
+                match c.sftp.stat(self.path(name)).await {
+                    Ok(_) => Err(BackendError::new(
+                        ErrorKind::AlreadyExists,
+                        "put",
+                        name,
+                        "object exists",
+                    )),
+                    Err(_) => Err(sftp_err("put", name, e)),
+                }
+            }
+        }
+    }
+
+    /// Sends the object's bytes on an open `handle`, then its fsync and
+    /// close; returns the first failure.
+    async fn send_body(
+        &self,
+        c: &Conn,
+        handle: String,
+        name: &str,
+        size: u64,
+        source: &mut dyn Read,
+    ) -> Option<BackendError> {
         // Every request goes out as soon as it is made; only the rename
         // waits. The server handles the requests on one handle in the order
         // they arrive (draft-ietf-secsh-filexfer-02, 6.1), so the fsync
@@ -408,31 +487,64 @@ impl SftpBackend {
         if let Err(e) = close.answer().await {
             failed.get_or_insert(sftp_err("put", name, e));
         }
-        if let Some(mut e) = failed {
-            let _ = c.sftp.remove(tmp).await;
-            if e.kind == ErrorKind::Io && c._ssh.is_closed() {
-                // A generic failure on a connection that is gone is the
-                // connection's failure: retried.
-                e.kind = ErrorKind::Unreachable;
-                e.transient = true;
-            } else if e.kind == ErrorKind::Io {
-                e = self.explain_failure(c, e, size).await;
+        failed
+    }
+
+    /// Writes the object under its own name, read-only, for an account
+    /// that may not rename. A run cut short leaves a partial object this
+    /// account may not remove: it is told apart by its size (the server
+    /// writes a handle's requests in order, so an object of the full size
+    /// is whole), and named in the error, for the admin to remove.
+    async fn put_direct(
+        &self,
+        c: &Conn,
+        name: &str,
+        size: u64,
+        source: &mut dyn Read,
+    ) -> Result<(), BackendError> {
+        let path = self.path(name);
+        let dir = name.rsplit_once('/').map(|(d, _)| d);
+        let flags = OpenFlags::CREATE | OpenFlags::EXCLUDE | OpenFlags::WRITE;
+        let opened = match c.sftp.open(path.clone(), flags, read_only()).await {
+            Err(e) if is_missing(&e) && dir.is_some() => {
+                self.make_dirs(c, dir.unwrap_or_default()).await?;
+                c.sftp.open(path.clone(), flags, read_only()).await
             }
-            return Err(e);
-        }
-        match c.sftp.rename(tmp.clone(), self.path(name)).await {
-            Ok(_) => Ok(()),
+            other => other,
+        };
+        let handle = match opened {
+            Ok(h) => h.handle,
             Err(e) => {
-                let _ = c.sftp.remove(tmp).await;
-                match c.sftp.stat(self.path(name)).await {
-                    Ok(_) => Err(BackendError::new(
+                return match c.sftp.stat(path).await {
+                    Ok(a) if a.attrs.size == Some(size) => Err(BackendError::new(
                         ErrorKind::AlreadyExists,
                         "put",
                         name,
                         "object exists",
                     )),
+                    Ok(a) => Err(BackendError::new(
+                        ErrorKind::Io,
+                        "put",
+                        name,
+                        format!(
+                            "a partial object ({} of {size} bytes) from an upload cut short is in the way, and this account may not remove it (the server refuses renames and deletions: an append-only account); the next run writes under other names, and a prune with an account that may delete removes it",
+                            a.attrs.size.unwrap_or(0)
+                        ),
+                    )),
                     Err(_) => Err(sftp_err("put", name, e)),
+                };
+            }
+        };
+        match self.send_body(c, handle, name, size, source).await {
+            None => Ok(()),
+            Some(mut e) => {
+                if e.kind == ErrorKind::Io && c._ssh.is_closed() {
+                    e.kind = ErrorKind::Unreachable;
+                    e.transient = true;
+                } else if e.kind == ErrorKind::Io {
+                    e = self.explain_failure(c, e, size).await;
                 }
+                Err(e)
             }
         }
     }
