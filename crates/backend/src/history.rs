@@ -264,3 +264,160 @@ impl Backend for AsOf {
 }
 
 impl LabBackend for AsOf {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A versioned store in memory: every version of every name, as S3
+    /// keeps them, with the times the test gives.
+    #[derive(Debug, Default)]
+    struct Versions(Vec<(ObjectVersion, Vec<u8>)>);
+
+    impl Versions {
+        fn add(&mut self, name: &str, at: f64, data: Option<&[u8]>) {
+            let version = format!("v{}", self.0.len());
+            self.0.push((
+                ObjectVersion {
+                    name: name.into(),
+                    version,
+                    modified: at,
+                    size: data.map_or(0, |d| d.len() as u64),
+                    latest: false,
+                    delete_marker: data.is_none(),
+                },
+                data.unwrap_or_default().to_vec(),
+            ));
+        }
+    }
+
+    impl History for Versions {
+        fn lock_state(&self) -> Result<LockState, BackendError> {
+            Ok(LockState {
+                versioned: true,
+                ..LockState::default()
+            })
+        }
+        fn set_default_retention(&self, _: LockMode, _: u32) -> Result<(), BackendError> {
+            unimplemented!()
+        }
+        fn retention(&self, _: &str, _: Option<&str>) -> Result<Option<Retention>, BackendError> {
+            Ok(None)
+        }
+        fn set_retention(&self, _: &str, _: LockMode, _: i64) -> Result<(), BackendError> {
+            unimplemented!()
+        }
+        fn versions(&self, prefix: &str) -> Result<Vec<ObjectVersion>, BackendError> {
+            // Grouped by name, oldest first, as the contract says.
+            let mut v: Vec<ObjectVersion> = self
+                .0
+                .iter()
+                .map(|(v, _)| v.clone())
+                .filter(|v| v.name.starts_with(prefix))
+                .collect();
+            v.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(v)
+        }
+        fn get_version(
+            &self,
+            name: &str,
+            version: &str,
+            range: Option<Range<u64>>,
+        ) -> Result<Vec<u8>, BackendError> {
+            let (_, d) = self
+                .0
+                .iter()
+                .find(|(v, _)| v.name == name && v.version == version)
+                .expect("asked for a version that exists");
+            Ok(match range {
+                Some(r) => d[r.start as usize..r.end as usize].to_vec(),
+                None => d.clone(),
+            })
+        }
+        fn delete_version(&self, _: &str, _: &str) -> Result<(), BackendError> {
+            unimplemented!()
+        }
+        fn overwrite(&self, _: &str, _: &[u8]) -> Result<(), BackendError> {
+            unimplemented!()
+        }
+    }
+
+    impl Backend for Versions {
+        fn put(&self, _: &str, _: &[u8]) -> Result<(), BackendError> {
+            unimplemented!()
+        }
+        fn get(&self, _: &str, _: Option<Range<u64>>) -> Result<Vec<u8>, BackendError> {
+            unimplemented!()
+        }
+        fn stat(&self, _: &str) -> Result<ObjectInfo, BackendError> {
+            unimplemented!()
+        }
+        fn list(&self, _: &str) -> Result<Vec<ObjectInfo>, BackendError> {
+            unimplemented!()
+        }
+        fn delete(&self, _: &str) -> Result<(), BackendError> {
+            unimplemented!()
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                concurrency: 1,
+                durable_put: true,
+                local: true,
+                buffers_puts: false,
+            }
+        }
+        fn location(&self) -> String {
+            "memory".into()
+        }
+        fn history(&self) -> Option<&dyn History> {
+            Some(self)
+        }
+    }
+
+    impl LabBackend for Versions {}
+
+    #[test]
+    fn a_view_shows_each_name_as_it_was_then() {
+        let mut s = Versions::default();
+        s.add("config", 10.0, Some(&b"config"[..]));
+        s.add("snapshots/a", 20.0, Some(&b"first"[..]));
+        s.add("snapshots/a", 30.0, Some(&b"garbage"[..]));
+        s.add("snapshots/b", 21.0, Some(&b"second"[..]));
+        s.add("snapshots/b", 31.0, None);
+        s.add("snapshots/c", 25.0, None);
+        s.add("snapshots/d", 40.0, Some(&b"later"[..]));
+        // Two versions in the same listed instant: the later one counts.
+        s.add("index/x", 22.0, Some(&b"old"[..]));
+        s.add("index/x", 22.0, Some(&b"new"[..]));
+        let store: Arc<dyn LabBackend> = Arc::new(s);
+
+        let view = AsOf::new(store.clone(), 25.0).unwrap();
+        let names: Vec<String> = view.list("").unwrap().into_iter().map(|o| o.name).collect();
+        assert_eq!(names, ["config", "index/x", "snapshots/a", "snapshots/b"]);
+        assert_eq!(view.get("snapshots/a", None).unwrap(), b"first");
+        assert_eq!(view.get("snapshots/b", Some(1..3)).unwrap(), b"ec");
+        assert_eq!(view.get("index/x", None).unwrap(), b"new");
+        assert_eq!(
+            view.get("snapshots/d", None).unwrap_err().kind,
+            ErrorKind::NotFound
+        );
+        assert_eq!(view.stat("snapshots/b").unwrap().size, 6);
+        // Read-only, but for a reader's session.
+        assert_eq!(
+            view.put("snapshots/e", b"x").unwrap_err().kind,
+            ErrorKind::PermissionDenied
+        );
+        assert_eq!(
+            view.delete("snapshots/a").unwrap_err().kind,
+            ErrorKind::PermissionDenied
+        );
+
+        // Later: the overwrite and the delete marker show.
+        let later = AsOf::new(store, 35.0).unwrap();
+        assert_eq!(later.get("snapshots/a", None).unwrap(), b"garbage");
+        assert_eq!(
+            later.stat("snapshots/b").unwrap_err().kind,
+            ErrorKind::NotFound
+        );
+    }
+}
