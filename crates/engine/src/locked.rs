@@ -56,6 +56,9 @@ pub struct LockReport {
     pub versions_locked: u64,
     /// The earliest date one of those becomes deletable (Unix seconds).
     pub next_unlock: Option<i64>,
+    /// Why nothing was done: the bucket's settings could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
 }
 
 fn wall_clock() -> i64 {
@@ -73,7 +76,20 @@ pub fn maintain(repo: &Repository, dry_run: bool, extend_all: bool) -> Result<Op
     let Some(history) = backend.history() else {
         return Ok(None);
     };
-    let state = history.lock_state()?;
+    // A prune's own work is done by now: when the bucket's settings cannot
+    // be read (a key without s3:GetBucketVersioning, a store away), that
+    // is said, not made the prune's failure.
+    let state = match history.lock_state() {
+        Ok(s) => s,
+        Err(e) => {
+            return Ok(Some(LockReport {
+                unknown: Some(format!(
+                    "could not read the bucket's object-lock settings ({e}); if it has object lock, the retention of what is in use was not extended by this run"
+                )),
+                ..LockReport::default()
+            }))
+        }
+    };
     let Some((mode, days)) = state.default_retention.filter(|_| state.lock_enabled) else {
         return Ok(None);
     };

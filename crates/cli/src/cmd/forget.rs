@@ -389,7 +389,9 @@ fn run_prune(
             bytes(r.bytes_temporaries)
         ));
     }
-    if let Some(l) = &r.object_lock {
+    if let Some(why) = r.object_lock.as_ref().and_then(|l| l.unknown.as_ref()) {
+        out.warn(why);
+    } else if let Some(l) = &r.object_lock {
         let ext = if dry_run { "would extend" } else { "extended" };
         out.result(format!(
             "object lock ({}, {} days): {ext} the retention of {} of {} objects; {} retired versions ({}) {would}deleted for good, {} still locked{}",

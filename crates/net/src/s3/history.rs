@@ -125,9 +125,36 @@ fn xml<T: for<'de> Deserialize<'de>>(
 }
 
 impl S3Backend {
-    /// One signed request: `key` relative to the repository prefix (`None`
-    /// for the bucket itself), `query` already encoded.
+    /// One signed request, tried again on a transient failure (four
+    /// attempts over about 3.5 s): these requests bypass the retry layer,
+    /// which wraps the backend contract only.
     pub(super) async fn raw(
+        &self,
+        op: &'static str,
+        method: reqwest::Method,
+        key: Option<&str>,
+        query: &str,
+        headers: &[(&str, String)],
+        body: Vec<u8>,
+    ) -> Result<Answer, BackendError> {
+        let mut pause = std::time::Duration::from_millis(500);
+        let mut attempt = 1;
+        loop {
+            match self
+                .raw_once(op, method.clone(), key, query, headers, body.clone())
+                .await
+            {
+                Err(e) if e.transient && attempt < 4 => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn raw_once(
         &self,
         op: &'static str,
         method: reqwest::Method,
