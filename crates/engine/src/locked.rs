@@ -37,6 +37,11 @@ use crate::session::SESSIONS_PREFIX;
 /// data unlocked between two runs a day apart.
 pub const MIN_DAYS: u32 = 1;
 
+/// Retention requests in flight: each is a few hundred bytes, so the
+/// round trip is all they cost, and a maintenance of 100,000 objects at 8 in
+/// flight took three minutes at 2 ms.
+const EXTEND_IN_FLIGHT: usize = 32;
+
 /// What one maintenance run did (or, in a dry run, would do).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct LockReport {
@@ -120,7 +125,7 @@ pub fn maintain(repo: &Repository, dry_run: bool, extend_all: bool) -> Result<Op
         // milliseconds and takes whole seconds here, so an object written
         // within this second would otherwise be asked to shorten.
         let until = now + period + 1;
-        for_each_in_flight(&due, REQUESTS_IN_FLIGHT, |name| {
+        for_each_in_flight(&due, EXTEND_IN_FLIGHT, |name| {
             match history.set_retention(name, mode, until) {
                 Ok(()) => Ok(()),
                 // Already kept longer (a compliance date set by hand, or a

@@ -60,6 +60,9 @@ struct SealJob {
     /// The blob laid out to become its envelope where it lies
     /// ([`SealJob::new`]).
     buf: Vec<u8>,
+    /// `buf` holds the blob framed already (compressed or not, as another
+    /// repository stored it: [`SealJob::framed`]): it is only sealed.
+    framed: bool,
 }
 
 /// Where a blob starts in [`SealJob::buf`]: after its envelope's nonce
@@ -82,6 +85,24 @@ impl SealJob {
             id,
             raw_len: data.len(),
             buf,
+            framed: false,
+        }
+    }
+
+    /// A blob already framed (its framing byte, then its bytes compressed
+    /// or raw), of `raw_len` bytes unframed: what `copy` takes from another
+    /// repository's envelope, so it is neither decompressed nor compressed
+    /// again.
+    fn framed(t: BlobType, id: BlobId, framed: &[u8], raw_len: usize) -> Self {
+        let mut buf = Vec::with_capacity(NONCE_LEN + framed.len() + TAG_LEN);
+        buf.resize(NONCE_LEN, 0);
+        buf.extend_from_slice(framed);
+        SealJob {
+            t,
+            id,
+            raw_len,
+            buf,
+            framed: true,
         }
     }
 }
@@ -412,6 +433,38 @@ impl BlobSaver {
         Ok(true)
     }
 
+    /// [`BlobSaver::save`] for a blob already framed by another repository
+    /// (see [`Repository::open_framed`]), of `raw_len` bytes unframed: it
+    /// is sealed under this repository's key as it is.
+    pub fn save_framed(
+        &self,
+        t: BlobType,
+        id: BlobId,
+        framed: &[u8],
+        raw_len: usize,
+    ) -> Result<bool> {
+        if self.shared.failed.load(Ordering::Relaxed) {
+            return Err(self.failure());
+        }
+        if self.shared.index.contains(&id) {
+            return Ok(false);
+        }
+        if !self
+            .shared
+            .claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id)
+        {
+            return Ok(false);
+        }
+        let tx = self.seal_tx.as_ref().ok_or(EngineError::Interrupted)?;
+        if tx.send(SealJob::framed(t, id, framed, raw_len)).is_err() {
+            return Err(self.failure());
+        }
+        Ok(true)
+    }
+
     /// Whether the blob is stored or being stored.
     pub fn has(&self, id: &BlobId) -> bool {
         self.shared.index.contains(id)
@@ -558,7 +611,11 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
             continue; // drain so readers never block on a dead pipeline
         }
         let t0 = std::time::Instant::now();
-        let mut env = compress::frame_in_place(zstd.as_mut(), job.buf, SEAL_AT - 1, TAG_LEN);
+        let mut env = if job.framed {
+            job.buf
+        } else {
+            compress::frame_in_place(zstd.as_mut(), job.buf, SEAL_AT - 1, TAG_LEN)
+        };
         let t1 = std::time::Instant::now();
         s.stats
             .compress_ns

@@ -787,6 +787,23 @@ impl Repository {
         Ok(plain)
     }
 
+    /// Opens a blob's envelope where it lies and returns it framed (its
+    /// framing byte, then its bytes compressed or raw), not unframed: the
+    /// AEAD binds the blob's type and ID, so what opens is that blob as a
+    /// key holder sealed it. `copy` seals it again as it is.
+    pub fn open_framed<'a>(
+        &self,
+        pack_name: &str,
+        t: BlobType,
+        id: &BlobId,
+        envelope: &'a mut [u8],
+    ) -> Result<&'a [u8]> {
+        self.key
+            .open_in_place(Aad::Blob(t, id), envelope)
+            .map(|b| &*b)
+            .map_err(|e| EngineError::corrupt(format!("{pack_name} blob {}", id.short()), e))
+    }
+
     /// Loads and decodes a directory tree.
     pub fn load_tree(&self, index: &MasterIndex, id: &BlobId) -> Result<Vec<Node>> {
         let b = self.read_blob(index, BlobType::Tree, id)?;
