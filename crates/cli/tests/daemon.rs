@@ -947,43 +947,31 @@ fn the_journal_lists_only_what_changed_and_says_why_when_it_cannot() {
 #[test]
 fn the_daemon_copies_snapshots_to_the_profiles_second_repository() {
     let w = World::new();
-    let offsite = w.dir.join("offsite");
-    let o = w
-        .cmd(&[
-            "--repo",
-            offsite.to_str().unwrap(),
-            "init",
-            "--copy-chunker-params-from",
-            w.dir.join("repo").to_str().unwrap(),
-        ])
-        .env("CAPSULE_PASSWORD", PASSWORD)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let text = std::fs::read_to_string(&w.config).unwrap();
-    std::fs::write(
-        &w.config,
-        text.replace(
-            "schedule = { backup = \"hourly\" }",
-            "schedule = { backup = \"off\", copy = \"daily\" }",
-        ),
-    )
-    .unwrap();
-    // Without copy-to the schedule is refused, naming the key.
-    let o = w.cmd(&["config", "check"]).output().unwrap();
-    assert!(!o.status.success());
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("copy-to"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let mut text = std::fs::read_to_string(&w.config).unwrap();
-    text.push_str(&format!("copy-to = {:?}\n", offsite.display().to_string()));
-    std::fs::write(&w.config, text).unwrap();
-    for _ in 0..2 {
-        let o = w.cmd(&["--profile", "p", "backup"]).output().unwrap();
+    let (repo, offsite) = (w.dir.join("repo"), w.dir.join("offsite"));
+    let run = |args: &[&str]| {
+        let o = w
+            .cmd(args)
+            .env("CAPSULE_PASSWORD", PASSWORD)
+            .output()
+            .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        std::fs::write(w.dir.join("src/f"), noise(100_000, 7)).unwrap();
+        o.stdout
+    };
+    let from = ["--copy-chunker-params-from", repo.to_str().unwrap()];
+    run(&[&["--repo", offsite.to_str().unwrap(), "init"][..], &from].concat());
+    let text = std::fs::read_to_string(&w.config).unwrap().replace(
+        "schedule = { backup = \"hourly\" }",
+        "schedule = { backup = \"off\", copy = \"daily\" }",
+    );
+    std::fs::write(&w.config, &text).unwrap();
+    let o = w.cmd(&["config", "check"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("copy-to"), "{err}");
+    let copy_to = format!("copy-to = {:?}\n", offsite.display().to_string());
+    std::fs::write(&w.config, text + &copy_to).unwrap();
+    for round in 0..2 {
+        std::fs::write(w.dir.join("src/f"), noise(100_000, round)).unwrap();
+        run(&["--profile", "p", "backup"]);
     }
     let d = w.daemon("c.log");
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -992,22 +980,15 @@ fn the_daemon_copies_snapshots_to_the_profiles_second_repository() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(stop(d), Some(0));
-    let times = |repo: &std::path::Path| {
-        let o = w
-            .cmd(&["--repo", repo.to_str().unwrap(), "--json", "snapshots"])
-            .env("CAPSULE_PASSWORD", PASSWORD)
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        let mut t: Vec<i64> = v
-            .as_array()
-            .unwrap()
-            .iter()
+    let times = |r: &std::path::Path| {
+        let out = run(&["--repo", r.to_str().unwrap(), "--json", "snapshots"]);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        let mut t: Vec<i64> = (v.as_array().unwrap().iter())
             .map(|s| s["snapshot"]["time_unix"].as_i64().unwrap())
             .collect();
         t.sort();
         t
     };
     assert_eq!(times(&offsite).len(), 2);
-    assert_eq!(times(&offsite), times(&w.dir.join("repo")));
+    assert_eq!(times(&offsite), times(&repo));
 }

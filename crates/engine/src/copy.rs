@@ -212,10 +212,6 @@ fn send_missing(
     Ok(())
 }
 
-/// A pack this large or smaller is read whole when blobs are wanted from
-/// it; a larger one blob by blob.
-const WHOLE_PACK_READ: u64 = 64 << 20;
-
 /// Sends `blobs` of the source pack at `pos`: each envelope opened and
 /// sealed again as it is framed (no decompression, no compression, no
 /// second hash: the envelope's authentication binds the blob's ID). A blob
@@ -236,7 +232,8 @@ fn send_pack(
         .map_or(u64::MAX, |p| p.size);
     let t0 = blobs.first().map_or(BlobType::Data, |b| b.0);
     let name = crate::repo::pack_name(&pack, t0);
-    let whole = if size <= WHOLE_PACK_READ {
+    // A pack up to this size is read whole, as a repack reads it.
+    let whole = if size <= crate::repack::WHOLE_PACK_READ {
         src.backend().get(&name, None).ok()
     } else {
         None

@@ -38,7 +38,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::{EngineError, Result};
 use crate::forget::FORGOTTEN_PREFIX;
 use crate::index::{save_index_file, MasterIndex};
-use crate::packer::BlobSaver;
 use crate::repo::put_addressed;
 use crate::repo::Repository;
 use crate::session::{list_sessions, LEASE_SECS};
@@ -498,7 +497,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
         let needed: u64 = p
             .entries
             .iter()
-            .filter(|e| needed_here(&index, &used, e, i as u32))
+            .filter(|e| crate::repack::needed_here(&index, &used, e, i as u32))
             .map(|e| u64::from(e.length))
             .sum();
         if needed == 0 {
@@ -567,7 +566,8 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     }
     report.packs_repacked = repack.len() as u64;
     if !opts.dry_run && !repack.is_empty() {
-        report.bytes_repack_written = repack_packs(repo, &index, &used, &kept, &repack)?;
+        report.bytes_repack_written =
+            crate::repack::repack_packs(repo, &index, &used, &kept, &repack)?;
         crate::pause::test_pause("prune-repacked");
     }
     let keep = kept;
@@ -649,75 +649,6 @@ fn waiting_for(id: &str, info: &crate::session::SessionInfo, lease_secs: i64) ->
         heartbeat_unix: info.heartbeat_unix,
         lease_ends_unix: info.heartbeat_unix.saturating_add(lease_secs),
     }
-}
-
-/// Whether entry `e` of pack `pos` is where a used blob is counted: the
-/// index's first location of a blob some snapshot uses.
-fn needed_here(index: &MasterIndex, used: &HashSet<BlobId>, e: &PackEntry, pos: u32) -> bool {
-    used.contains(&e.id) && index.get(&e.id).is_some_and(|l| l.pack == pos)
-}
-
-/// Packs larger than this are read blob by blob rather than whole.
-const WHOLE_PACK_READ: u64 = 64 << 20;
-
-/// Writes the needed blobs of `repack` into new packs (indexed as they
-/// fill, by the backup's own saver); returns the bytes written. Blobs
-/// already stored in a kept pack are not written again, so a repack cut
-/// short and run again adds no third copy.
-fn repack_packs(
-    repo: &Arc<Repository>,
-    index: &MasterIndex,
-    used: &HashSet<BlobId>,
-    kept: &[IndexPack],
-    repack: &[IndexPack],
-) -> Result<u64> {
-    let mut base = MasterIndex::default();
-    for p in kept {
-        base.add_pack(p);
-    }
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let saver = BlobSaver::start(repo.clone(), Arc::new(base), cores);
-    // Two packs read at once: the next one's round trips hide behind the
-    // current one's decoding, and at most two whole packs are held.
-    let result = crate::flight::for_each_in_flight(repack, 2, |p| -> Result<()> {
-        let pos = index
-            .packs()
-            .iter()
-            .position(|i| i.id == p.id)
-            .map(|i| i as u32);
-        let wanted: Vec<&PackEntry> = p
-            .entries
-            .iter()
-            .filter(|e| pos.is_some_and(|pos| needed_here(index, used, e, pos)))
-            .collect();
-        let Some(first) = wanted.first() else {
-            return Ok(());
-        };
-        let name = crate::repo::pack_name(&p.id, first.blob_type);
-        let whole = if p.size <= WHOLE_PACK_READ {
-            Some(repo.backend().get(&name, None)?)
-        } else {
-            None
-        };
-        for e in wanted {
-            let range = e.offset as usize..e.offset as usize + e.length as usize;
-            let env = match &whole {
-                Some(b) => b
-                    .get(range)
-                    .ok_or_else(|| EngineError::corrupt(&name, "shorter than its index says"))?
-                    .to_vec(),
-                None => repo
-                    .backend()
-                    .get(&name, Some(range.start as u64..range.end as u64))?,
-            };
-            let plain = repo.decode_blob(&name, e.blob_type, &e.id, &env, e.raw_length as usize)?;
-            saver.save(e.blob_type, e.id, &plain)?;
-        }
-        Ok(())
-    });
-    let stats = saver.finish();
-    result?;
-    Ok(stats?.stored_bytes_added)
 }
 
 /// This machine's clock (not the test clock: it is compared with the
