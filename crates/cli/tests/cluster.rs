@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use capsule_testkit::server_env as env;
 use common::s3::{Creds, S3};
+use common::said;
 use common::{capsule_cmd, noise, TestEnv, NOW, PASSWORD};
 
 /// The distributed store `scripts/servers.sh` started.
@@ -166,15 +167,6 @@ impl<'a> Repo<'a> {
             .output()
             .unwrap()
     }
-}
-
-fn said(o: &Output) -> String {
-    format!(
-        "exit {:?}: {}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Eight machines, each with its own node, three rounds of backups (most

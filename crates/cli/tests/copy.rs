@@ -6,19 +6,10 @@
 mod common;
 
 use std::path::Path;
-use std::process::Output;
 
 use capsule_testkit::server_env as env;
+use common::said;
 use common::{capsule_env, json, noise, ok, PASSWORD};
-
-fn said(o: &Output) -> String {
-    format!(
-        "exit {:?}: {}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// Three backups of a changing tree into `src`; returns the source dir.
 fn three_backups(work: &Path, src_repo: &Path) -> std::path::PathBuf {

@@ -21,16 +21,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use capsule_testkit::server_env as env;
 use common::s3::{enc, xml_values, Creds, S3};
+use common::said;
 use common::{capsule_cmd, noise, TestEnv, PASSWORD};
-
-fn said(o: &Output) -> String {
-    format!(
-        "exit {:?}: {}{}",
-        o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// The test MinIO that `scripts/servers.sh` started, reached directly with
 /// its root key.
@@ -320,6 +312,16 @@ fn assert_same_files(a: &Path, b: &Path) {
     }
 }
 
+/// A copy of the flat directory `src` at `to` (what a backup saw), returned.
+fn keep_a_copy(src: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+    to.to_path_buf()
+}
+
 /// The client's key as the README's append-only policy has it.
 const APPEND_ONLY: &str = r#""s3:GetObject","s3:PutObject","s3:ListBucket","s3:GetBucketLocation""#;
 
@@ -364,12 +366,7 @@ fn drill(mode: &str, actions: &str) {
         std::fs::write(src.join("changing"), noise(60_000, 100 + round)).unwrap();
         let v = laptop.json(&["backup", src.to_str().unwrap()]);
         assert_eq!(v["append_only"], true, "{v}");
-        let expect = work.join(format!("expect-{round}"));
-        std::fs::create_dir_all(&expect).unwrap();
-        for e in std::fs::read_dir(&src).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), expect.join(e.file_name())).unwrap();
-        }
+        let expect = keep_a_copy(&src, &work.join(format!("expect-{round}")));
         saved.push((v["snapshot_id"].as_str().unwrap().to_string(), expect));
     }
 
@@ -570,12 +567,7 @@ fn ransomware_holding_the_append_only_sftp_account_loses_no_snapshot() {
         std::fs::write(src.join("changing"), noise(50_000, 200 + round)).unwrap();
         let v = laptop.json(&["backup", src.to_str().unwrap()]);
         assert_eq!(v["append_only"], true, "{v}");
-        let expect = work.join(format!("expect-{round}"));
-        std::fs::create_dir_all(&expect).unwrap();
-        for e in std::fs::read_dir(&src).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), expect.join(e.file_name())).unwrap();
-        }
+        let expect = keep_a_copy(&src, &work.join(format!("expect-{round}")));
         saved.push((v["snapshot_id"].as_str().unwrap().to_string(), expect));
     }
     // forget and prune from the account stop before changing anything.

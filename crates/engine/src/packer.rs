@@ -410,27 +410,8 @@ impl BlobSaver {
     /// that a repository write error stops the backup instead of being
     /// mistaken for a per-file problem.
     pub fn save(&self, t: BlobType, id: BlobId, data: &[u8]) -> Result<bool> {
-        if self.shared.failed.load(Ordering::Relaxed) {
-            return Err(self.failure());
-        }
-        if self.shared.index.contains(&id) {
-            return Ok(false);
-        }
-        if !self
-            .shared
-            .claimed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id)
-        {
-            return Ok(false);
-        }
-        let tx = self.seal_tx.as_ref().ok_or(EngineError::Interrupted)?;
         // Copied only now: a blob already stored costs no copy at all.
-        if tx.send(SealJob::new(t, id, data)).is_err() {
-            return Err(self.failure());
-        }
-        Ok(true)
+        self.submit(id, || SealJob::new(t, id, data))
     }
 
     /// [`BlobSaver::save`] for a blob already framed by another repository
@@ -443,6 +424,12 @@ impl BlobSaver {
         framed: &[u8],
         raw_len: usize,
     ) -> Result<bool> {
+        self.submit(id, || SealJob::framed(t, id, framed, raw_len))
+    }
+
+    /// Claims `id` and hands the job `make` builds to the sealers, unless
+    /// the repository or this run has the blob already.
+    fn submit(&self, id: BlobId, make: impl FnOnce() -> SealJob) -> Result<bool> {
         if self.shared.failed.load(Ordering::Relaxed) {
             return Err(self.failure());
         }
@@ -459,7 +446,7 @@ impl BlobSaver {
             return Ok(false);
         }
         let tx = self.seal_tx.as_ref().ok_or(EngineError::Interrupted)?;
-        if tx.send(SealJob::framed(t, id, framed, raw_len)).is_err() {
+        if tx.send(make()).is_err() {
             return Err(self.failure());
         }
         Ok(true)

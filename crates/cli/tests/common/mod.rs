@@ -45,6 +45,16 @@ pub fn capsule_env(repo: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     c.output().expect("run capsule")
 }
 
+/// A finished command's exit code and output, for assertion messages.
+pub fn said(o: &Output) -> String {
+    format!(
+        "exit {:?}: {}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// Runs capsule and asserts the exit code, returning stdout.
 pub fn ok(repo: &Path, args: &[&str]) -> String {
     let o = capsule(repo, args);
