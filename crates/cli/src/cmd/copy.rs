@@ -73,7 +73,7 @@ pub fn copy(settings: &Settings, out: &Output, a: CopyArgs) -> Result<u8> {
     );
     let (snaps, bad) = src.list_snapshots()?;
     for e in &bad {
-        out.warn(format!("{e}; it is not copied"));
+        out.warn(format!("{e}; it is not copied (exit 3)"));
     }
     let snaps: Vec<_> = snaps
         .into_iter()
@@ -158,5 +158,11 @@ pub fn copy(settings: &Settings, out: &Output, a: CopyArgs) -> Result<u8> {
         bytes(report.bytes_read),
         report.duration_secs
     ));
-    Ok(exit::OK)
+    // A snapshot that could not be read was not copied: not everything
+    // asked for is in the destination.
+    Ok(if bad.is_empty() {
+        exit::OK
+    } else {
+        exit::INCOMPLETE
+    })
 }
