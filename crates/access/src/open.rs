@@ -50,6 +50,9 @@ const KEY_HINT_MAX: u64 = 512;
 /// next backup on this machine to stop relying on (one pack name a line).
 pub const DAMAGED_PACKS: &str = "damaged-packs";
 
+/// Where the index's tables are, in the repository's cache directory.
+pub const INDEX_TABLES: &str = "index-tables";
+
 /// What a backup interrupted before its packs were indexed left, in the
 /// repository's cache directory (the engine's resume journal).
 pub const RESUME_JOURNAL: &str = "unindexed-packs";
@@ -147,6 +150,13 @@ impl Access {
         let warnings = repo.open_warnings().iter().map(|w| w.to_string()).collect();
         let dir = self.cache_dir(&repo.config().id);
         let mut cache = None;
+        // The index's tables live beside the cache, also when opened
+        // direct: they are checked against the repository key, and built
+        // again from the index files when they do not hold.
+        let repo = match &dir {
+            Some(d) => repo.with_index_dir(d.join(INDEX_TABLES)),
+            None => repo,
+        };
         let repo = match dir.clone().filter(|_| cached) {
             None => repo,
             // The cache only saves time: if it cannot be created, work

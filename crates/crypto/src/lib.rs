@@ -182,6 +182,13 @@ impl MasterKey {
         self.chunker_seed
     }
 
+    /// A key for data this machine keeps for the repository and checks
+    /// before believing (the index's tables): derived, so it says nothing
+    /// of the keys it comes from, and one per `context`.
+    pub fn local_key(&self, context: &str) -> [u8; 32] {
+        blake3::derive_key(context, &self.enc)
+    }
+
     /// Keyed ID of a blob's plaintext.
     pub fn blob_id(&self, plaintext: &[u8]) -> BlobId {
         BlobId(Id(*blake3::keyed_hash(&self.id_key, plaintext).as_bytes()))

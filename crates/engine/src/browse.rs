@@ -287,7 +287,7 @@ impl Browser {
         let mut ids: Vec<(BlobId, BlobLoc)> = files
             .iter()
             .flat_map(|n| n.content.iter())
-            .filter_map(|id| self.index.get(id).map(|l| (*id, *l)))
+            .filter_map(|id| self.index.get(id).map(|l| (*id, l)))
             .collect();
         ids.sort_by_key(|(_, l)| (l.pack, l.offset));
         ids.dedup_by_key(|(id, _)| *id);
@@ -384,7 +384,7 @@ impl Browser {
             .map(|(i, (id, _))| {
                 self.index
                     .get(id)
-                    .map(|l| (i, *id, *l))
+                    .map(|l| (i, *id, l))
                     .ok_or_else(|| EngineError::MissingBlob(id.to_hex()))
             })
             .collect::<Result<_>>()?;

@@ -151,7 +151,7 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     let mut damaged: HashMap<BlobId, String> = HashMap::new();
     let mut blobs_by_pack: HashMap<u32, Vec<(BlobId, crate::index::BlobLoc)>> = HashMap::new();
     for (id, loc) in index.iter() {
-        blobs_by_pack.entry(loc.pack).or_default().push((*id, *loc));
+        blobs_by_pack.entry(loc.pack).or_default().push((id, loc));
     }
     let mut intact_packs = Vec::new();
     for (pos, pack) in index.packs().iter().enumerate() {

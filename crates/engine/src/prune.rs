@@ -920,13 +920,11 @@ fn used_blobs(
 /// and alternates both: a pack's entries are all its blobs).
 fn entries_by_pack(index: &MasterIndex) -> HashMap<u32, Vec<PackEntry>> {
     let mut by: HashMap<u32, Vec<PackEntry>> = HashMap::new();
-    let mut ids: Vec<&BlobId> = index.iter().map(|(id, _)| id).collect();
-    ids.sort();
-    for id in ids {
-        for loc in index.locations(id) {
+    for (id, locs) in index.iter_all() {
+        for loc in locs {
             by.entry(loc.pack).or_default().push(PackEntry {
                 blob_type: loc.blob_type,
-                id: *id,
+                id,
                 offset: loc.offset,
                 length: loc.length,
                 raw_length: loc.raw_length,

@@ -413,7 +413,7 @@ fn a_blob_claiming_gigabytes_is_refused_before_allocating() {
     let data = c.blob(BlobType::Data, b"small and honest");
     let root = c.tree(&[file(b"ok", data, 16)]);
     let idx = c.finish();
-    let loc = *idx.get(&data).unwrap();
+    let loc = idx.get(&data).unwrap();
     let env = repo
         .backend()
         .get(

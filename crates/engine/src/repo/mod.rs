@@ -57,6 +57,9 @@ pub struct Repository {
     /// `quota/` as listed beside the config while opening (taken once, by
     /// the first `quota::load`): a backup starts one round trip sooner.
     quota_listing: std::sync::Mutex<Option<Vec<capsule_backend::ObjectInfo>>>,
+    /// Where this machine keeps the index's tables (the cache directory's
+    /// `index-tables`); without one, each process makes its own.
+    index_dir: Option<std::path::PathBuf>,
 }
 
 /// Parameters for `init`.
@@ -139,28 +142,73 @@ fn holds_repository_objects(backend: &dyn Backend) -> Result<bool> {
     Ok(false)
 }
 
+fn list_names(backend: &dyn Backend, t: FileType) -> Result<Vec<String>> {
+    Ok(backend
+        .list(t.prefix())?
+        .into_iter()
+        .map(|o| o.name)
+        .collect())
+}
+
+fn read_sealed(
+    backend: &dyn Backend,
+    key: &MasterKey,
+    t: FileType,
+    id: &ObjectId,
+    aad: Aad<'_>,
+) -> Result<Vec<u8>> {
+    let name = t.name(id);
+    let b = backend.get(&name, None)?;
+    if ObjectId::of(&b) != *id {
+        return Err(EngineError::corrupt(
+            &name,
+            "content does not match its name",
+        ));
+    }
+    key.open(aad, &b)
+        .map_err(|e| EngineError::corrupt(&name, e))
+}
+
+/// What the index keeps to read index files again, for a table found
+/// damaged mid-run: the backend and the key, nothing of the repository.
+struct IndexSource {
+    backend: Arc<dyn Backend>,
+    key: MasterKey,
+}
+
+impl crate::index::SealedStore for IndexSource {
+    fn list(&self, t: FileType) -> Result<Vec<String>> {
+        list_names(&*self.backend, t)
+    }
+    fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>> {
+        read_sealed(&*self.backend, &self.key, t, id, aad)
+    }
+    fn write_sealed(&self, t: FileType, _: Aad<'_>, _: &[u8]) -> Result<ObjectId> {
+        Err(EngineError::corrupt(
+            t.prefix(),
+            "the index's reader does not write",
+        ))
+    }
+}
+
 impl crate::index::SealedStore for Repository {
     fn list(&self, t: FileType) -> Result<Vec<String>> {
-        Ok(self
-            .backend
-            .list(t.prefix())?
-            .into_iter()
-            .map(|o| o.name)
-            .collect())
+        list_names(&*self.backend, t)
     }
 
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>> {
-        let name = t.name(id);
-        let b = self.backend.get(&name, None)?;
-        if ObjectId::of(&b) != *id {
-            return Err(EngineError::corrupt(
-                &name,
-                "content does not match its name",
-            ));
+        read_sealed(&*self.backend, &self.key, t, id, aad)
+    }
+
+    fn index_home(&self) -> crate::index::IndexHome {
+        crate::index::IndexHome {
+            dir: self.index_dir.clone(),
+            key: self.key.local_key("capsule index tables v1"),
+            source: Some(Arc::new(IndexSource {
+                backend: self.backend.clone(),
+                key: self.key.clone(),
+            })),
         }
-        self.key
-            .open(aad, &b)
-            .map_err(|e| EngineError::corrupt(&name, e))
     }
 
     fn write_sealed(&self, t: FileType, aad: Aad<'_>, plain: &[u8]) -> Result<ObjectId> {
@@ -257,6 +305,7 @@ impl Repository {
             key_source: KeySource::New,
             warnings: Vec::new(),
             quota_listing: std::sync::Mutex::new(None),
+            index_dir: None,
         })
     }
 
@@ -345,6 +394,7 @@ impl Repository {
             key_source: search.source,
             warnings: search.damaged,
             quota_listing: std::sync::Mutex::new(quota_listing),
+            index_dir: None,
         })
     }
 
@@ -352,6 +402,13 @@ impl Repository {
     /// fault-injection decorator) after the repository was opened.
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = backend;
+        self
+    }
+
+    /// Keeps the index's tables in `dir` (created when needed), so that
+    /// each run reads only the index files the last one had not seen.
+    pub fn with_index_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.index_dir = Some(dir.into());
         self
     }
 
@@ -678,7 +735,7 @@ impl Repository {
     pub fn read_blob(&self, index: &MasterIndex, t: BlobType, id: &BlobId) -> Result<Vec<u8>> {
         let mut first_err = None;
         for loc in index.locations(id).filter(|l| l.blob_type == t) {
-            match self.read_blob_at(index, t, id, loc) {
+            match self.read_blob_at(index, t, id, &loc) {
                 Ok(b) => return Ok(b),
                 // The destination failing is not the copy's fault.
                 Err(EngineError::Backend(b)) if b.is_destination_failure() => {

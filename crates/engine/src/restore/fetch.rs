@@ -273,7 +273,7 @@ pub(super) fn write_files<L: Layout>(
             let b = *by_id.entry(*id).or_insert_with(|| {
                 blobs.push(BlobJob {
                     id: *id,
-                    loc: *loc,
+                    loc,
                     places: Places::default(),
                 });
                 blobs.len() - 1

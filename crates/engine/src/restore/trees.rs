@@ -249,7 +249,7 @@ fn fetch_level(
             index
                 .locations(id)
                 .find(|l| l.blob_type == BlobType::Tree)
-                .map(|l| (*id, *l))
+                .map(|l| (*id, l))
         })
         .collect();
     wanted.sort_by_key(|(_, l)| (l.pack, l.offset));

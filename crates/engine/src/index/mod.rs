@@ -1,0 +1,773 @@
+//! The master index: blob ID → (pack, offset, length), merged from every
+//! index file in the repository.
+//!
+//! It lives on local disk, in sorted tables read a page at a time
+//! ([`table`], [`set`]), so that memory does not grow with the number of
+//! blobs: what is held is the pack list, the index files' names, and a
+//! fence key per page of each table (about 0.1 byte per blob). Packs added
+//! by this process (a backup's new packs, a journal's recovered ones) are
+//! held in memory until the next run finds them in an index file.
+
+#[cfg(test)]
+mod model;
+mod set;
+mod table;
+
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use capsule_crypto::Aad;
+use capsule_format::index::{decode_index, encode_index, IndexFile, IndexPack};
+use capsule_format::FileType;
+use capsule_format::{BlobId, BlobType, ObjectId};
+use rayon::prelude::*;
+
+use crate::error::{EngineError, Result};
+pub use table::TableError;
+
+/// Where a blob is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobLoc {
+    /// Position of the pack in [`MasterIndex::packs`].
+    pub pack: u32,
+    /// Data or tree.
+    pub blob_type: BlobType,
+    /// Offset of the envelope in the pack.
+    pub offset: u32,
+    /// Envelope length.
+    pub length: u32,
+    /// Plaintext length.
+    pub raw_length: u32,
+}
+
+/// One indexed pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackInfo {
+    /// Pack object ID.
+    pub id: ObjectId,
+    /// Size in bytes.
+    pub size: u64,
+    /// What its blobs are (a pack never mixes types).
+    pub blob_type: BlobType,
+}
+
+impl PackInfo {
+    /// The pack's object name.
+    pub fn name(&self) -> String {
+        FileType::pack(self.blob_type).name(&self.id)
+    }
+}
+
+/// Where the tables of a repository live on this machine, and what they
+/// are checked with.
+pub struct IndexHome {
+    /// The directory (the repository's cache directory's `index/`).
+    pub dir: Option<PathBuf>,
+    /// The MAC key of its tables, derived from the repository key.
+    pub key: [u8; 32],
+    /// The index files again, for a table found damaged mid-run.
+    pub source: Option<Arc<dyn SealedStore + Send>>,
+}
+
+/// A slot of a table that no live index file lists.
+const NOWHERE: u32 = u32::MAX;
+
+/// A table in use, with where its slots are in [`MasterIndex::packs`].
+#[derive(Debug)]
+struct Loaded {
+    table: Arc<table::Table>,
+    to_pack: Vec<u32>,
+}
+
+/// All index files merged.
+#[derive(Default)]
+pub struct MasterIndex {
+    tables: Vec<RwLock<Arc<Loaded>>>,
+    /// Locations not in a table: packs added by this process, and index
+    /// files no table could be written for (a full disk). The first
+    /// location of a blob is its main one; the rest are alternates.
+    overlay: HashMap<BlobId, Vec<BlobLoc>>,
+    packs: Vec<PackInfo>,
+    pack_pos: HashMap<ObjectId, u32>,
+    files: Vec<ObjectId>,
+    /// Packs known missing or damaged ([`forget_packs`](Self::forget_packs)).
+    dead: HashSet<u32>,
+    /// The live index files with what each supersedes, for a rebuild.
+    live: HashSet<ObjectId>,
+    dir: Option<PathBuf>,
+    /// Holds a directory of tables made for this process only (no cache).
+    _temp: Option<tempfile::TempDir>,
+    key: [u8; 32],
+    source: Option<Arc<dyn SealedStore + Send>>,
+    /// Serialises rebuilds of damaged tables.
+    rescue: Mutex<()>,
+    /// A table that went bad mid-run and could not be rebuilt: lookups
+    /// in it answer nothing, and commands that delete must not go on.
+    fault: Mutex<Option<String>>,
+    /// What was done to the tables worth saying (rebuilt, merged, not
+    /// merged for lack of space).
+    notes: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::fmt::Debug for MasterIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MasterIndex")
+            .field("tables", &self.tables.len())
+            .field("overlay", &self.overlay.len())
+            .field("packs", &self.packs.len())
+            .field("files", &self.files.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Listings taken again when index files vanish while being read.
+const VANISHED_RETRIES: usize = 5;
+
+fn is_not_found(e: &EngineError) -> bool {
+    matches!(e, EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::NotFound)
+}
+
+/// Index files read from the destination, for tables not built yet.
+struct Fresh {
+    tables: Vec<table::Table>,
+    /// Files whose table could not be written: held in memory.
+    in_memory: Vec<(ObjectId, IndexFile)>,
+    failed: Vec<EngineError>,
+}
+
+/// Reads the index files `ids` and builds tables of them in `dir`, in
+/// batches of bounded size, merged into one when there are several.
+fn build_fresh(
+    store: &dyn SealedStore,
+    dir: &std::path::Path,
+    key: &[u8; 32],
+    ids: Vec<ObjectId>,
+    notes: &mut Vec<String>,
+) -> Fresh {
+    let mut out = Fresh {
+        tables: Vec::new(),
+        in_memory: Vec::new(),
+        failed: Vec::new(),
+    };
+    let mut batch: Vec<(ObjectId, IndexFile)> = Vec::new();
+    let mut batch_entries = 0usize;
+    let mut disk_failed: Option<TableError> = None;
+    let mut flush = |batch: &mut Vec<(ObjectId, IndexFile)>, out: &mut Fresh| {
+        if batch.is_empty() {
+            return;
+        }
+        if disk_failed.is_none() {
+            match set::build(dir, key, batch).and_then(|p| table::Table::open(&p, key)) {
+                Ok(t) => {
+                    out.tables.push(t);
+                    batch.clear();
+                    return;
+                }
+                Err(e) => disk_failed = Some(e),
+            }
+        }
+        out.in_memory.append(batch);
+    };
+    for chunk in ids.chunks(64) {
+        let loaded: Vec<Result<(ObjectId, IndexFile)>> = chunk
+            .par_iter()
+            .map(|id| load_index_file(store, id).map(|f| (*id, f)))
+            .collect();
+        for r in loaded {
+            match r {
+                Ok((id, f)) => {
+                    batch_entries += f.packs.iter().map(|p| p.entries.len()).sum::<usize>();
+                    batch.push((id, f));
+                }
+                Err(e) => out.failed.push(e),
+            }
+        }
+        if batch_entries >= set::BUILD_ENTRIES {
+            flush(&mut batch, &mut out);
+            batch_entries = 0;
+        }
+    }
+    flush(&mut batch, &mut out);
+    if let Some(e) = disk_failed {
+        notes.push(format!(
+            "index files held in memory, not in a table on disk: {e} (free space in the cache directory)"
+        ));
+    }
+    if out.tables.len() > 1 {
+        // A first run on a large repository: one table, not many.
+        let inputs: Vec<Arc<table::Table>> = out.tables.drain(..).map(Arc::new).collect();
+        let live: HashSet<ObjectId> = inputs
+            .iter()
+            .flat_map(|t| t.files.iter().map(|f| f.id))
+            .collect();
+        match set::merge(dir, key, &inputs, &live).and_then(|p| table::Table::open(&p, key)) {
+            Ok(t) => {
+                for i in &inputs {
+                    let _ = std::fs::remove_file(&i.path);
+                }
+                out.tables.push(t);
+            }
+            Err(e) => {
+                notes.push(format!("index tables not merged: {e}"));
+                out.tables = inputs
+                    .into_iter()
+                    .map(|t| Arc::try_unwrap(t).unwrap_or_else(|_| unreachable!("sole owner")))
+                    .collect();
+            }
+        }
+    }
+    out
+}
+
+impl MasterIndex {
+    /// Loads the index of `store`: the tables on this machine that still
+    /// hold, and tables built for index files none covers. Index files
+    /// that fail to read, authenticate or decode are returned as errors;
+    /// the rest load.
+    pub fn load(store: &dyn SealedStore) -> Result<(Self, Vec<EngineError>)> {
+        let home = store.index_home();
+        let mut notes = Vec::new();
+        let (dir, temp) = match home.dir.as_ref().map(|d| (d, std::fs::create_dir_all(d))) {
+            Some((d, Ok(()))) => (d.clone(), None),
+            other => {
+                if let Some((d, Err(e))) = other {
+                    notes.push(format!(
+                        "index tables kept for this run only: cannot create {}: {e}",
+                        d.display()
+                    ));
+                }
+                let t = tempfile::Builder::new()
+                    .prefix("capsule-index-")
+                    .tempdir()
+                    .map_err(|e| {
+                        EngineError::io("create a directory for the index", std::env::temp_dir(), e)
+                    })?;
+                (t.path().to_path_buf(), Some(t))
+            }
+        };
+        let mut tables = set::open_all(&dir, &home.key, &mut notes);
+        let mut bad = Vec::new();
+        let mut in_memory = Vec::new();
+        let mut listed = HashSet::new();
+        // A prune deletes index files once the file superseding them is
+        // stored. One read between the two finds a listed file gone; the
+        // listing taken again then holds the file that replaced it.
+        // Bounded: a destination that keeps losing files is reported as
+        // it is.
+        for attempt in 0..VANISHED_RETRIES {
+            listed.clear();
+            bad.clear();
+            for o in store.list(FileType::Index)? {
+                match o.trim_start_matches(FileType::Index.prefix()).parse() {
+                    Ok(id) => {
+                        listed.insert(id);
+                    }
+                    Err(_) => bad.push(EngineError::corrupt(&o, "name is not an ID")),
+                }
+            }
+            tables = set::choose(tables, &listed);
+            let covered = set::coverage(&tables);
+            let held: HashSet<ObjectId> = in_memory.iter().map(|(id, _)| *id).collect();
+            let mut missing: Vec<ObjectId> = listed
+                .iter()
+                .filter(|id| !covered.contains_key(id) && !held.contains(id))
+                .copied()
+                .collect();
+            missing.sort();
+            let fresh = build_fresh(store, &dir, &home.key, missing, &mut notes);
+            tables.extend(fresh.tables);
+            in_memory.extend(fresh.in_memory);
+            let vanished = fresh.failed.iter().any(is_not_found);
+            bad.extend(fresh.failed);
+            if !vanished || attempt + 1 == VANISHED_RETRIES {
+                break;
+            }
+        }
+        let mut supersedes: HashMap<ObjectId, Vec<ObjectId>> = set::coverage(&tables);
+        supersedes.extend(in_memory.iter().map(|(id, f)| (*id, f.supersedes.clone())));
+        let superseded: HashSet<ObjectId> = supersedes
+            .iter()
+            .filter(|(id, _)| listed.contains(id))
+            .flat_map(|(_, s)| s.iter().copied())
+            .collect();
+        let live: HashSet<ObjectId> = supersedes
+            .keys()
+            .filter(|id| listed.contains(id) && !superseded.contains(id))
+            .copied()
+            .collect();
+        let mut idx = MasterIndex {
+            dir: Some(dir.clone()),
+            _temp: temp,
+            key: home.key,
+            source: home.source,
+            ..MasterIndex::default()
+        };
+        let mut files: Vec<ObjectId> = live.iter().copied().collect();
+        files.sort();
+        idx.files = files;
+        // Sizes for the merge policy: (entries, live entries).
+        let mut sizes = Vec::new();
+        let mut kept = Vec::new();
+        for t in tables {
+            let live_entries = set::live_share(&t, &live);
+            if live_entries == 0 && !t.packs.is_empty() {
+                let _ = std::fs::remove_file(&t.path);
+                continue;
+            }
+            sizes.push((t.entries, live_entries));
+            let t = Arc::new(t);
+            let to_pack = idx.map_slots(&t, &live);
+            kept.push(t.clone());
+            idx.tables
+                .push(RwLock::new(Arc::new(Loaded { table: t, to_pack })));
+        }
+        in_memory.sort_by_key(|(id, _)| *id);
+        for (id, f) in &in_memory {
+            if live.contains(id) {
+                for p in &f.packs {
+                    idx.add_pack(p);
+                }
+            }
+        }
+        idx.live = live;
+        let merge: Vec<Arc<table::Table>> = set::to_merge(&sizes)
+            .into_iter()
+            .map(|i| kept[i].clone())
+            .collect();
+        if !merge.is_empty() && idx._temp.is_none() {
+            idx.merge_behind(merge);
+        }
+        idx.notes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(notes);
+        Ok((idx, bad))
+    }
+
+    /// Where each slot of `t` is in the pack list (adding its packs).
+    fn map_slots(&mut self, t: &table::Table, live: &HashSet<ObjectId>) -> Vec<u32> {
+        t.packs
+            .iter()
+            .map(|p| {
+                if !live.contains(&t.files[p.file as usize].id) {
+                    return NOWHERE;
+                }
+                self.pack_position(p.id, p.size, p.blob_type)
+            })
+            .collect()
+    }
+
+    fn pack_position(&mut self, id: ObjectId, size: u64, blob_type: BlobType) -> u32 {
+        if let Some(&pos) = self.pack_pos.get(&id) {
+            return pos;
+        }
+        let pos = self.packs.len() as u32;
+        self.packs.push(PackInfo {
+            id,
+            size,
+            blob_type,
+        });
+        self.pack_pos.insert(id, pos);
+        pos
+    }
+
+    /// Merges `inputs` into one table on a thread of its own: this run
+    /// goes on with the tables it has; the next one opens the merged one.
+    fn merge_behind(&self, inputs: Vec<Arc<table::Table>>) {
+        let (Some(dir), key, live, notes) = (
+            self.dir.clone(),
+            self.key,
+            self.live.clone(),
+            self.notes.clone(),
+        ) else {
+            return;
+        };
+        let spawned = std::thread::Builder::new()
+            .name("index-merge".into())
+            .spawn(move || match set::merge(&dir, &key, &inputs, &live) {
+                Ok(path) => {
+                    for t in &inputs {
+                        if t.path != path {
+                            let _ = std::fs::remove_file(&t.path);
+                        }
+                    }
+                }
+                Err(e) => notes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!(
+                        "index tables not merged, lookups read {} tables until they are: {e}",
+                        inputs.len()
+                    )),
+            });
+        drop(spawned);
+    }
+
+    /// Adds the blobs of one pack. A blob already indexed elsewhere keeps its
+    /// first location; this one becomes an alternate.
+    pub fn add_pack(&mut self, p: &IndexPack) {
+        let blob_type = p
+            .entries
+            .first()
+            .map(|e| e.blob_type)
+            .unwrap_or(BlobType::Data);
+        let pos = self.pack_position(p.id, p.size, blob_type);
+        for e in &p.entries {
+            let loc = BlobLoc {
+                pack: pos,
+                blob_type: e.blob_type,
+                offset: e.offset,
+                length: e.length,
+                raw_length: e.raw_length,
+            };
+            let in_tables = self.table_locations(&e.id);
+            if in_tables.iter().any(|l| l.pack == pos) {
+                continue;
+            }
+            let locs = self.overlay.entry(e.id).or_default();
+            if !locs.iter().any(|l| l.pack == pos) {
+                locs.push(loc);
+            }
+        }
+    }
+
+    /// Drops every location in the given packs (known missing or damaged),
+    /// so their blobs count as not stored: a backup uploads them again
+    /// instead of referencing lost data. Returns the blobs that no longer
+    /// have any location.
+    pub fn forget_packs(&mut self, bad: &HashSet<ObjectId>) -> usize {
+        let bad_pos: Vec<u32> = bad
+            .iter()
+            .filter_map(|id| self.pack_pos.get(id).copied())
+            .filter(|p| !self.dead.contains(p))
+            .collect();
+        if bad_pos.is_empty() {
+            return 0;
+        }
+        let before = self.iter().count();
+        self.dead.extend(bad_pos);
+        before - self.iter().count()
+    }
+
+    /// Locations in the tables, live packs only, each pack once.
+    fn table_locations(&self, id: &BlobId) -> Vec<BlobLoc> {
+        let mut out = Vec::new();
+        let mut found = Vec::new();
+        for (i, slot) in self.tables.iter().enumerate() {
+            let loaded = slot.read().unwrap_or_else(|p| p.into_inner()).clone();
+            found.clear();
+            let found_ok = match loaded.table.find(id, &mut found) {
+                Ok(()) => Some(loaded),
+                Err(e) => self.rescue(i, &loaded, e).and_then(|l| {
+                    found.clear();
+                    l.table.find(id, &mut found).ok().map(|_| l)
+                }),
+            };
+            let Some(loaded) = found_ok else {
+                continue;
+            };
+            for e in &found {
+                let pos = loaded.to_pack[e.slot as usize];
+                if pos == NOWHERE
+                    || self.dead.contains(&pos)
+                    || out.iter().any(|l: &BlobLoc| l.pack == pos)
+                {
+                    continue;
+                }
+                out.push(BlobLoc {
+                    pack: pos,
+                    blob_type: e.blob_type,
+                    offset: e.offset,
+                    length: e.length,
+                    raw_length: e.raw_length,
+                });
+            }
+        }
+        out
+    }
+
+    /// Rebuilds table `i`, found damaged, from the index files it covers,
+    /// and puts it in place; `None` (and the fault recorded) when that
+    /// cannot be done.
+    fn rescue(&self, i: usize, bad: &Arc<Loaded>, e: TableError) -> Option<Arc<Loaded>> {
+        let _one = self.rescue.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.tables[i]
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if !Arc::ptr_eq(&now, bad) {
+            return Some(now); // another thread rebuilt it
+        }
+        let fail = |why: String| {
+            let msg = format!("{e}; the index files it covers could not be read again: {why}");
+            self.fault
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(msg);
+            None
+        };
+        let (Some(source), Some(dir)) = (&self.source, &self.dir) else {
+            return fail("no repository to read them from".into());
+        };
+        // The damaged table is not trusted again, by this run or the next.
+        let _ = std::fs::remove_file(&bad.table.path);
+        let ids: Vec<ObjectId> = bad
+            .table
+            .files
+            .iter()
+            .map(|f| f.id)
+            .filter(|id| self.live.contains(id))
+            .collect();
+        let mut notes = Vec::new();
+        let fresh = build_fresh(&**source, dir, &self.key, ids, &mut notes);
+        if let Some(f) = fresh.failed.first() {
+            return fail(f.to_string());
+        }
+        if !fresh.in_memory.is_empty() || fresh.tables.len() != 1 {
+            return fail(notes.join("; "));
+        }
+        let Some(t) = fresh.tables.into_iter().next() else {
+            return fail("nothing was built".into());
+        };
+        let t = Arc::new(t);
+        // Same packs, in the same places: positions come from the pack list.
+        let to_pack = t
+            .packs
+            .iter()
+            .map(|p| self.pack_pos.get(&p.id).copied().unwrap_or(NOWHERE))
+            .collect();
+        let loaded = Arc::new(Loaded { table: t, to_pack });
+        *self.tables[i].write().unwrap_or_else(|p| p.into_inner()) = loaded.clone();
+        self.notes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(format!("index table rebuilt from the index files: {e}"));
+        Some(loaded)
+    }
+
+    /// Every location of a blob: the first, then the alternates.
+    pub fn locations(&self, id: &BlobId) -> std::vec::IntoIter<BlobLoc> {
+        let mut out = self.table_locations(id);
+        if let Some(more) = self.overlay.get(id) {
+            for l in more {
+                if !self.dead.contains(&l.pack) && !out.iter().any(|o| o.pack == l.pack) {
+                    out.push(*l);
+                }
+            }
+        }
+        out.into_iter()
+    }
+
+    /// Whether a pack is indexed.
+    pub fn has_pack(&self, id: &ObjectId) -> bool {
+        self.pack_pos.contains_key(id)
+    }
+
+    /// Location of a blob.
+    pub fn get(&self, id: &BlobId) -> Option<BlobLoc> {
+        self.locations(id).next()
+    }
+
+    /// Whether a blob is indexed.
+    pub fn contains(&self, id: &BlobId) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Pack ID at a position.
+    pub fn pack_id(&self, pos: u32) -> ObjectId {
+        self.packs[pos as usize].id
+    }
+
+    /// Every pack.
+    pub fn packs(&self) -> &[PackInfo] {
+        &self.packs
+    }
+
+    /// Index files merged (not superseded).
+    pub fn files(&self) -> &[ObjectId] {
+        &self.files
+    }
+
+    /// A table that went bad during this run and could not be rebuilt:
+    /// some blobs may be missing from lookups, so nothing may be deleted
+    /// on what the index says.
+    pub fn fault(&self) -> Option<String> {
+        self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// What was done to the local tables that is worth a line.
+    pub fn notes(&self) -> Vec<String> {
+        self.notes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Every blob with its first location, in blob ID order, read a page
+    /// at a time.
+    pub fn iter(&self) -> impl Iterator<Item = (BlobId, BlobLoc)> + '_ {
+        self.iter_all().map(|(id, locs)| (id, locs[0]))
+    }
+
+    /// Every blob with all its locations (the first, then alternates), in
+    /// blob ID order, read a page at a time.
+    pub fn iter_all(&self) -> impl Iterator<Item = (BlobId, Vec<BlobLoc>)> + '_ {
+        let scans: Vec<(set::Scan, Arc<Loaded>)> = self
+            .tables
+            .iter()
+            .map(|s| {
+                let l = s.read().unwrap_or_else(|p| p.into_inner()).clone();
+                (set::Scan::new(l.table.clone()), l)
+            })
+            .collect();
+        let mut overlay: Vec<(&BlobId, &Vec<BlobLoc>)> = self.overlay.iter().collect();
+        overlay.sort_by_key(|(id, _)| **id);
+        Iter {
+            index: self,
+            heads: vec![None; scans.len()],
+            scans,
+            heap: BinaryHeap::new(),
+            started: false,
+            overlay,
+            at: 0,
+        }
+    }
+
+    /// Number of blobs (reads every table).
+    pub fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    /// True when no blob is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.iter().next().is_none()
+    }
+}
+
+/// [`MasterIndex::iter`]: a merge of the tables' scans and the overlay.
+struct Iter<'a> {
+    index: &'a MasterIndex,
+    scans: Vec<(set::Scan, Arc<Loaded>)>,
+    /// Each scan's next live entry, by blob ID then table.
+    heap: BinaryHeap<std::cmp::Reverse<(BlobId, usize)>>,
+    /// Where each scan's entry in the heap is.
+    heads: Vec<Option<BlobLoc>>,
+    started: bool,
+    overlay: Vec<(&'a BlobId, &'a Vec<BlobLoc>)>,
+    at: usize,
+}
+
+impl Iter<'_> {
+    /// Puts scan `i`'s next live entry in the heap.
+    fn advance(&mut self, i: usize) {
+        self.heads[i] = None;
+        while let Some(r) = self.scans[i].0.next() {
+            match r {
+                Ok(e) => {
+                    let pos = self.scans[i].1.to_pack[e.slot as usize];
+                    if pos == NOWHERE || self.index.dead.contains(&pos) {
+                        continue;
+                    }
+                    self.heap.push(std::cmp::Reverse((e.id, i)));
+                    self.heads[i] = Some(BlobLoc {
+                        pack: pos,
+                        blob_type: e.blob_type,
+                        offset: e.offset,
+                        length: e.length,
+                        raw_length: e.raw_length,
+                    });
+                    return;
+                }
+                Err(e) => {
+                    self.index
+                        .fault
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(format!("reading the whole index: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for Iter<'_> {
+    type Item = (BlobId, Vec<BlobLoc>);
+    fn next(&mut self) -> Option<Self::Item> {
+        if !self.started {
+            self.started = true;
+            for i in 0..self.scans.len() {
+                self.advance(i);
+            }
+        }
+        loop {
+            let table_head = self.heap.peek().map(|r| r.0 .0);
+            let over_head = self.overlay.get(self.at).map(|(id, _)| **id);
+            let id = match (table_head, over_head) {
+                (None, None) => return None,
+                (Some(t), Some(o)) => t.min(o),
+                (Some(t), None) => t,
+                (None, Some(o)) => o,
+            };
+            let mut found: Vec<BlobLoc> = Vec::new();
+            while self.heap.peek().is_some_and(|r| r.0 .0 == id) {
+                let Some(std::cmp::Reverse((_, i))) = self.heap.pop() else {
+                    break;
+                };
+                if let Some(l) = self.heads[i] {
+                    if !found.iter().any(|f| f.pack == l.pack) {
+                        found.push(l);
+                    }
+                }
+                self.advance(i);
+            }
+            if over_head == Some(id) {
+                for l in self.overlay[self.at].1 {
+                    if !self.index.dead.contains(&l.pack) && !found.iter().any(|f| f.pack == l.pack)
+                    {
+                        found.push(*l);
+                    }
+                }
+                self.at += 1;
+            }
+            if !found.is_empty() {
+                return Some((id, found));
+            }
+        }
+    }
+}
+
+/// What the index needs from a repository, and no more: list the objects of
+/// a kind, read one back authenticated, store one sealed. The repository
+/// implements it over its backend and key; tests implement it in memory, so
+/// the index is loaded and saved without a whole repository.
+pub trait SealedStore: Sync {
+    /// Names of every object of kind `t`.
+    fn list(&self, t: FileType) -> Result<Vec<String>>;
+    /// The plaintext of object `id` of kind `t`, after checking that its
+    /// bytes hash to its name and authenticating them with `aad`.
+    fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>>;
+    /// Seals `plain` with `aad`, stores it under its hash; returns the ID.
+    fn write_sealed(&self, t: FileType, aad: Aad<'_>, plain: &[u8]) -> Result<ObjectId>;
+    /// Where this machine keeps the index's tables. Without one, they are
+    /// made in a temporary directory for the process.
+    fn index_home(&self) -> IndexHome {
+        IndexHome {
+            dir: None,
+            key: [0; 32],
+            source: None,
+        }
+    }
+}
+
+/// Reads and decodes one index file.
+pub fn load_index_file(store: &dyn SealedStore, id: &ObjectId) -> Result<IndexFile> {
+    let p = store.read_sealed(FileType::Index, id, Aad::Index)?;
+    decode_index(&p).map_err(|e| EngineError::corrupt(FileType::Index.name(id), e))
+}
+
+/// Encrypts and stores an index file; returns its ID.
+pub fn save_index_file(store: &dyn SealedStore, f: &IndexFile) -> Result<ObjectId> {
+    store.write_sealed(FileType::Index, Aad::Index, &encode_index(f))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,545 @@
+//! One index table: the blobs of some index files, sorted by blob ID, in a
+//! local file that is read a page at a time (docs/FORMAT.md, "Index
+//! tables"). Only the table's footer is held in memory: which index files
+//! it covers, its packs, and the first key of each page (the fences), about
+//! 0.1 byte per blob. A lookup reads one page, rarely two.
+//!
+//! Tables are a cache of what the repository's index files say: they are
+//! never uploaded, and are rebuilt from the index files when missing or
+//! damaged. Every page and the footer carry a MAC keyed from the
+//! repository key, so neither a damaged disk nor a table planted by
+//! another local user is believed.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use capsule_format::{BlobId, BlobType, Id, ObjectId};
+
+/// Bytes in a page.
+pub(crate) const PAGE: usize = 4096;
+/// Bytes in an entry: blob ID, pack slot (top bit: tree), offset, stored
+/// length, plaintext length.
+const ENTRY: usize = 48;
+/// Entries in a full page.
+pub(crate) const PER_PAGE: usize = 84;
+/// Where a page's entry count is.
+const COUNT_AT: usize = PER_PAGE * ENTRY;
+/// Where a page's MAC is: the last 32 bytes.
+const MAC_AT: usize = PAGE - 32;
+/// The footer's first bytes.
+const MAGIC: &[u8; 16] = b"capsule-itable\x00\x01";
+/// The last bytes of a table: footer offset, footer length, footer MAC,
+/// magic.
+const TAIL: usize = 8 + 8 + 32 + 16;
+/// The top bit of a slot marks a tree blob.
+const TREE_BIT: u32 = 1 << 31;
+/// The most packs or files a footer may claim (a damaged count must not
+/// allocate gigabytes before its MAC is checked).
+const MAX_FOOTER: u64 = 1 << 30;
+
+/// A table that cannot be used: the caller rebuilds it.
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    /// Reading or writing the file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The table.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The bytes are not what this repository's key wrote.
+    #[error("{path}: {what}")]
+    Damaged {
+        /// The table.
+        path: PathBuf,
+        /// Which part fails.
+        what: String,
+    },
+}
+
+/// One blob's row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    pub id: BlobId,
+    /// Position of the pack in the table's pack list.
+    pub slot: u32,
+    pub blob_type: BlobType,
+    pub offset: u32,
+    pub length: u32,
+    pub raw_length: u32,
+}
+
+impl Entry {
+    fn encode(&self, out: &mut [u8]) {
+        out[..32].copy_from_slice(&self.id.0 .0);
+        let slot = self.slot
+            | match self.blob_type {
+                BlobType::Tree => TREE_BIT,
+                BlobType::Data => 0,
+            };
+        out[32..36].copy_from_slice(&slot.to_le_bytes());
+        out[36..40].copy_from_slice(&self.offset.to_le_bytes());
+        out[40..44].copy_from_slice(&self.length.to_le_bytes());
+        out[44..48].copy_from_slice(&self.raw_length.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> Entry {
+        let u = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let mut id = [0u8; 32];
+        id.copy_from_slice(&b[..32]);
+        let slot = u(32);
+        Entry {
+            id: BlobId(Id(id)),
+            slot: slot & !TREE_BIT,
+            blob_type: if slot & TREE_BIT != 0 {
+                BlobType::Tree
+            } else {
+                BlobType::Data
+            },
+            offset: u(36),
+            length: u(40),
+            raw_length: u(44),
+        }
+    }
+}
+
+/// An index file a table covers, and what it supersedes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FileMeta {
+    pub id: ObjectId,
+    pub supersedes: Vec<ObjectId>,
+}
+
+/// A pack of a table: listed by one of its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TablePack {
+    pub id: ObjectId,
+    pub size: u64,
+    pub blob_type: BlobType,
+    /// Position of the listing file in the table's file list.
+    pub file: u32,
+}
+
+/// The first 8 bytes of a blob ID, as a number: the fences compare these.
+fn prefix(id: &BlobId) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id.0 .0[..8]);
+    u64::from_be_bytes(b)
+}
+
+/// The name of the table covering exactly `files`, keyed so that two
+/// repositories' tables never share a name.
+pub(crate) fn table_id(key: &[u8; 32], files: &[FileMeta]) -> [u8; 32] {
+    let mut ids: Vec<&ObjectId> = files.iter().map(|f| &f.id).collect();
+    ids.sort();
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"table");
+    for id in ids {
+        h.update(id.as_bytes());
+    }
+    *h.finalize().as_bytes()
+}
+
+fn page_mac(key: &[u8; 32], table: &[u8; 32], n: u64, bytes: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"page");
+    h.update(table);
+    h.update(&n.to_le_bytes());
+    h.update(bytes);
+    *h.finalize().as_bytes()
+}
+
+fn footer_mac(key: &[u8; 32], footer: &[u8], at: u64) -> [u8; 32] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(b"footer");
+    h.update(&at.to_le_bytes());
+    h.update(footer);
+    *h.finalize().as_bytes()
+}
+
+/// The file name of a table.
+pub(crate) fn file_name(id: &[u8; 32]) -> String {
+    format!("{}.tbl", hex::encode(&id[..16]))
+}
+
+/// Writes a table from entries given in order (blob ID, then slot), to a
+/// temporary file renamed into place when complete: a reader never sees a
+/// half-written table.
+pub(crate) struct Writer {
+    out: BufWriter<File>,
+    tmp: PathBuf,
+    dir: PathBuf,
+    key: [u8; 32],
+    id: [u8; 32],
+    files: Vec<FileMeta>,
+    packs: Vec<TablePack>,
+    page: Box<[u8; PAGE]>,
+    in_page: usize,
+    pages: u64,
+    fences: Vec<u64>,
+    entries: u64,
+    last: Option<(BlobId, u32)>,
+}
+
+impl Writer {
+    /// Starts a table over `files` and their `packs` in `dir`.
+    pub fn create(
+        dir: &Path,
+        key: &[u8; 32],
+        files: Vec<FileMeta>,
+        packs: Vec<TablePack>,
+    ) -> Result<Writer, TableError> {
+        let id = table_id(key, &files);
+        let io = |source| TableError::Io {
+            path: dir.to_path_buf(),
+            source,
+        };
+        let tmp = tempfile::Builder::new()
+            .prefix(".tmp-")
+            .suffix(".tbl")
+            .tempfile_in(dir)
+            .map_err(io)?;
+        // Kept on disk until renamed or dropped (then removed).
+        let (file, tmp) = tmp.keep().map_err(|e| io(e.error))?;
+        Ok(Writer {
+            out: BufWriter::with_capacity(64 * PAGE, file),
+            tmp,
+            dir: dir.to_path_buf(),
+            key: *key,
+            id,
+            files,
+            packs,
+            page: Box::new([0u8; PAGE]),
+            in_page: 0,
+            pages: 0,
+            fences: Vec::new(),
+            entries: 0,
+            last: None,
+        })
+    }
+
+    fn io(&self, source: std::io::Error) -> TableError {
+        TableError::Io {
+            path: self.tmp.clone(),
+            source,
+        }
+    }
+
+    /// Adds one entry; entries come sorted by blob ID, then slot.
+    pub fn push(&mut self, e: &Entry) -> Result<(), TableError> {
+        debug_assert!(self.last.is_none_or(|l| l < (e.id, e.slot)));
+        debug_assert!((e.slot as usize) < self.packs.len());
+        self.last = Some((e.id, e.slot));
+        if self.in_page == 0 {
+            self.fences.push(prefix(&e.id));
+        }
+        e.encode(&mut self.page[self.in_page * ENTRY..(self.in_page + 1) * ENTRY]);
+        self.in_page += 1;
+        self.entries += 1;
+        if self.in_page == PER_PAGE {
+            self.flush_page()?;
+        }
+        Ok(())
+    }
+
+    fn flush_page(&mut self) -> Result<(), TableError> {
+        let n = self.in_page;
+        self.page[n * ENTRY..COUNT_AT].fill(0);
+        self.page[COUNT_AT..COUNT_AT + 4].copy_from_slice(&(n as u32).to_le_bytes());
+        self.page[COUNT_AT + 4..MAC_AT].fill(0);
+        let mac = page_mac(&self.key, &self.id, self.pages, &self.page[..MAC_AT]);
+        self.page[MAC_AT..].copy_from_slice(&mac);
+        let r = self.out.write_all(&self.page[..]);
+        r.map_err(|e| self.io(e))?;
+        self.pages += 1;
+        self.in_page = 0;
+        Ok(())
+    }
+
+    /// Writes the footer, syncs, and renames the table into place; returns
+    /// its path. A table of that name already there (another process built
+    /// the same one) is the same bytes, and is replaced.
+    pub fn finish(mut self) -> Result<PathBuf, TableError> {
+        if self.in_page > 0 {
+            self.flush_page()?;
+        }
+        let mut f = Vec::with_capacity(64 + self.packs.len() * 48 + self.fences.len() * 8);
+        f.extend_from_slice(MAGIC);
+        f.extend_from_slice(&(self.files.len() as u64).to_le_bytes());
+        f.extend_from_slice(&(self.packs.len() as u64).to_le_bytes());
+        f.extend_from_slice(&self.pages.to_le_bytes());
+        f.extend_from_slice(&self.entries.to_le_bytes());
+        f.extend_from_slice(&self.id);
+        for m in &self.files {
+            f.extend_from_slice(m.id.as_bytes());
+            f.extend_from_slice(&(m.supersedes.len() as u64).to_le_bytes());
+            for s in &m.supersedes {
+                f.extend_from_slice(s.as_bytes());
+            }
+        }
+        for p in &self.packs {
+            f.extend_from_slice(p.id.as_bytes());
+            f.extend_from_slice(&p.size.to_le_bytes());
+            f.extend_from_slice(&p.file.to_le_bytes());
+            f.extend_from_slice(&[u8::from(p.blob_type == BlobType::Tree), 0, 0, 0]);
+        }
+        for fence in &self.fences {
+            f.extend_from_slice(&fence.to_le_bytes());
+        }
+        let at = self.pages * PAGE as u64;
+        let mac = footer_mac(&self.key, &f, at);
+        let len = f.len() as u64;
+        f.extend_from_slice(&at.to_le_bytes());
+        f.extend_from_slice(&len.to_le_bytes());
+        f.extend_from_slice(&mac);
+        f.extend_from_slice(MAGIC);
+        let r = self.out.write_all(&f).and_then(|_| self.out.flush());
+        r.map_err(|e| self.io(e))?;
+        let r = self.out.get_ref().sync_all();
+        r.map_err(|e| self.io(e))?;
+        let path = self.dir.join(file_name(&self.id));
+        std::fs::rename(&self.tmp, &path).map_err(|e| self.io(e))?;
+        self.tmp = PathBuf::new();
+        Ok(path)
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Unfinished (an error, a full disk): leave nothing half-written.
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// An open table: its footer in memory, its pages on disk.
+#[derive(Debug)]
+pub(crate) struct Table {
+    file: File,
+    pub path: PathBuf,
+    pub id: [u8; 32],
+    pub files: Vec<FileMeta>,
+    pub packs: Vec<TablePack>,
+    fences: Vec<u64>,
+    pub entries: u64,
+    /// One bit a page: its MAC was checked in this process.
+    verified: Vec<AtomicU64>,
+    key: [u8; 32],
+}
+
+/// A page read and checked: its entries.
+pub(crate) struct Page {
+    bytes: Box<[u8; PAGE]>,
+    len: usize,
+}
+
+impl Page {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn entry(&self, i: usize) -> Entry {
+        Entry::decode(&self.bytes[i * ENTRY..(i + 1) * ENTRY])
+    }
+    fn id(&self, i: usize) -> &[u8] {
+        &self.bytes[i * ENTRY..i * ENTRY + 32]
+    }
+}
+
+struct Cursor<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Some(u64::from_le_bytes(a))
+    }
+    fn id(&mut self) -> Option<ObjectId> {
+        let mut a = [0u8; 32];
+        a.copy_from_slice(self.take(32)?);
+        Some(ObjectId(Id(a)))
+    }
+}
+
+impl Table {
+    /// Opens a table and checks its footer against `key`.
+    pub fn open(path: &Path, key: &[u8; 32]) -> Result<Table, TableError> {
+        let damaged = |what: &str| TableError::Damaged {
+            path: path.to_path_buf(),
+            what: what.to_string(),
+        };
+        let io = |source| TableError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io)?;
+        let size = file.metadata().map_err(io)?.len();
+        if size < TAIL as u64 {
+            return Err(damaged("shorter than its footer"));
+        }
+        let mut tail = [0u8; TAIL];
+        file.read_exact_at(&mut tail, size - TAIL as u64)
+            .map_err(io)?;
+        if &tail[TAIL - 16..] != MAGIC {
+            return Err(damaged("does not end as a table does"));
+        }
+        let mut c = Cursor { b: &tail, at: 0 };
+        let (at, len) = (c.u64().unwrap_or(0), c.u64().unwrap_or(0));
+        let mac = c.take(32).unwrap_or(&[]).to_vec();
+        // The footer ends where the tail starts.
+        if len > MAX_FOOTER || at.checked_add(len) != Some(size - TAIL as u64) {
+            return Err(damaged("its footer's bounds do not match its size"));
+        }
+        let mut footer = vec![0u8; len as usize];
+        file.read_exact_at(&mut footer, at).map_err(io)?;
+        if footer_mac(key, &footer, at)[..] != mac[..] {
+            return Err(damaged(
+                "its footer fails its MAC (damaged, or not written with this repository's key)",
+            ));
+        }
+        let parsed = (|| {
+            let mut c = Cursor { b: &footer, at: 0 };
+            if c.take(16)? != MAGIC {
+                return None;
+            }
+            let (nf, np, pages, entries) = (c.u64()?, c.u64()?, c.u64()?, c.u64()?);
+            let mut id = [0u8; 32];
+            id.copy_from_slice(c.take(32)?);
+            if nf > MAX_FOOTER || np > MAX_FOOTER || pages * PAGE as u64 != at {
+                return None;
+            }
+            let mut files = Vec::with_capacity(nf as usize);
+            for _ in 0..nf {
+                let fid = c.id()?;
+                let ns = c.u64()?;
+                if ns > MAX_FOOTER {
+                    return None;
+                }
+                let supersedes = (0..ns).map(|_| c.id()).collect::<Option<Vec<_>>>()?;
+                files.push(FileMeta {
+                    id: fid,
+                    supersedes,
+                });
+            }
+            let mut packs = Vec::with_capacity(np as usize);
+            for _ in 0..np {
+                let pid = c.id()?;
+                let size = c.u64()?;
+                let f = c.take(8)?;
+                let file = u32::from_le_bytes([f[0], f[1], f[2], f[3]]);
+                if file as u64 >= nf {
+                    return None;
+                }
+                packs.push(TablePack {
+                    id: pid,
+                    size,
+                    file,
+                    blob_type: if f[4] == 1 {
+                        BlobType::Tree
+                    } else {
+                        BlobType::Data
+                    },
+                });
+            }
+            let fences = (0..pages).map(|_| c.u64()).collect::<Option<Vec<_>>>()?;
+            (c.at == footer.len()).then_some((id, files, packs, fences, entries))
+        })();
+        let (id, files, packs, fences, entries) =
+            parsed.ok_or_else(|| damaged("its footer does not decode"))?;
+        let verified = (0..fences.len().div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        Ok(Table {
+            file,
+            path: path.to_path_buf(),
+            id,
+            files,
+            packs,
+            fences,
+            entries,
+            verified,
+            key: *key,
+        })
+    }
+
+    /// Pages in the table.
+    pub fn pages(&self) -> u64 {
+        self.fences.len() as u64
+    }
+
+    /// Reads page `n`, checking its MAC the first time in this process.
+    pub fn page(&self, n: u64) -> Result<Page, TableError> {
+        let mut bytes = Box::new([0u8; PAGE]);
+        self.file
+            .read_exact_at(&mut bytes[..], n * PAGE as u64)
+            .map_err(|source| TableError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        let damaged = |what: String| TableError::Damaged {
+            path: self.path.clone(),
+            what,
+        };
+        let (word, bit) = ((n / 64) as usize, 1u64 << (n % 64));
+        if self.verified[word].load(Ordering::Relaxed) & bit == 0 {
+            let mac = page_mac(&self.key, &self.id, n, &bytes[..MAC_AT]);
+            if mac[..] != bytes[MAC_AT..] {
+                return Err(damaged(format!("page {n} fails its MAC")));
+            }
+            self.verified[word].fetch_or(bit, Ordering::Relaxed);
+        }
+        let c = &bytes[COUNT_AT..COUNT_AT + 4];
+        let len = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+        if len == 0 || len > PER_PAGE {
+            return Err(damaged(format!("page {n} claims {len} entries")));
+        }
+        let page = Page { bytes, len };
+        // A MAC'd page out of order is a bug in the writer; say so
+        // rather than answer wrongly.
+        if prefix(&page.entry(0).id) != self.fences[n as usize] {
+            return Err(damaged(format!("page {n} does not start at its fence")));
+        }
+        Ok(page)
+    }
+
+    /// Every entry for `id`, in slot order, appended to `out`.
+    pub fn find(&self, id: &BlobId, out: &mut Vec<Entry>) -> Result<(), TableError> {
+        let p = prefix(id);
+        let first = self.fences.partition_point(|f| *f < p).saturating_sub(1);
+        let mut n = first;
+        while n < self.fences.len() && (n == first || self.fences[n] <= p) {
+            let page = self.page(n as u64)?;
+            let key = &id.0 .0[..];
+            let (mut i, mut hi) = (0, page.len());
+            while i < hi {
+                let mid = (i + hi) / 2;
+                if page.id(mid) < key {
+                    i = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            while i < page.len() && page.id(i) == key {
+                out.push(page.entry(i));
+                i += 1;
+            }
+            if i < page.len() {
+                break; // a larger key ends the run
+            }
+            n += 1;
+        }
+        Ok(())
+    }
+}
