@@ -153,6 +153,11 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     for (id, loc) in index.iter() {
         blobs_by_pack.entry(loc.pack).or_default().push((id, loc));
     }
+    if let Some(f) = index.fault() {
+        // This machine's copy of the index, not the repository: said, so
+        // that what follows is not taken for damage on the destination.
+        problems.add("local index table".into(), f);
+    }
     let mut intact_packs = Vec::new();
     for (pos, pack) in index.packs().iter().enumerate() {
         let (name, size) = (pack.name(), &pack.size);

@@ -328,6 +328,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
         }
     }
     let used = used_blobs(repo, &index, &marked_index, &snaps)?;
+    index_sound(&index)?;
 
     // ----- sweep -----
     // A mark is ready when none of its sessions is still held. Held ones
@@ -485,6 +486,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     // it. Other copies (two backups that stored the same blob at once) are
     // unused space like any unused blob.
     let by_pack = entries_by_pack(&index);
+    index_sound(&index)?;
     let mut keep: Vec<(IndexPack, u64)> = Vec::new();
     let mut condemned: Vec<IndexPack> = Vec::new();
     for (i, info) in index.packs().iter().enumerate() {
@@ -914,6 +916,18 @@ fn used_blobs(
         }
     }
     Ok(used)
+}
+
+/// Refuses to go on when a table of the local index went bad during the
+/// run and could not be rebuilt: a blob missing from a lookup must never
+/// make a pack look unused.
+fn index_sound(index: &MasterIndex) -> Result<()> {
+    match index.fault() {
+        None => Ok(()),
+        Some(f) => Err(EngineError::PruneRefused(format!(
+            "the local index went bad during the run ({f}); nothing was deleted: run prune again (the table is rebuilt from the index files)"
+        ))),
+    }
 }
 
 /// Every location in the index, grouped by pack position (first locations

@@ -344,6 +344,7 @@ pub fn backup(
         (start_unix, start_nanos),
         snapshots,
     )?;
+    let ready = started.elapsed().as_secs_f64();
     let parent_root = match &parent {
         // With --force the parent is still used for identity (atimes,
         // new-vs-changed counts), never to skip reading content.
@@ -582,6 +583,7 @@ pub fn backup(
         files_unchanged: g(&c.files_unchanged),
         trees_reused: g(&c.trees_reused),
         stages: StageTimes {
+            ready,
             scan: ns(&c.scan_ns),
             read: ns(&c.read_ns),
             chunk_hash: ns(&c.hash_ns),

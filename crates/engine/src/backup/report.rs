@@ -69,6 +69,9 @@ pub struct Warning {
 /// Seconds spent per stage, summed over threads.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct StageTimes {
+    /// From the start of the run until the index and the parent are
+    /// loaded and the scan can begin: what the repository's size costs.
+    pub ready: f64,
     /// Listing directories and reading metadata.
     pub scan: f64,
     /// Reading file content.

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Memory and start-up against the repository's size: the same operations on
+# a repository of 100,000 blobs and one of 10,000,000, same run, local disk.
+# Prints a Markdown table: wall seconds, peak RSS and (for backups) the
+# seconds until the run is ready to scan ("ready": repository opened, index
+# and parent loaded).
+#
+#   bench/index.sh [--blobs "100000 10000000"] [--output FILE] [--keep-repos DIR]
+#
+# The repositories are made by bench/src/bin/blobgen.rs, which writes real
+# small blobs (64-447 bytes, incompressible) through the engine's packer, a
+# file each, 1,000 files a directory, in 10 snapshots of a tenth each.
+# Operations, in order, each timed by /usr/bin/time:
+#   first run here   a backup of one file, with no local index tables: it
+#                    builds them from the index files (once per machine)
+#   backup +10,000   a backup adding 10,000 new files (4 KiB each)
+#   no-change run    the same source again (no journal)
+#   restore 1 file   one file of a generated snapshot
+#   check            structure (not --read-data)
+#   forget + prune   forget one generated snapshot (a tenth of the blobs),
+#                    then prune
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sizes="100000 10000000" output="" keep=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --blobs) sizes=$2; shift ;;
+    --output) output=$2; shift ;;
+    --keep-repos) keep=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+cargo build --release -q -p capsule -p capsule-bench
+capsule=$PWD/target/release/capsule
+blobgen=$PWD/target/release/blobgen
+work=${keep:-$(mktemp -d /var/tmp/capsule-index.XXXXXX)}
+mkdir -p "$work"
+[ -n "$keep" ] || trap 'rm -rf "$work"' EXIT
+export CAPSULE_PASSWORD=bench-index CAPSULE_CACHE_DIR=$work/cache RUST_BACKTRACE=0
+
+# A source of 10,000 new files of 4 KiB each.
+src=$work/src10k
+if [ ! -d "$src" ]; then
+  mkdir -p "$src"
+  python3 - "$src" <<'PY'
+import os, sys
+root = sys.argv[1]
+for d in range(10):
+    os.makedirs(f"{root}/d{d}", exist_ok=True)
+    for f in range(1000):
+        with open(f"{root}/d{d}/f{f}", "wb") as fh:
+            fh.write(os.urandom(4096))
+PY
+fi
+mkdir -p "$work/one" && echo one >"$work/one/file"
+
+# timed LABEL CMD...: appends "LABEL|seconds|peak MiB|ready" to $rows_file
+timed() {
+  local label=$1; shift
+  local t0 t1
+  t0=$(date +%s.%N)
+  /usr/bin/time -f "%M" -o "$work/rss" "$@" >"$work/out.json" 2>"$work/err" || {
+    echo "failed: $label: $*" >&2; tail -5 "$work/err" >&2; exit 1; }
+  t1=$(date +%s.%N)
+  local ready
+  ready=$(python3 -c 'import json,sys
+try:
+    print(round(json.load(open(sys.argv[1]))["stages"]["ready"], 3))
+except Exception:
+    print("—")' "$work/out.json")
+  echo "$label|$(python3 -c "print(round($t1 - $t0, 2))")|$(( $(cat "$work/rss") / 1024 ))|$ready" >>"$rows_file"
+}
+
+declare -A results
+for n in $sizes; do
+  repo=$work/repo-$n
+  rows_file=$work/rows-$n
+  : >"$rows_file"
+  if [ ! -f "$repo/config" ]; then
+    "$capsule" -r "$repo" init >/dev/null
+    t0=$(date +%s.%N)
+    "$blobgen" "$repo" "$n" 10
+    echo "generated $n blobs in $(python3 -c "print(round($(date +%s.%N) - $t0))") s" >&2
+  fi
+  rm -rf "$CAPSULE_CACHE_DIR"
+  timed "first run here (builds the tables)" "$capsule" -r "$repo" --json backup "$work/one"
+  timed "backup adding 10,000 files" "$capsule" -r "$repo" --json backup "$src"
+  timed "no-change run, no journal" "$capsule" -r "$repo" --json backup "$src"
+  snap=$("$capsule" -r "$repo" --json snapshots | python3 -c 'import json,sys
+s=[x for x in json.load(sys.stdin) if x["snapshot"].get("hostname")=="blobgen"]
+print(s[3]["id"])')
+  rm -rf "$work/target"
+  timed "restore 1 file" "$capsule" -r "$repo" --json restore "$snap" --target "$work/target" \
+    --include '/d000001/f*500'
+  timed "check" "$capsule" -r "$repo" --json check
+  "$capsule" -r "$repo" forget "$snap" >/dev/null
+  timed "prune after forgetting a tenth" "$capsule" -r "$repo" --json prune
+  results[$n]=$rows_file
+  echo "done: $n blobs" >&2
+done
+
+{
+  echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); capsule $("$capsule" --version | cut -d' ' -f2); $(date -u +%F)"
+  echo "Command: bench/index.sh --blobs \"$sizes\""
+  echo
+  header="| operation |"; sep="|---|"
+  for n in $sizes; do header+=" $n blobs: s, peak MiB, ready s |"; sep+="---|"; done
+  echo "$header"; echo "$sep"
+  first=${sizes%% *}
+  while IFS='|' read -r label _ _ _; do
+    line="| $label |"
+    for n in $sizes; do
+      r=$(grep -F "$label|" "${results[$n]}" | head -1 | cut -d'|' -f2-)
+      IFS='|' read -r s m rd <<<"$r"
+      line+=" $s, $m, $rd |"
+    done
+    echo "$line"
+  done <"${results[$first]}"
+} | tee "${output:-/dev/null}"
