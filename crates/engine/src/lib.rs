@@ -20,6 +20,7 @@ mod pause;
 pub mod progress;
 pub mod prune;
 pub mod quota;
+mod reach;
 mod repack;
 pub mod repair;
 pub mod repo;

@@ -29,10 +29,9 @@ use std::time::Instant;
 
 use capsule_crypto::Aad;
 use capsule_format::index::{decode_index, encode_index, IndexFile, IndexPack};
-use capsule_format::pack::PackEntry;
 use capsule_format::snapshot::{from_json, to_json};
 use capsule_format::FileType;
-use capsule_format::{BlobId, ObjectId};
+use capsule_format::ObjectId;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
@@ -327,7 +326,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
             marked_index.add_pack(p);
         }
     }
-    let used = used_blobs(repo, &index, &marked_index, &snaps)?;
+    let used = crate::reach::used_blobs(repo, &index, &marked_index, &snaps)?;
     index_sound(&index)?;
 
     // ----- sweep -----
@@ -484,35 +483,26 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     // ----- mark -----
     // Each used blob counts in one pack: the index's first location for
     // it. Other copies (two backups that stored the same blob at once) are
-    // unused space like any unused blob.
-    let by_pack = entries_by_pack(&index);
+    // unused space like any unused blob. One scan of the index gives each
+    // pack's stored and needed bytes; entries are then gathered only for
+    // the packs that leave, so memory follows what changes, not the
+    // repository.
+    let (stored, needed) = crate::reach::pack_bytes(&index, &used);
     index_sound(&index)?;
-    let mut keep: Vec<(IndexPack, u64)> = Vec::new();
-    let mut condemned: Vec<IndexPack> = Vec::new();
-    for (i, info) in index.packs().iter().enumerate() {
-        let entries = by_pack.get(&(i as u32)).cloned().unwrap_or_default();
-        let p = IndexPack {
-            id: info.id,
-            size: info.size,
-            entries,
-        };
-        let needed: u64 = p
-            .entries
-            .iter()
-            .filter(|e| crate::repack::needed_here(&index, &used, e, i as u32))
-            .map(|e| u64::from(e.length))
-            .sum();
-        if needed == 0 {
-            condemned.push(p);
+    let infos = index.packs();
+    let mut keep: Vec<(usize, u64)> = Vec::new();
+    let mut condemned_pos: Vec<usize> = Vec::new();
+    for i in 0..infos.len() {
+        if needed[i] == 0 {
+            condemned_pos.push(i);
         } else {
             // Blob bytes only: a pack's header is overhead, not waste.
-            let stored: u64 = p.entries.iter().map(|e| u64::from(e.length)).sum();
-            keep.push((p, stored - needed));
+            keep.push((i, stored[i] - needed[i]));
         }
     }
     // Repack the emptiest partly used packs until what stays unused is at
     // most `max_unused` of what is used.
-    let used_bytes: u64 = keep.iter().map(|(p, u)| p.size - u).sum();
+    let used_bytes: u64 = keep.iter().map(|(i, u)| infos[*i].size - u).sum();
     let mut unused_left: u64 = keep.iter().map(|(_, u)| u).sum();
     let limit = (used_bytes as f64 * opts.max_unused) as u64;
     // Some partly used packs are repacked whatever the limit, as restic
@@ -523,56 +513,65 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     // they cost fewer requests to read, and their waste is the changes the
     // forgotten snapshots made).
     let target = u64::from(repo.config().pack_size);
-    let always = |p: &IndexPack| {
-        p.size < target
-            || p.entries
-                .first()
-                .is_some_and(|e| e.blob_type == capsule_format::BlobType::Tree)
+    let always = |p: &crate::index::PackInfo| {
+        p.size < target || p.blob_type == capsule_format::BlobType::Tree
     };
     let mut repack_set: HashSet<usize> = HashSet::new();
-    for (i, (p, unneeded)) in keep.iter().enumerate() {
-        if *unneeded > 0 && always(p) {
+    for (k, (i, unneeded)) in keep.iter().enumerate() {
+        if *unneeded > 0 && always(&infos[*i]) {
             unused_left -= unneeded;
-            repack_set.insert(i);
+            repack_set.insert(k);
         }
     }
     let mut order: Vec<usize> = (0..keep.len())
-        .filter(|&i| keep[i].1 > 0 && !repack_set.contains(&i))
+        .filter(|&k| keep[k].1 > 0 && !repack_set.contains(&k))
         .collect();
     order.sort_by(|&a, &b| {
-        let ra = keep[a].1 as f64 / keep[a].0.size.max(1) as f64;
-        let rb = keep[b].1 as f64 / keep[b].0.size.max(1) as f64;
+        let ra = keep[a].1 as f64 / infos[keep[a].0].size.max(1) as f64;
+        let rb = keep[b].1 as f64 / infos[keep[b].0].size.max(1) as f64;
         rb.total_cmp(&ra)
     });
-    for i in order {
+    for k in order {
         if unused_left <= limit {
             break;
         }
-        unused_left -= keep[i].1;
-        repack_set.insert(i);
+        unused_left -= keep[k].1;
+        repack_set.insert(k);
     }
-    let mut repack: Vec<IndexPack> = Vec::new();
-    let mut kept: Vec<IndexPack> = Vec::new();
-    for (i, (p, unneeded)) in keep.into_iter().enumerate() {
-        if repack_set.contains(&i) {
+    let mut repack_pos: Vec<usize> = Vec::new();
+    for (k, (i, unneeded)) in keep.iter().enumerate() {
+        if repack_set.contains(&k) {
             report.bytes_repack_freed += unneeded;
-            repack.push(p);
+            repack_pos.push(*i);
         } else {
-            if unneeded > 0 {
+            if *unneeded > 0 {
                 report.packs_partly_used += 1;
                 report.bytes_unused_in_partly_used += unneeded;
             }
-            report.bytes_in_use_packs += p.size;
-            kept.push(p);
+            report.bytes_in_use_packs += infos[*i].size;
         }
     }
+    let leaving: HashSet<u32> = condemned_pos
+        .iter()
+        .chain(&repack_pos)
+        .map(|&i| i as u32)
+        .collect();
+    let mut by_pack = crate::reach::entries_of(&index, &leaving);
+    index_sound(&index)?;
+    let mut pack_at = |i: usize| IndexPack {
+        id: infos[i].id,
+        size: infos[i].size,
+        entries: by_pack.remove(&(i as u32)).unwrap_or_default(),
+    };
+    let mut condemned: Vec<IndexPack> = condemned_pos.iter().map(|&i| pack_at(i)).collect();
+    let repack: Vec<IndexPack> = repack_pos.iter().map(|&i| pack_at(i)).collect();
+    let gone: HashSet<ObjectId> = condemned.iter().chain(&repack).map(|p| p.id).collect();
     report.packs_repacked = repack.len() as u64;
     if !opts.dry_run && !repack.is_empty() {
         report.bytes_repack_written =
-            crate::repack::repack_packs(repo, &index, &used, &kept, &repack)?;
+            crate::repack::repack_packs(repo, &index, &used, &gone, &repack)?;
         crate::pause::test_pause("prune-repacked");
     }
-    let keep = kept;
     condemned.extend(repack);
     report.packs_marked = condemned.len() as u64;
     report.bytes_marked = condemned.iter().map(|p| p.size).sum();
@@ -594,15 +593,8 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
                 Some(write_mark(repo, now, None, condemned.clone())?)
             };
             crate::pause::test_pause("prune-unarmed");
-            let mut superseded: Vec<ObjectId> = index.files().to_vec();
-            superseded.extend(restored_file);
-            save_index_file(
-                &**repo,
-                &IndexFile {
-                    supersedes: superseded.clone(),
-                    packs: keep,
-                },
-            )?;
+            let superseded =
+                crate::index::rewrite_without(&**repo, index.files(), restored_file, &gone)?;
             crate::pause::test_pause("prune-rewritten");
             if let Some(unarmed) = unarmed {
                 let others: Vec<(String, crate::session::SessionInfo)> =
@@ -876,48 +868,6 @@ fn load_marks(repo: &Repository) -> Result<Vec<LoadedMark>> {
     Ok(out)
 }
 
-/// Every blob the snapshots reference: their trees and the data in them.
-/// Trees shared between snapshots are walked once.
-fn used_blobs(
-    repo: &Repository,
-    index: &MasterIndex,
-    marked: &MasterIndex,
-    snaps: &[(ObjectId, capsule_format::snapshot::Snapshot)],
-) -> Result<HashSet<BlobId>> {
-    let mut used: HashSet<BlobId> = HashSet::new();
-    let mut todo: Vec<BlobId> = Vec::new();
-    for (id, s) in snaps {
-        let root: BlobId = s
-            .tree
-            .parse()
-            .map_err(|_| EngineError::corrupt(FileType::Snapshot.name(id), "bad tree id"))?;
-        if used.insert(root) {
-            todo.push(root);
-        }
-    }
-    while let Some(t) = todo.pop() {
-        let loaded = match repo.load_tree(index, &t) {
-            Err(EngineError::MissingBlob(_)) if marked.contains(&t) => repo.load_tree(marked, &t),
-            other => other,
-        };
-        let nodes = loaded.map_err(|e| {
-            EngineError::PruneRefused(format!(
-                "tree {} cannot be read ({e}); run `capsule check` and repair first",
-                t.short()
-            ))
-        })?;
-        for n in nodes {
-            used.extend(n.content.iter().copied());
-            if let Some(sub) = n.subtree {
-                if used.insert(sub) {
-                    todo.push(sub);
-                }
-            }
-        }
-    }
-    Ok(used)
-}
-
 /// Refuses to go on when a table of the local index went bad during the
 /// run and could not be rebuilt: a blob missing from a lookup must never
 /// make a pack look unused.
@@ -928,25 +878,4 @@ fn index_sound(index: &MasterIndex) -> Result<()> {
             "the local index went bad during the run ({f}); nothing was deleted: run prune again (the table is rebuilt from the index files)"
         ))),
     }
-}
-
-/// Every location in the index, grouped by pack position (first locations
-/// and alternates both: a pack's entries are all its blobs).
-fn entries_by_pack(index: &MasterIndex) -> HashMap<u32, Vec<PackEntry>> {
-    let mut by: HashMap<u32, Vec<PackEntry>> = HashMap::new();
-    for (id, locs) in index.iter_all() {
-        for loc in locs {
-            by.entry(loc.pack).or_default().push(PackEntry {
-                blob_type: loc.blob_type,
-                id,
-                offset: loc.offset,
-                length: loc.length,
-                raw_length: loc.raw_length,
-            });
-        }
-    }
-    for v in by.values_mut() {
-        v.sort_by_key(|e| e.offset);
-    }
-    by
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use capsule_format::index::IndexPack;
 use capsule_format::pack::PackEntry;
-use capsule_format::BlobId;
+use capsule_format::ObjectId;
 
 use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
@@ -18,7 +18,7 @@ use crate::repo::Repository;
 /// index's first location of a blob some snapshot uses.
 pub(crate) fn needed_here(
     index: &MasterIndex,
-    used: &HashSet<BlobId>,
+    used: &crate::reach::UsedBlobs,
     e: &PackEntry,
     pos: u32,
 ) -> bool {
@@ -35,14 +35,13 @@ pub(crate) const WHOLE_PACK_READ: u64 = 64 << 20;
 pub(crate) fn repack_packs(
     repo: &Arc<Repository>,
     index: &MasterIndex,
-    used: &HashSet<BlobId>,
-    kept: &[IndexPack],
+    used: &crate::reach::UsedBlobs,
+    gone: &HashSet<ObjectId>,
     repack: &[IndexPack],
 ) -> Result<u64> {
-    let mut base = MasterIndex::default();
-    for p in kept {
-        base.add_pack(p);
-    }
+    // What the saver may count as stored: every pack but those leaving.
+    let (mut base, _) = repo.load_index()?;
+    base.forget_packs(gone);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let saver = BlobSaver::start(repo.clone(), Arc::new(base), cores);
     // Two packs read at once: the next one's round trips hide behind the

@@ -169,7 +169,9 @@ fn build_fresh(
         }
         out.in_memory.append(batch);
     };
-    for chunk in ids.chunks(64) {
+    // A few files at a time (one a core): an index file a prune rewrote
+    // can list every blob of the repository.
+    for chunk in ids.chunks(rayon::current_num_threads().max(1)) {
         let loaded: Vec<Result<(ObjectId, IndexFile)>> = chunk
             .par_iter()
             .map(|id| load_index_file(store, id).map(|f| (*id, f)))
@@ -432,22 +434,12 @@ impl MasterIndex {
         }
     }
 
-    /// Drops every location in the given packs (known missing or damaged),
-    /// so their blobs count as not stored: a backup uploads them again
-    /// instead of referencing lost data. Returns the blobs that no longer
-    /// have any location.
-    pub fn forget_packs(&mut self, bad: &HashSet<ObjectId>) -> usize {
-        let bad_pos: Vec<u32> = bad
-            .iter()
-            .filter_map(|id| self.pack_pos.get(id).copied())
-            .filter(|p| !self.dead.contains(p))
-            .collect();
-        if bad_pos.is_empty() {
-            return 0;
-        }
-        let before = self.iter().count();
+    /// Drops every location in the given packs (known missing or damaged,
+    /// or leaving the repository), so their blobs count as not stored: a
+    /// backup uploads them again instead of referencing lost data.
+    pub fn forget_packs(&mut self, bad: &HashSet<ObjectId>) {
+        let bad_pos = bad.iter().filter_map(|id| self.pack_pos.get(id).copied());
         self.dead.extend(bad_pos);
-        before - self.iter().count()
     }
 
     /// Locations in the tables, live packs only, each pack once.
@@ -756,6 +748,75 @@ pub trait SealedStore: Sync {
             source: None,
         }
     }
+}
+
+/// Entries in an index file a rewrite writes, at most; an index file at least
+/// half that full that lists no pack leaving is left as it is.
+const REWRITE_ENTRIES: usize = 256 * 1024;
+
+/// Writes the index without the packs in `gone` (prune's rewrite): the index files that list
+/// one of them, and the small ones (merged, so that hourly backups'
+/// files do not pile up), are read one at a time and written again into
+/// files of at most [`REWRITE_ENTRIES`] entries, each superseding the files
+/// it took in; the rest stay. `extra` (the file that put marked packs
+/// back) is taken in whatever its size. Returns the superseded files, for
+/// deletion once the new ones are stored. A crash between two writes
+/// leaves each old file either in force or superseded by a complete new
+/// one.
+pub fn rewrite_without(
+    repo: &dyn SealedStore,
+    files: &[ObjectId],
+    extra: Option<ObjectId>,
+    gone: &HashSet<ObjectId>,
+) -> Result<Vec<ObjectId>> {
+    let mut superseded = Vec::new();
+    let mut taken: Vec<ObjectId> = Vec::new();
+    let mut packs: Vec<IndexPack> = Vec::new();
+    let mut entries = 0usize;
+    let mut seen: HashSet<ObjectId> = HashSet::new();
+    let flush = |taken: &mut Vec<ObjectId>,
+                 packs: &mut Vec<IndexPack>,
+                 superseded: &mut Vec<ObjectId>|
+     -> Result<()> {
+        if taken.is_empty() {
+            return Ok(());
+        }
+        save_index_file(
+            repo,
+            &IndexFile {
+                supersedes: taken.clone(),
+                packs: std::mem::take(packs),
+            },
+        )?;
+        superseded.append(taken);
+        Ok(())
+    };
+    for (id, forced) in files
+        .iter()
+        .map(|id| (*id, false))
+        .chain(extra.map(|id| (id, true)))
+    {
+        let f = load_index_file(repo, &id)?;
+        let n: usize = f.packs.iter().map(|p| p.entries.len()).sum();
+        let touched = f.packs.iter().any(|p| gone.contains(&p.id));
+        if !forced && !touched && n >= REWRITE_ENTRIES / 2 {
+            continue;
+        }
+        taken.push(id);
+        for p in f.packs {
+            if gone.contains(&p.id) || !seen.insert(p.id) {
+                continue;
+            }
+            entries += p.entries.len();
+            packs.push(p);
+        }
+        if entries >= REWRITE_ENTRIES {
+            flush(&mut taken, &mut packs, &mut superseded)?;
+            entries = 0;
+        }
+    }
+    flush(&mut taken, &mut packs, &mut superseded)?;
+    Ok(superseded)
 }
 
 /// Reads and decodes one index file.
