@@ -5,7 +5,7 @@
 # seconds until the run is ready to scan ("ready": repository opened, index
 # and parent loaded).
 #
-#   bench/index.sh [--blobs "100000 10000000"] [--output FILE] [--keep-repos DIR]
+#   bench/index.sh [--blobs "100000 10000000"] [--tiny N] [--output FILE] [--keep-repos DIR]
 #
 # The repositories are made by bench/src/bin/blobgen.rs, which writes real
 # small blobs (64-447 bytes, incompressible) through the engine's packer, a
@@ -19,15 +19,19 @@
 #   check            structure (not --read-data)
 #   forget + prune   forget one generated snapshot (a tenth of the blobs),
 #                    then prune
+# Then, with --tiny N (default 1,000,000; 0 skips), a tree of N tiny files
+# (100 a directory, as bench/journal.sh makes): capsule's initial backup and
+# a no-change run (by hand: no journal), and restic's, same tree, same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-sizes="100000 10000000" output="" keep=""
+sizes="100000 10000000" output="" keep="" tiny=1000000
 while [ $# -gt 0 ]; do
   case "$1" in
     --blobs) sizes=$2; shift ;;
     --output) output=$2; shift ;;
     --keep-repos) keep=$2; shift ;;
+    --tiny) tiny=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -102,10 +106,46 @@ print(s[3]["id"])')
   echo "done: $n blobs" >&2
 done
 
+# The tree of tiny files: capsule and restic, initial and no-change.
+tiny_rows=()
+if [ "$tiny" -gt 0 ]; then
+  command -v restic >/dev/null || apt-get install -y -qq restic >/dev/null 2>&1 || true
+  tree=$work/tiny-$tiny
+  if [ ! -d "$tree" ]; then
+    python3 - "$tree" "$tiny" <<'PY'
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    d = os.path.join(root, "d%03d" % (i // 10000), "e%03d" % ((i // 100) % 100))
+    if i % 100 == 0:
+        os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%02d" % (i % 100)), "w") as f:
+        f.write("file %d\n" % i)
+PY
+  fi
+  rows_file=$work/rows-tiny
+  : >"$rows_file"
+  # Warm: every tool reads the tree from the page cache, the first too.
+  tar cf - -C "$tree" . >/dev/null
+  rm -rf "$work/tiny-repo" "$CAPSULE_CACHE_DIR"
+  "$capsule" -r "$work/tiny-repo" init >/dev/null
+  timed "capsule initial backup" "$capsule" -r "$work/tiny-repo" --json backup "$tree"
+  timed "capsule no-change run, no journal" "$capsule" -r "$work/tiny-repo" --json backup "$tree"
+  if command -v restic >/dev/null; then
+    export RESTIC_PASSWORD=bench-index RESTIC_REPOSITORY=$work/tiny-restic RESTIC_CACHE_DIR=$work/restic-cache
+    rm -rf "$RESTIC_REPOSITORY" "$RESTIC_CACHE_DIR"
+    restic init -q >/dev/null
+    timed "$(restic version | cut -d' ' -f1,2) initial backup" restic backup -q "$tree"
+    timed "$(restic version | cut -d' ' -f1,2) no-change run" restic backup -q "$tree"
+  fi
+  while IFS='|' read -r label s m _; do tiny_rows+=("| $label | $s | $m |"); done <"$rows_file"
+fi
+
 {
   echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo); capsule $("$capsule" --version | cut -d' ' -f2); $(date -u +%F)"
   echo "Command: bench/index.sh --blobs \"$sizes\""
   echo
+  if [ -n "$sizes" ]; then
   header="| operation |"; sep="|---|"
   for n in $sizes; do header+=" $n blobs: s, peak MiB, ready s |"; sep+="---|"; done
   echo "$header"; echo "$sep"
@@ -119,4 +159,13 @@ done
     done
     echo "$line"
   done <"${results[$first]}"
+  fi
+  if [ ${#tiny_rows[@]} -gt 0 ]; then
+    echo
+    echo "$tiny tiny files (100 a directory), same run:"
+    echo
+    echo "| run | s | peak RSS MiB |"
+    echo "|---|---|---|"
+    printf '%s\n' "${tiny_rows[@]}"
+  fi
 } | tee "${output:-/dev/null}"

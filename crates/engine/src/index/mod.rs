@@ -169,54 +169,102 @@ fn build_fresh(
         }
         out.in_memory.append(batch);
     };
-    // A few files at a time (one a core): an index file a prune rewrote
-    // can list every blob of the repository.
+    // A few files at a time (one a core); a file larger than a build is
+    // built in parts, a run of its packs each, merged below (an older
+    // backup or prune could write one index file for every blob).
     for chunk in ids.chunks(rayon::current_num_threads().max(1)) {
         let loaded: Vec<Result<(ObjectId, IndexFile)>> = chunk
             .par_iter()
             .map(|id| load_index_file(store, id).map(|f| (*id, f)))
             .collect();
         for r in loaded {
-            match r {
-                Ok((id, f)) => {
-                    batch_entries += f.packs.iter().map(|p| p.entries.len()).sum::<usize>();
-                    batch.push((id, f));
+            let (id, f) = match r {
+                Ok(x) => x,
+                Err(e) => {
+                    out.failed.push(e);
+                    continue;
                 }
-                Err(e) => out.failed.push(e),
+            };
+            let n: usize = f.packs.iter().map(|p| p.entries.len()).sum();
+            if n <= set::BUILD_ENTRIES {
+                batch_entries += n;
+                batch.push((id, f));
+            } else {
+                flush(&mut batch, &mut out);
+                batch_entries = 0;
+                let mut part = Vec::new();
+                let mut part_entries = 0;
+                for p in f.packs {
+                    part_entries += p.entries.len();
+                    part.push(p);
+                    if part_entries >= set::BUILD_ENTRIES {
+                        let packs = std::mem::take(&mut part);
+                        batch.push((
+                            id,
+                            IndexFile {
+                                supersedes: f.supersedes.clone(),
+                                packs,
+                            },
+                        ));
+                        flush(&mut batch, &mut out);
+                        part_entries = 0;
+                    }
+                }
+                if !part.is_empty() {
+                    batch.push((
+                        id,
+                        IndexFile {
+                            supersedes: f.supersedes.clone(),
+                            packs: part,
+                        },
+                    ));
+                    flush(&mut batch, &mut out);
+                }
             }
-        }
-        if batch_entries >= set::BUILD_ENTRIES {
-            flush(&mut batch, &mut out);
-            batch_entries = 0;
+            if batch_entries >= set::BUILD_ENTRIES {
+                flush(&mut batch, &mut out);
+                batch_entries = 0;
+            }
         }
     }
     flush(&mut batch, &mut out);
-    if let Some(e) = disk_failed {
+    if let Some(e) = &disk_failed {
         notes.push(format!(
             "index files held in memory, not in a table on disk: {e} (free space in the cache directory)"
         ));
     }
-    if out.tables.len() > 1 {
+    if out.tables.len() == 1 && disk_failed.is_none() {
+        // Whole files, all of them: the next run may take it.
+        if let Err(e) = table::publish(&mut out.tables[0]) {
+            notes.push(format!("index table kept for this run only: {e}"));
+            let _ = std::fs::remove_file(&out.tables[0].path);
+        }
+    } else if out.tables.len() > 1 && disk_failed.is_none() {
         // A first run on a large repository: one table, not many.
         let inputs: Vec<Arc<table::Table>> = out.tables.drain(..).map(Arc::new).collect();
         let live: HashSet<ObjectId> = inputs
             .iter()
             .flat_map(|t| t.files.iter().map(|f| f.id))
             .collect();
-        match set::merge(dir, key, &inputs, &live).and_then(|p| table::Table::open(&p, key)) {
-            Ok(t) => {
-                for i in &inputs {
-                    let _ = std::fs::remove_file(&i.path);
-                }
-                out.tables.push(t);
-            }
+        let merged = set::merge(dir, key, &inputs, &live).and_then(|p| table::Table::open(&p, key));
+        for i in &inputs {
+            let _ = std::fs::remove_file(&i.path);
+        }
+        match merged {
+            Ok(t) => out.tables.push(t),
             Err(e) => {
+                // The parts serve this run (their files stay open); none
+                // is left for another to take for whole.
                 notes.push(format!("index tables not merged: {e}"));
                 out.tables = inputs
                     .into_iter()
                     .map(|t| Arc::try_unwrap(t).unwrap_or_else(|_| unreachable!("sole owner")))
                     .collect();
             }
+        }
+    } else {
+        for t in &out.tables {
+            let _ = std::fs::remove_file(&t.path);
         }
     }
     out

@@ -20,13 +20,18 @@ use super::table::{Entry, FileMeta, Page, Table, TableError, TablePack, Writer};
 /// in memory at once (48 bytes each, and about as much again for the
 /// decoded index files), so that a first run on a large repository builds
 /// many small tables and merges them, in bounded memory.
+#[cfg(not(test))]
 pub(crate) const BUILD_ENTRIES: usize = 256 * 1024;
+/// Small in tests, so that their index files are built in parts.
+#[cfg(test)]
+pub(crate) const BUILD_ENTRIES: usize = 50;
 
 /// Tables a lookup may have to read before a merge is started.
 pub(crate) const MAX_TABLES: usize = 4;
 
-/// Builds one table from whole index files (sorted in memory; callers keep
-/// each call under [`BUILD_ENTRIES`]).
+/// Builds one table, unnamed, from index files or parts of them (sorted in
+/// memory; callers keep each call near [`BUILD_ENTRIES`]): for a merge to
+/// take in, or to be published when it is the only one.
 pub(crate) fn build(
     dir: &Path,
     key: &[u8; 32],
@@ -73,7 +78,7 @@ pub(crate) fn build(
     for e in &entries {
         w.push(e)?;
     }
-    w.finish()
+    w.finish_unnamed()
 }
 
 /// Reads a table's entries in order, a page at a time.
@@ -134,11 +139,13 @@ pub(crate) fn merge(
 ) -> Result<PathBuf, TableError> {
     // Files in ID order, each with its packs in their listed order: the
     // slots a build from the index files themselves would give.
-    let mut files: BTreeMap<ObjectId, (usize, u32)> = BTreeMap::new();
+    // A file in several inputs is one built in parts: its packs follow in
+    // input order, which is the parts' order.
+    let mut files: BTreeMap<ObjectId, Vec<(usize, u32)>> = BTreeMap::new();
     for (t, table) in inputs.iter().enumerate() {
         for (fi, f) in table.files.iter().enumerate() {
             if live.contains(&f.id) {
-                files.entry(f.id).or_insert((t, fi as u32));
+                files.entry(f.id).or_default().push((t, fi as u32));
             }
         }
     }
@@ -147,15 +154,16 @@ pub(crate) fn merge(
     // Per input, old slot -> new slot.
     let mut remap: Vec<Vec<Option<u32>>> =
         inputs.iter().map(|t| vec![None; t.packs.len()]).collect();
-    for (fid, (t, fi)) in &files {
+    for parts in files.values() {
         let new_fi = metas.len() as u32;
-        let table = &inputs[*t];
-        metas.push(table.files[*fi as usize].clone());
-        debug_assert_eq!(metas[new_fi as usize].id, *fid);
-        for (slot, p) in table.packs.iter().enumerate() {
-            if p.file == *fi {
-                remap[*t][slot] = Some(packs.len() as u32);
-                packs.push(TablePack { file: new_fi, ..*p });
+        let (t0, fi0) = parts[0];
+        metas.push(inputs[t0].files[fi0 as usize].clone());
+        for &(t, fi) in parts {
+            for (slot, p) in inputs[t].packs.iter().enumerate() {
+                if p.file == fi {
+                    remap[t][slot] = Some(packs.len() as u32);
+                    packs.push(TablePack { file: new_fi, ..*p });
+                }
             }
         }
     }

@@ -263,7 +263,12 @@ impl Writer {
     /// Writes the footer, syncs, and renames the table into place; returns
     /// its path. A table of that name already there (another process built
     /// the same one) is the same bytes, and is replaced.
-    pub fn finish(mut self) -> Result<PathBuf, TableError> {
+    pub fn finish(self) -> Result<PathBuf, TableError> {
+        let dir = self.dir.clone();
+        self.finish_to(|id| dir.join(file_name(id)))
+    }
+
+    fn finish_to(mut self, to: impl FnOnce(&[u8; 32]) -> PathBuf) -> Result<PathBuf, TableError> {
         if self.in_page > 0 {
             self.flush_page()?;
         }
@@ -301,10 +306,20 @@ impl Writer {
         r.map_err(|e| self.io(e))?;
         let r = self.out.get_ref().sync_all();
         r.map_err(|e| self.io(e))?;
-        let path = self.dir.join(file_name(&self.id));
-        std::fs::rename(&self.tmp, &path).map_err(|e| self.io(e))?;
+        let path = to(&self.id);
+        if path != self.tmp {
+            std::fs::rename(&self.tmp, &path).map_err(|e| self.io(e))?;
+        }
         self.tmp = PathBuf::new();
         Ok(path)
+    }
+
+    /// As [`finish`](Self::finish), but the table stays under its
+    /// temporary name: a part of a build, for a merge to take in, that no
+    /// other process may take for a whole table.
+    pub fn finish_unnamed(self) -> Result<PathBuf, TableError> {
+        let tmp = self.tmp.clone();
+        self.finish_to(|_| tmp)
     }
 }
 
@@ -315,6 +330,20 @@ impl Drop for Writer {
             let _ = std::fs::remove_file(&self.tmp);
         }
     }
+}
+
+/// Gives a table built unnamed its name, so that the next run opens it.
+pub(crate) fn publish(t: &mut Table) -> Result<(), TableError> {
+    let Some(dir) = t.path.parent() else {
+        return Ok(());
+    };
+    let to = dir.join(file_name(&t.id));
+    std::fs::rename(&t.path, &to).map_err(|source| TableError::Io {
+        path: t.path.clone(),
+        source,
+    })?;
+    t.path = to;
+    Ok(())
 }
 
 /// An open table: its footer in memory, its pages on disk.
