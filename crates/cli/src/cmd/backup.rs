@@ -269,6 +269,9 @@ pub fn backup(
     if let Some(w) = &report.clock_warning {
         out.warn(w);
     }
+    for n in &report.index_notes {
+        out.warn(n);
+    }
     if report.append_only {
         out.say(
             "append-only: these credentials may add to the repository but not delete (the snapshot is stored); forget and prune need credentials that may, and this run's session object stays until such a prune removes it",

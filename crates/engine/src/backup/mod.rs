@@ -240,6 +240,7 @@ fn unchanged(
         warnings: Vec::new(),
         packs_distrusted: Vec::new(),
         clock_warning,
+        index_notes: Vec::new(),
         append_only: false,
         scan: ScanReport {
             mode: "journal".into(),
@@ -596,6 +597,7 @@ pub fn backup(
         warnings,
         packs_distrusted,
         clock_warning,
+        index_notes: index.notes(),
         append_only,
         scan: ScanReport {
             mode: match (journal_used, journal_matched) {

@@ -117,6 +117,11 @@ pub struct BackupReport {
     /// This machine's clock is behind the newest snapshot of the same host
     /// and paths (one of them is wrong): what was seen.
     pub clock_warning: Option<String>,
+    /// What was done to this machine's index tables worth a line (rebuilt
+    /// from the index files, not merged for lack of space): not a
+    /// problem with the backup.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub index_notes: Vec<String>,
     /// Whether a change journal spared the walk, and if not, why.
     pub scan: ScanReport,
     /// The destination refused to remove this run's session object for

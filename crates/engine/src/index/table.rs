@@ -198,6 +198,10 @@ impl Writer {
             path: dir.to_path_buf(),
             source,
         };
+        #[cfg(test)]
+        if full::is_full(dir) {
+            return Err(io(std::io::Error::from_raw_os_error(libc::ENOSPC)));
+        }
         let tmp = tempfile::Builder::new()
             .prefix(".tmp-")
             .suffix(".tbl")
@@ -329,6 +333,32 @@ impl Drop for Writer {
         if !self.tmp.as_os_str().is_empty() {
             let _ = std::fs::remove_file(&self.tmp);
         }
+    }
+}
+
+/// A full disk, for tests: writes of tables into the directories named
+/// here fail as on a full file system (per directory, so that tests
+/// running at once do not see each other's).
+#[cfg(test)]
+pub(crate) mod full {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static FULL: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+    pub fn set(dir: &Path, full: bool) {
+        let mut v = FULL.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|d| d != dir);
+        if full {
+            v.push(dir.to_path_buf());
+        }
+    }
+
+    pub fn is_full(dir: &Path) -> bool {
+        FULL.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|d| d == dir)
     }
 }
 

@@ -485,3 +485,87 @@ fn a_table_of_another_repository_is_not_believed() {
     let (idx, _) = MasterIndex::load(&store).unwrap();
     same(&idx, &model_of(&store));
 }
+
+#[test]
+fn a_full_disk_while_merging_leaves_the_tables_in_use_and_says_so() {
+    let store = MemStore::new();
+    let files: Vec<(ObjectId, IndexFile)> = (1..=3u8)
+        .map(|k| {
+            let f = IndexFile {
+                supersedes: vec![],
+                packs: vec![pack(u64::from(k), &[k, k ^ 0x55])],
+            };
+            (save_index_file(&store, &f).unwrap(), f)
+        })
+        .collect();
+    // One table for the three.
+    let _ = MasterIndex::load(&store).unwrap();
+    assert_eq!(store.table_files().len(), 1);
+    table::full::set(&store.tables(), true);
+    // A prune's rewrite of two of them: their table is mostly dead, so a
+    // merge starts behind, and fails; the new file's table cannot be
+    // written either, and it is held in memory.
+    let rewrite = IndexFile {
+        supersedes: vec![files[0].0, files[1].0],
+        packs: files[..2]
+            .iter()
+            .flat_map(|(_, f)| f.packs.clone())
+            .collect(),
+    };
+    save_index_file(&store, &rewrite).unwrap();
+    let (idx, _) = MasterIndex::load(&store).unwrap();
+    same(&idx, &model_of(&store));
+    let said = |idx: &MasterIndex| {
+        let n = idx.notes();
+        n.iter().any(|n| n.contains("not merged")) && n.iter().any(|n| n.contains("held in memory"))
+    };
+    for _ in 0..200 {
+        if said(&idx) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(said(&idx), "{:?}", idx.notes());
+    assert!(
+        std::fs::read_dir(store.tables())
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with(".tmp-")),
+        "nothing half-written left"
+    );
+    // Space again: the next runs build and merge, and answer the same.
+    table::full::set(&store.tables(), false);
+    for _ in 0..100 {
+        let (idx, _) = MasterIndex::load(&store).unwrap();
+        same(&idx, &model_of(&store));
+        if store.table_files().len() <= set::MAX_TABLES {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(store.table_files().len() <= set::MAX_TABLES);
+}
+
+#[test]
+fn two_loaders_at_once_build_and_merge_the_same_tables() {
+    let store = MemStore::new();
+    for round in 0..30u8 {
+        save_index_file(
+            &store,
+            &IndexFile {
+                supersedes: vec![],
+                packs: vec![pack(u64::from(round) + 100, &[round, 200 - round])],
+            },
+        )
+        .unwrap();
+        // Two "processes" open at once, building and merging the same
+        // tables under the same names.
+        std::thread::scope(|s| {
+            let a = s.spawn(|| MasterIndex::load(&store).unwrap().0);
+            let b = s.spawn(|| MasterIndex::load(&store).unwrap().0);
+            let m = model_of(&store);
+            same(&a.join().unwrap(), &m);
+            same(&b.join().unwrap(), &m);
+        });
+    }
+}
