@@ -19,6 +19,9 @@
 #   check            structure (not --read-data)
 #   forget + prune   forget one generated snapshot (a tenth of the blobs),
 #                    then prune
+#   daemon           the daemon's peak RSS (VmHWM) over two scheduled runs
+#                    of a profile backing up the 10,000 files into the
+#                    repository, the first building the index tables
 # Then, with --tiny N (default 1,000,000; 0 skips), a tree of N tiny files
 # (100 a directory, as bench/journal.sh makes): capsule's initial backup and
 # a no-change run (by hand: no journal), and restic's, same tree, same run.
@@ -78,6 +81,38 @@ except Exception:
   echo "$label|$(python3 -c "print(round($t1 - $t0, 2))")|$(( $(cat "$work/rss") / 1024 ))|$ready" >>"$rows_file"
 }
 
+# daemon_peak REPO: the daemon's peak RSS (MiB) over two scheduled runs of
+# a profile backing up $src into REPO, the first with no index tables here.
+daemon_peak() {
+  local d=$work/daemon
+  rm -rf "$d"; mkdir -p "$d"
+  cat >"$d/capsule.toml" <<TOML
+[profiles.p]
+sources = ["$src"]
+repository = "$1"
+password-command = "echo $CAPSULE_PASSWORD"
+schedule = { backup = "hourly" }
+TOML
+  rm -rf "$CAPSULE_CACHE_DIR"/*/index-tables
+  (
+    export CAPSULE_CONFIG=$d/capsule.toml CAPSULE_STATE_DIR=$d/state
+    unset CAPSULE_PASSWORD
+    local now; now=$(date +%s)
+    echo "$now" >"$d/clock"
+    export CAPSULE_TEST_NOW=@$d/clock
+    last_start() { "$capsule" --json status | python3 -c 'import json,sys; r=json.load(sys.stdin)["profiles"][0]["last_success"]; print(r["started_unix"] if r else 0)'; }
+    "$capsule" daemon 2>"$d/log" &
+    local pid=$!
+    for _ in 1 2; do
+      now=$((now + 3600)); echo "$now" >"$d/clock"
+      for _ in $(seq 1200); do [ "$(last_start)" = "$now" ] && break; sleep 0.1; done
+      [ "$(last_start)" = "$now" ] || { echo "the daemon made no run at $now" >&2; tail "$d/log" >&2; kill "$pid"; exit 1; }
+    done
+    awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+  )
+}
+
 declare -A results
 for n in $sizes; do
   repo=$work/repo-$n
@@ -102,6 +137,7 @@ print(s[3]["id"])')
   timed "check" "$capsule" -r "$repo" --json check
   "$capsule" -r "$repo" forget "$snap" >/dev/null
   timed "prune after forgetting a tenth" "$capsule" -r "$repo" --json prune
+  echo "daemon: two scheduled runs (peak RSS)|—|$(daemon_peak "$repo")|—" >>"$rows_file"
   results[$n]=$rows_file
   echo "done: $n blobs" >&2
 done

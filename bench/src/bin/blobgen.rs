@@ -90,7 +90,7 @@ fn main() -> Result<()> {
                 });
                 files.clear();
             }
-            if made % 1_000_000 == 0 {
+            if made.is_multiple_of(1_000_000) {
                 eprintln!("{made} blobs, {:.0} s", started.elapsed().as_secs_f64());
             }
         }

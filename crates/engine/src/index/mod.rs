@@ -2,7 +2,7 @@
 //! index file in the repository.
 //!
 //! It lives on local disk, in sorted tables read a page at a time
-//! ([`table`], [`set`]), so that memory does not grow with the number of
+//! (modules `table` and `set`), so that memory does not grow with the number of
 //! blobs: what is held is the pack list, the index files' names, and a
 //! fence key per page of each table (about 0.1 byte per blob). Packs added
 //! by this process (a backup's new packs, a journal's recovered ones) are
@@ -805,7 +805,7 @@ const REWRITE_ENTRIES: usize = 256 * 1024;
 /// Writes the index without the packs in `gone` (prune's rewrite): the index files that list
 /// one of them, and the small ones (merged, so that hourly backups'
 /// files do not pile up), are read one at a time and written again into
-/// files of at most [`REWRITE_ENTRIES`] entries, each superseding the files
+/// files of at most `REWRITE_ENTRIES` (262,144) entries, each superseding the files
 /// it took in; the rest stay. `extra` (the file that put marked packs
 /// back) is taken in whatever its size. Returns the superseded files, for
 /// deletion once the new ones are stored. A crash between two writes
