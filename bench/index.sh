@@ -28,6 +28,8 @@
 # a no-change run (by hand: no journal), and restic's, same tree, same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 sizes="100000 10000000" output="" keep="" tiny=1000000
 while [ $# -gt 0 ]; do
@@ -149,16 +151,7 @@ if [ "$tiny" -gt 0 ]; then
   command -v restic >/dev/null || apt-get install -y -qq restic >/dev/null 2>&1 || true
   tree=$work/tiny-$tiny
   if [ ! -d "$tree" ]; then
-    python3 - "$tree" "$tiny" <<'PY'
-import os, sys
-root, n = sys.argv[1], int(sys.argv[2])
-for i in range(n):
-    d = os.path.join(root, "d%03d" % (i // 10000), "e%03d" % ((i // 100) % 100))
-    if i % 100 == 0:
-        os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "f%02d" % (i % 100)), "w") as f:
-        f.write("file %d\n" % i)
-PY
+    make_tree "$tree" "$tiny"
   fi
   rows_file=$work/rows-tiny
   : >"$rows_file"

@@ -46,18 +46,6 @@ trap cleanup EXIT
 unset CAPSULE_PASSWORD CAPSULE_REPO CAPSULE_PROFILE
 export RESTIC_PASSWORD=bench
 
-make_tree() { # DIR FILES
-  python3 - "$1" "$2" <<'PY'
-import os, sys
-root, n = sys.argv[1], int(sys.argv[2])
-for i in range(n):
-    d = os.path.join(root, "d%03d" % (i // 10000), "e%03d" % ((i // 100) % 100))
-    if i % 100 == 0:
-        os.makedirs(d, exist_ok=True)
-    with open(os.path.join(d, "f%02d" % (i % 100)), "w") as f:
-        f.write("file %d\n" % i)
-PY
-}
 
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 secs() { python3 -c "print(round($2 - $1, 3))"; }
@@ -162,6 +150,8 @@ PY
   echo "  runs: no-change ${quiet[*]}; 100 changed ${changed[*]}; --no-journal ${full[*]}; restic ${rest[*]:-} ${rest_new[*]:-}; modes ${modes[*]}" >&2
 }
 
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 for n in $sizes; do
   tree=$work/tree-$n
   echo "making $n files..." >&2
@@ -173,8 +163,6 @@ for n in $sizes; do
 done
 
 if [ -n "$smb_rtt" ]; then
-  # shellcheck source=bench/lib.sh
-  source bench/lib.sh
   if [ -n "${CAPSULE_TEST_SERVERS:-}" ] && [ -f "$CAPSULE_TEST_SERVERS/env" ]; then
     servers=$CAPSULE_TEST_SERVERS
   else

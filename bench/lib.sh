@@ -1,4 +1,19 @@
-# Shared by the benchmark scripts (sourced; needs $api, the Toxiproxy API).
+# Shared by the benchmark scripts (sourced; the proxy helpers need $api,
+# the Toxiproxy API).
+
+# make_tree DIR FILES: FILES tiny files (about 12 bytes), 100 a directory.
+make_tree() {
+  python3 - "$1" "$2" <<'PY'
+import os, sys
+root, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    d = os.path.join(root, "d%03d" % (i // 10000), "e%03d" % ((i // 100) % 100))
+    if i % 100 == 0:
+        os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "f%02d" % (i % 100)), "w") as f:
+        f.write("file %d\n" % i)
+PY
+}
 
 # proxy NAME UPSTREAM RTT_MS -> prints host:port to use
 proxy() {

@@ -27,6 +27,7 @@ pub mod repo;
 pub mod restore;
 pub mod retention;
 pub mod session;
+mod sorted;
 pub mod stats;
 pub mod timefmt;
 pub mod treewalk;

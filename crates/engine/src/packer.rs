@@ -344,23 +344,7 @@ impl Claims {
         if self.fresh.len() >= FRESH_CLAIMS {
             let mut fresh: Vec<BlobId> = self.fresh.drain().collect();
             fresh.sort_unstable();
-            let (n, m) = (self.sorted.len(), fresh.len());
-            self.sorted.reserve_exact(m);
-            self.sorted.resize(n + m, BlobId::default());
-            // Merged from the back, in place.
-            let (mut i, mut j) = (n, m);
-            for k in (0..n + m).rev() {
-                if j == 0 {
-                    break;
-                }
-                if i > 0 && self.sorted[i - 1] > fresh[j - 1] {
-                    self.sorted[k] = self.sorted[i - 1];
-                    i -= 1;
-                } else {
-                    self.sorted[k] = fresh[j - 1];
-                    j -= 1;
-                }
-            }
+            crate::sorted::merge_in(&mut self.sorted, &fresh);
         }
         true
     }

@@ -48,23 +48,7 @@ impl UsedBlobs {
     fn settle(&mut self) {
         self.fresh.sort_unstable();
         self.fresh.dedup();
-        let (n, m) = (self.sorted.len(), self.fresh.len());
-        self.sorted.reserve_exact(m);
-        self.sorted.resize(n + m, 0);
-        let (mut i, mut j) = (n, m);
-        for k in (0..n + m).rev() {
-            if j == 0 {
-                break;
-            }
-            if i > 0 && self.sorted[i - 1] > self.fresh[j - 1] {
-                self.sorted[k] = self.sorted[i - 1];
-                i -= 1;
-            } else {
-                self.sorted[k] = self.fresh[j - 1];
-                j -= 1;
-            }
-        }
-        self.sorted.dedup();
+        crate::sorted::merge_in(&mut self.sorted, &self.fresh);
         self.fresh.clear();
     }
 

@@ -108,6 +108,8 @@ pub struct MasterIndex {
     /// What was done to the tables worth saying (rebuilt, merged, not
     /// merged for lack of space).
     notes: Arc<Mutex<Vec<String>>>,
+    /// The merge running behind, if one was started.
+    merging: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for MasterIndex {
@@ -451,7 +453,22 @@ impl MasterIndex {
                         inputs.len()
                     )),
             });
-        drop(spawned);
+        if let Ok(h) = spawned {
+            *self.merging.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+        }
+    }
+
+    /// Waits for the merge started behind this load, if any: for tests,
+    /// and for callers that would rather the next run find one table.
+    pub fn finish_merge(&self) {
+        let h = self
+            .merging
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
     }
 
     /// Adds the blobs of one pack. A blob already indexed elsewhere keeps its

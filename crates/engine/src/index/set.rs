@@ -234,7 +234,7 @@ impl Ord for Head {
 
 /// The tables in `dir` that this repository's key wrote; damaged ones are
 /// deleted (they are rebuilt from the index files), and each is named in
-/// `notes`. Temporary files of a build that died are removed when old.
+/// `notes`. Temporary files whose writer is gone are removed.
 pub(crate) fn open_all(dir: &Path, key: &[u8; 32], notes: &mut Vec<String>) -> Vec<Table> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -244,14 +244,23 @@ pub(crate) fn open_all(dir: &Path, key: &[u8; 32], notes: &mut Vec<String>) -> V
         let name = e.file_name();
         let name = name.to_string_lossy();
         let path = e.path();
-        if name.starts_with(".tmp-") {
-            let stale = e
+        if let Some(rest) = name.strip_prefix(".tmp-") {
+            // A build or merge under way, or one whose process died (a
+            // command that ended while its merge ran behind): the name
+            // carries the writer's process ID, so a dead writer's file,
+            // which can be the size of the whole index, goes at once.
+            let writer_alive = rest
+                .split('-')
+                .next()
+                .and_then(|p| p.parse::<u32>().ok())
+                .is_some_and(|pid| Path::new("/proc").join(pid.to_string()).exists());
+            let old = e
                 .metadata()
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age.as_secs() > 24 * 3600);
-            if stale {
+            if !writer_alive || old {
                 let _ = std::fs::remove_file(&path);
             }
             continue;

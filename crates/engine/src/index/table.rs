@@ -203,7 +203,7 @@ impl Writer {
             return Err(io(std::io::Error::from_raw_os_error(libc::ENOSPC)));
         }
         let tmp = tempfile::Builder::new()
-            .prefix(".tmp-")
+            .prefix(&format!(".tmp-{}-", std::process::id()))
             .suffix(".tbl")
             .tempfile_in(dir)
             .map_err(io)?;
