@@ -41,6 +41,18 @@ impl Arena {
     pub fn content(&self, it: &Item) -> &[BlobId] {
         &self.blobs[it.content.range()]
     }
+
+    /// Where the next item's parts will go: what `truncate` returns to.
+    pub fn mark(&self) -> (usize, usize) {
+        (self.names.len(), self.blobs.len())
+    }
+
+    /// Drops every part appended since `mark` (the items made since are
+    /// dropped with them).
+    pub fn truncate(&mut self, mark: (usize, usize)) {
+        self.names.truncate(mark.0);
+        self.blobs.truncate(mark.1);
+    }
 }
 
 /// Where in an arena vector an item's part lies.

@@ -11,6 +11,7 @@
 //! then directory metadata deepest first (so restoring children does not
 //! disturb their parent's times or a read-only mode).
 
+mod descend;
 mod fetch;
 mod fsys;
 mod item;
@@ -256,18 +257,26 @@ pub fn restore(
     } else {
         usize::try_from(opts.max_entries).unwrap_or(usize::MAX)
     };
-    let (mut prefetched, tree_requests) = trees::prefetch(repo, index, root, workers, max_trees);
+    let descend = descend::Descend::new(&opts.includes);
+    let (mut prefetched, tree_requests) =
+        trees::prefetch(repo, index, root, &descend, workers, max_trees);
     // The read buffers the trees came in go back before the plan grows.
     crate::mem::release_free();
 
     // Plan: a pre-order list of entries, marking which are selected and
     // which directories are needed to hold them.
-    // Exactly the room needed (doubling as it grows left up to half a
-    // plan of slack: 60 MB on 300,000 files), bounded for a crafted tree.
+    // Restoring everything, exactly the room needed (doubling as it grows
+    // left up to half a plan of slack: 60 MB on 300,000 files), bounded
+    // for a crafted tree. With `--include` the plan keeps only what is
+    // selected and the way to it, usually far less than the trees hold.
     let size = prefetched.size();
-    let mut entries = Entries {
-        list: Vec::with_capacity(size.entries.min(1 << 22)),
-        arena: Arena::with_capacity(size.name_bytes.min(1 << 26), size.blobs.min(1 << 22)),
+    let mut entries = if inc.empty {
+        Entries {
+            list: Vec::with_capacity(size.entries.min(1 << 22)),
+            arena: Arena::with_capacity(size.name_bytes.min(1 << 26), size.blobs.min(1 << 22)),
+        }
+    } else {
+        Entries::default()
     };
     let mut errors: Vec<Warning> = Vec::new();
     let mut ancestors: Vec<usize> = Vec::new();
@@ -286,6 +295,7 @@ pub fn restore(
         None,
         inc.empty,
         &inc,
+        &descend,
         &exc,
         &mut entries,
         &mut ancestors,
@@ -732,6 +742,7 @@ fn plan(
     parent: Option<usize>,
     selected: bool,
     inc: &Patterns,
+    descend: &descend::Descend,
     exc: &Patterns,
     out: &mut Entries,
     ancestors: &mut Vec<usize>,
@@ -768,7 +779,13 @@ fn plan(
         }
         let sel = selected || inc.matches(&snap_path, &node.name);
         let is_dir = node.kind() == NodeKind::Dir;
+        // What is not selected is planned only as a directory that may
+        // hold something selected, and dropped again if it holds nothing.
+        if !sel && !(is_dir && descend.opens(&snap_path)) {
+            continue;
+        }
         let i = out.list.len();
+        let mark = out.arena.mark();
         let too_large = || {
             EngineError::Invalid(format!(
                 "{}: the snapshot has too many entries, names or blobs to restore at once (over 4 G); restore it in parts with --include",
@@ -807,6 +824,7 @@ fn plan(
                     Some(i),
                     sel,
                     inc,
+                    descend,
                     exc,
                     out,
                     ancestors,
@@ -815,6 +833,10 @@ fn plan(
                 )?;
                 ancestors.pop();
             }
+        }
+        if !out.list[i].needed {
+            out.list.truncate(i);
+            out.arena.truncate(mark);
         }
     }
     budget.leave();

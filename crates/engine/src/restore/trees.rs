@@ -13,12 +13,16 @@
 //! damage where it belongs.
 
 use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use capsule_format::tree::{decode_tree, Node, NodeKind};
 use capsule_format::{BlobId, BlobType};
 
+use super::descend::Descend;
 use super::fetch::{MAX_GAP, MAX_REQUEST};
 use crate::index::MasterIndex;
 use crate::repo::{pack_name, Repository};
@@ -121,31 +125,47 @@ impl Size {
     }
 }
 
-/// One level's trees as read, and the read requests it took.
-type Level = (Vec<(BlobId, Fetched)>, u64);
+/// One level's trees as read, each with the snapshot paths of the
+/// subtrees it lists, and the read requests it took.
+type Level = (Vec<(BlobId, Fetched, Vec<PathBuf>)>, u64);
 
-/// Fetches every tree below `root` (at most `max_trees` distinct ones).
-/// Returns the trees it could read, and the number of read requests made.
+/// Fetches every tree below `root` (at most `max_trees` distinct ones) in
+/// the directories `descend` opens. Returns the trees it could read, and
+/// the number of read requests made.
+///
+/// A tree is fetched once, at the first place a level reaches it; the
+/// subtrees it lists are those `descend` opens there. Where the same tree
+/// sits at another place whose subtrees `descend` opens differently, the
+/// walk loads what this pass left out the usual way.
 pub(super) fn prefetch(
     repo: &Repository,
     index: &MasterIndex,
     root: &BlobId,
+    descend: &Descend,
     workers: usize,
     max_trees: usize,
 ) -> (Trees, u64) {
     let mut trees = Trees::default();
     let mut seen: HashSet<BlobId> = HashSet::from([*root]);
-    let mut level = vec![*root];
+    let mut level = vec![(*root, PathBuf::from("/"))];
     let mut requests = 0;
     let mut small = SmallPacks::default();
     while !level.is_empty() {
-        let (got, n) = fetch_level(repo, index, &level, workers, &mut trees.envs, &mut small);
+        let (got, n) = fetch_level(
+            repo,
+            index,
+            &level,
+            descend,
+            workers,
+            &mut trees.envs,
+            &mut small,
+        );
         requests += n;
         let mut next = Vec::new();
-        for (id, t) in got {
-            for &sub in &t.subtrees {
+        for (id, t, paths) in got {
+            for (&sub, path) in t.subtrees.iter().zip(paths) {
                 if seen.len() < max_trees && seen.insert(sub) {
-                    next.push(sub);
+                    next.push((sub, path));
                 }
             }
             trees.trees.insert(id, t);
@@ -156,11 +176,18 @@ pub(super) fn prefetch(
     (trees, requests)
 }
 
-fn subtrees(nodes: &[Node]) -> impl Iterator<Item = BlobId> + '_ {
+/// The subtrees of `nodes`, a tree at `dir`, that `descend` opens, with
+/// their paths.
+fn subtrees(nodes: &[Node], dir: &Path, descend: &Descend) -> (Vec<BlobId>, Vec<PathBuf>) {
     nodes
         .iter()
         .filter(|n| n.kind() == NodeKind::Dir)
-        .filter_map(|n| n.subtree)
+        .filter_map(|n| {
+            let path = dir.join(OsStr::from_bytes(&n.name));
+            let sub = n.subtree?;
+            descend.opens(&path).then_some((sub, path))
+        })
+        .unzip()
 }
 
 /// How many times the walk will come to each tree: the snapshot is a
@@ -238,25 +265,26 @@ enum Source {
 fn fetch_level(
     repo: &Repository,
     index: &MasterIndex,
-    ids: &[BlobId],
+    ids: &[(BlobId, PathBuf)],
+    descend: &Descend,
     workers: usize,
     envs: &mut Vec<u8>,
     small: &mut SmallPacks,
 ) -> Level {
-    let mut wanted: Vec<(BlobId, crate::index::BlobLoc)> = ids
+    let mut wanted: Vec<(BlobId, crate::index::BlobLoc, &Path)> = ids
         .iter()
-        .filter_map(|id| {
+        .filter_map(|(id, path)| {
             index
                 .locations(id)
                 .find(|l| l.blob_type == BlobType::Tree)
-                .map(|l| (*id, l))
+                .map(|l| (*id, l, path.as_path()))
         })
         .collect();
-    wanted.sort_by_key(|(_, l)| (l.pack, l.offset));
+    wanted.sort_by_key(|(_, l, _)| (l.pack, l.offset));
     // (pack, source, wanted[a..b])
     let mut reads: Vec<(u32, Source, std::ops::Range<usize>)> = Vec::new();
     let mut planned = small.bytes;
-    for (i, (_, l)) in wanted.iter().enumerate() {
+    for (i, (_, l, _)) in wanted.iter().enumerate() {
         let (start, end) = (l.offset as u64, l.offset as u64 + l.length as u64);
         if let Some(r) = reads.last_mut() {
             if r.0 == l.pack {
@@ -326,7 +354,7 @@ fn fetch_level(
                             (std::sync::Arc::new(buf), range.start)
                         }
                     };
-                    for (id, l) in &wanted[blobs.clone()] {
+                    for (id, l, dir) in &wanted[blobs.clone()] {
                         let start = (l.offset as u64 - base) as usize;
                         let Some(env) = buf.get(start..start + l.length as usize) else {
                             continue;
@@ -336,7 +364,7 @@ fn fetch_level(
                             .ok()
                             .and_then(|plain| decode_tree(&plain).ok());
                         if let Some(nodes) = decoded {
-                            let subtrees = subtrees(&nodes).collect();
+                            let (subtrees, paths) = subtrees(&nodes, dir, descend);
                             let mut out = out.lock().unwrap_or_else(|p| p.into_inner());
                             let (list, envs) = &mut *out;
                             let at = envs.len();
@@ -349,7 +377,7 @@ fn fetch_level(
                                 subtrees,
                                 left: 0,
                             };
-                            list.push((*id, t));
+                            list.push((*id, t, paths));
                         }
                     }
                 }
