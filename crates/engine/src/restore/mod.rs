@@ -781,7 +781,7 @@ fn plan(
         let is_dir = node.kind() == NodeKind::Dir;
         // What is not selected is planned only as a directory that may
         // hold something selected, and dropped again if it holds nothing.
-        if !sel && !(is_dir && descend.opens(&snap_path)) {
+        if !(sel || is_dir && descend.opens(&snap_path)) {
             continue;
         }
         let i = out.list.len();
