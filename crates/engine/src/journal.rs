@@ -145,7 +145,10 @@ impl Journal {
 /// What a record keeps of `p`: a data pack without its entries (its header
 /// has them), a tree pack whole.
 fn as_recorded(p: &IndexPack) -> std::borrow::Cow<'_, IndexPack> {
-    if p.entries.first().is_some_and(|e| e.blob_type == BlobType::Tree) {
+    if p.entries
+        .first()
+        .is_some_and(|e| e.blob_type == BlobType::Tree)
+    {
         std::borrow::Cow::Borrowed(p)
     } else {
         std::borrow::Cow::Owned(IndexPack {

@@ -117,7 +117,12 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
 }
 
 /// Reads and authenticates one pack's header.
-pub(crate) fn read_header(repo: &Repository, name: &str, id: ObjectId, size: u64) -> Result<IndexPack> {
+pub(crate) fn read_header(
+    repo: &Repository,
+    name: &str,
+    id: ObjectId,
+    size: u64,
+) -> Result<IndexPack> {
     if size < PACK_TRAILER_LEN as u64 {
         return Err(EngineError::corrupt(name, "shorter than a pack trailer"));
     }
