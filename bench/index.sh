@@ -16,7 +16,14 @@
 #   backup +10,000   a backup adding 10,000 new files (4 KiB each)
 #   no-change run    the same source again (no journal)
 #   restore 1 file   one file of a generated snapshot
+#   restore all      everything of the 10,000-file snapshot
 #   check            structure (not --read-data)
+#   check --read-data  every pack read and every blob checked
+#   mount            the mount process's peak RSS (VmHWM) after listing
+#                    the snapshots, a directory of 1,000 files of a
+#                    generated snapshot, and reading one file
+#   page             the page's server's peak RSS after the snapshot list,
+#                    a directory of 1,000 files, one file and its versions
 #   forget + prune   forget one generated snapshot (a tenth of the blobs),
 #                    then prune
 #   daemon           the daemon process's peak RSS (VmHWM) while it
@@ -48,7 +55,8 @@ capsule=$PWD/target/release/capsule
 blobgen=$PWD/target/release/blobgen
 work=${keep:-$(mktemp -d /var/tmp/capsule-index.XXXXXX)}
 mkdir -p "$work"
-[ -n "$keep" ] || trap 'rm -rf "$work"' EXIT
+# A mount left up by a failure is taken down before anything is removed.
+trap 'fusermount -u "$work/mnt" 2>/dev/null || true; [ -n "$keep" ] || rm -rf "$work"' EXIT
 export CAPSULE_PASSWORD=bench-index CAPSULE_CACHE_DIR=$work/cache RUST_BACKTRACE=0
 
 # A source of 10,000 new files of 4 KiB each.
@@ -82,6 +90,52 @@ try:
 except Exception:
     print("—")' "$work/out.json")
   echo "$label|$(python3 -c "print(round($t1 - $t0, 2))")|$(( $(cat "$work/rss") / 1024 ))|$ready" >>"$rows_file"
+}
+
+# mount_peak REPO TIME: the mount process's peak RSS (MiB) after it lists
+# the snapshots and directory d000001 of the snapshot taken at TIME (1,000
+# files), and reads one.
+mount_peak() {
+  local at=$work/mnt
+  mkdir -p "$at"
+  "$capsule" -r "$1" mount "$at" >/dev/null 2>"$work/mount.log" &
+  local pid=$!
+  for _ in $(seq 600); do [ -d "$at/snapshots" ] && break; sleep 0.1; done
+  [ -d "$at/snapshots" ] || { echo "the mount did not come up" >&2; cat "$work/mount.log" >&2; kill "$pid"; exit 1; }
+  ls "$at/snapshots" >/dev/null
+  local dir
+  dir=$(find "$at/snapshots/$2" -maxdepth 3 -type d -name d000001 | head -1)
+  dir=${dir%/d000001}
+  [ "$(ls "$dir/d000001" | wc -l)" = 1000 ] || { echo "the mount shows $(ls "$dir/d000001" | wc -l) files in d000001" >&2; exit 1; }
+  cat "$dir/d000001/$(ls "$dir/d000001" | head -1)" >/dev/null
+  awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  fusermount -u "$at" 2>/dev/null || true
+}
+
+# page_peak REPO SNAP: the page's server's peak RSS (MiB) after the
+# snapshot list, directory d000001 of SNAP, one file, and its versions.
+page_peak() {
+  "$capsule" -r "$1" --json ui --no-browser >"$work/ui.json" 2>"$work/ui.log" &
+  local pid=$!
+  local url="" token base
+  for _ in $(seq 600); do
+    url=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$work/ui.json" 2>/dev/null) && break
+    sleep 0.1
+  done
+  [ -n "$url" ] || { echo "the page did not come up" >&2; cat "$work/ui.log" >&2; kill "$pid"; exit 1; }
+  token=${url##*t=}; base=${url%%\?*}; base=${base%/}
+  get() { curl -fsS -H "x-capsule-token: $token" "$base$1"; }
+  get "/api/snapshots" >/dev/null
+  local n
+  n=$(get "/api/ls?snapshot=$2&path=/d000001" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(len(d["entries"]) if isinstance(d, dict) else len(d))')
+  [ "$n" = 1000 ] || { echo "the page lists $n entries in d000001" >&2; kill "$pid"; exit 1; }
+  local f
+  f=$(get "/api/ls?snapshot=$2&path=/d000001" | python3 -c 'import json,sys; d=json.load(sys.stdin); e=d["entries"] if isinstance(d, dict) else d; print(e[0]["name"])')
+  get "/api/file?snapshot=$2&path=/d000001/$f" >/dev/null
+  get "/api/versions?path=/d000001/$f" >/dev/null
+  awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
 # daemon_peak REPO: the daemon's peak RSS (MiB) over two scheduled runs of
@@ -131,13 +185,20 @@ for n in $sizes; do
   timed "first run here (builds the tables)" "$capsule" -r "$repo" --json backup "$work/one"
   timed "backup adding 10,000 files" "$capsule" -r "$repo" --json backup "$src"
   timed "no-change run, no journal" "$capsule" -r "$repo" --json backup "$src"
-  snap=$("$capsule" -r "$repo" --json snapshots | python3 -c 'import json,sys
+  read -r snap snap_time < <("$capsule" -r "$repo" --json snapshots | python3 -c 'import json,sys
 s=[x for x in json.load(sys.stdin) if x["snapshot"].get("hostname")=="blobgen"]
-print(s[3]["id"])')
+print(s[3]["id"], s[3]["snapshot"]["time"])')
   rm -rf "$work/target"
   timed "restore 1 file" "$capsule" -r "$repo" --json restore "$snap" --target "$work/target" \
     --include '/d000001/f*500'
+  rm -rf "$work/target-all"
+  timed "restore all (the 10,000-file snapshot)" "$capsule" -r "$repo" --json restore latest --target "$work/target-all"
   timed "check" "$capsule" -r "$repo" --json check
+  timed "check --read-data" "$capsule" -r "$repo" --json check --read-data
+  if [ -e /dev/fuse ]; then
+    echo "mount: list, read one file (peak RSS)|—|$(mount_peak "$repo" "$snap_time")|—" >>"$rows_file"
+  fi
+  echo "page: list, one file, its versions (peak RSS)|—|$(page_peak "$repo" "$snap")|—" >>"$rows_file"
   "$capsule" -r "$repo" forget "$snap" >/dev/null
   timed "prune after forgetting a tenth" "$capsule" -r "$repo" --json prune
   echo "daemon process while it runs the profile (peak RSS)|—|$(daemon_peak "$repo")|—" >>"$rows_file"
