@@ -488,7 +488,7 @@ impl MasterIndex {
                 length: e.length,
                 raw_length: e.raw_length,
             };
-            let in_tables = self.table_locations(&e.id);
+            let in_tables = self.table_locations(&e.id, false);
             if in_tables.iter().any(|l| l.pack == pos) {
                 continue;
             }
@@ -508,7 +508,9 @@ impl MasterIndex {
     }
 
     /// Locations in the tables, live packs only, each pack once.
-    fn table_locations(&self, id: &BlobId) -> Vec<BlobLoc> {
+    /// The blob's locations in the tables, in table order; with `first`,
+    /// only the first (the tables after it are not read).
+    fn table_locations(&self, id: &BlobId, first: bool) -> Vec<BlobLoc> {
         let mut out = Vec::new();
         let mut found = Vec::new();
         for (i, slot) in self.tables.iter().enumerate() {
@@ -539,6 +541,9 @@ impl MasterIndex {
                     length: e.length,
                     raw_length: e.raw_length,
                 });
+                if first {
+                    return out;
+                }
             }
         }
         out
@@ -605,7 +610,7 @@ impl MasterIndex {
 
     /// Every location of a blob: the first, then the alternates.
     pub fn locations(&self, id: &BlobId) -> std::vec::IntoIter<BlobLoc> {
-        let mut out = self.table_locations(id);
+        let mut out = self.table_locations(id, false);
         if let Some(more) = self.overlay.get(id) {
             for l in more {
                 if !self.dead.contains(&l.pack) && !out.iter().any(|o| o.pack == l.pack) {
@@ -623,7 +628,15 @@ impl MasterIndex {
 
     /// Location of a blob.
     pub fn get(&self, id: &BlobId) -> Option<BlobLoc> {
-        self.locations(id).next()
+        // The first of `locations`, without reading the tables after it.
+        if let Some(l) = self.table_locations(id, true).first() {
+            return Some(*l);
+        }
+        self.overlay
+            .get(id)?
+            .iter()
+            .find(|l| !self.dead.contains(&l.pack))
+            .copied()
     }
 
     /// Whether a blob is indexed.

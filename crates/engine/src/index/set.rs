@@ -274,6 +274,9 @@ pub(crate) fn open_all(dir: &Path, key: &[u8; 32], notes: &mut Vec<String>) -> V
             // merged it away.
             Err(TableError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             }
+            Err(TableError::Older { .. }) => {
+                let _ = std::fs::remove_file(&path);
+            }
             Err(e) => {
                 notes.push(format!("index table rebuilt from the index files: {e}"));
                 let _ = std::fs::remove_file(&path);

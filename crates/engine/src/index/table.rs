@@ -1,8 +1,10 @@
 //! One index table: the blobs of some index files, sorted by blob ID, in a
 //! local file that is read a page at a time (docs/FORMAT.md, "Index
 //! tables"). Only the table's footer is held in memory: which index files
-//! it covers, its packs, and the first key of each page (the fences), about
-//! 0.1 byte per blob. A lookup reads one page, rarely two.
+//! it covers, its packs, the first key of each page (the fences, about 0.1
+//! byte per blob) and a filter (1.25 bytes per blob) that answers most
+//! lookups of a blob the table lacks without reading a page. A lookup
+//! reads one page, rarely two.
 //!
 //! Tables are a cache of what the repository's index files say: they are
 //! never uploaded, and are rebuilt from the index files when missing or
@@ -30,7 +32,10 @@ const COUNT_AT: usize = PER_PAGE * ENTRY;
 /// Where a page's MAC is: the last 32 bytes.
 const MAC_AT: usize = PAGE - 32;
 /// The footer's first bytes.
-const MAGIC: &[u8; 16] = b"capsule-itable\x00\x01";
+/// Version 2 added the filter; a version-1 table is rebuilt.
+const MAGIC: &[u8; 16] = b"capsule-itable\x00\x02";
+/// The magic of tables before the filter.
+const MAGIC_V1: &[u8; 16] = b"capsule-itable\x00\x01";
 /// The last bytes of a table: footer offset, footer length, footer MAC,
 /// magic.
 const TAIL: usize = 8 + 8 + 32 + 16;
@@ -39,6 +44,57 @@ const TREE_BIT: u32 = 1 << 31;
 /// The most packs or files a footer may claim (a damaged count must not
 /// allocate gigabytes before its MAC is checked).
 const MAX_FOOTER: u64 = 1 << 30;
+
+/// Filter bits per entry: with [`PROBES`] bits set in one 512-bit block,
+/// about 1 % of lookups of a blob a table lacks read a page anyway.
+const FILTER_BITS_PER_ENTRY: u64 = 10;
+/// Bits set (and tested) per blob.
+const PROBES: usize = 6;
+/// Bytes in a filter block (a cache line): every probe of a blob falls in
+/// one block.
+const BLOCK: usize = 64;
+
+/// A blocked Bloom filter over blob IDs. The IDs are keyed hashes, so
+/// their bytes serve as the hash: bytes 8–16 choose the block (bytes 0–8
+/// are the fences'), bytes 16–24 the bits in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Filter {
+    blocks: Vec<[u8; BLOCK]>,
+}
+
+impl Filter {
+    fn for_entries(entries: u64) -> Filter {
+        let n = (entries.saturating_mul(FILTER_BITS_PER_ENTRY)).div_ceil(BLOCK as u64 * 8);
+        Filter {
+            blocks: vec![[0u8; BLOCK]; n.max(1) as usize],
+        }
+    }
+
+    fn probes(&self, id: &BlobId) -> (usize, [u16; PROBES]) {
+        let b = &id.0 .0;
+        let h = u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]);
+        let block = ((u128::from(h) * self.blocks.len() as u128) >> 64) as usize;
+        let g = u64::from_le_bytes([b[16], b[17], b[18], b[19], b[20], b[21], b[22], b[23]]);
+        let mut bits = [0u16; PROBES];
+        for (i, bit) in bits.iter_mut().enumerate() {
+            *bit = ((g >> (9 * i)) & 511) as u16;
+        }
+        (block, bits)
+    }
+
+    fn insert(&mut self, id: &BlobId) {
+        let (block, bits) = self.probes(id);
+        for bit in bits {
+            self.blocks[block][bit as usize / 8] |= 1 << (bit % 8);
+        }
+    }
+
+    fn may_contain(&self, id: &BlobId) -> bool {
+        let (block, bits) = self.probes(id);
+        bits.iter()
+            .all(|&bit| self.blocks[block][bit as usize / 8] & (1 << (bit % 8)) != 0)
+    }
+}
 
 /// A table that cannot be used: the caller rebuilds it.
 #[derive(Debug, thiserror::Error)]
@@ -58,6 +114,13 @@ pub enum TableError {
         path: PathBuf,
         /// Which part fails.
         what: String,
+    },
+    /// Written by an earlier version, without the filter: rebuilt, as a
+    /// cache is, and not worth a warning.
+    #[error("{path}: an older table version")]
+    Older {
+        /// The table.
+        path: PathBuf,
     },
 }
 
@@ -276,7 +339,30 @@ impl Writer {
         if self.in_page > 0 {
             self.flush_page()?;
         }
-        let mut f = Vec::with_capacity(64 + self.packs.len() * 48 + self.fences.len() * 8);
+        // The filter is sized by the final count, so the same entries make
+        // the same bytes however the table was made: read back from the
+        // pages just written (in the page cache).
+        self.out.flush().map_err(|e| self.io(e))?;
+        let mut filter = Filter::for_entries(self.entries);
+        let mut page = vec![0u8; 64 * PAGE];
+        let mut n = 0;
+        while n < self.pages {
+            let k = (self.pages - n).min(64);
+            let buf = &mut page[..k as usize * PAGE];
+            let r = self.out.get_ref().read_exact_at(buf, n * PAGE as u64);
+            r.map_err(|e| self.io(e))?;
+            for p in buf.chunks_exact(PAGE) {
+                let c = &p[COUNT_AT..COUNT_AT + 4];
+                let len = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+                for i in 0..len.min(PER_PAGE) {
+                    filter.insert(&Entry::decode(&p[i * ENTRY..(i + 1) * ENTRY]).id);
+                }
+            }
+            n += k;
+        }
+        let mut f = Vec::with_capacity(
+            64 + self.packs.len() * 48 + self.fences.len() * 8 + filter.blocks.len() * BLOCK,
+        );
         f.extend_from_slice(MAGIC);
         f.extend_from_slice(&(self.files.len() as u64).to_le_bytes());
         f.extend_from_slice(&(self.packs.len() as u64).to_le_bytes());
@@ -298,6 +384,10 @@ impl Writer {
         }
         for fence in &self.fences {
             f.extend_from_slice(&fence.to_le_bytes());
+        }
+        f.extend_from_slice(&(filter.blocks.len() as u64).to_le_bytes());
+        for b in &filter.blocks {
+            f.extend_from_slice(b);
         }
         let at = self.pages * PAGE as u64;
         let mac = footer_mac(&self.key, &f, at);
@@ -385,6 +475,7 @@ pub(crate) struct Table {
     pub files: Vec<FileMeta>,
     pub packs: Vec<TablePack>,
     fences: Vec<u64>,
+    filter: Filter,
     pub entries: u64,
     /// One bit a page: its MAC was checked in this process.
     verified: Vec<AtomicU64>,
@@ -451,6 +542,11 @@ impl Table {
         let mut tail = [0u8; TAIL];
         file.read_exact_at(&mut tail, size - TAIL as u64)
             .map_err(io)?;
+        if &tail[TAIL - 16..] == MAGIC_V1 {
+            return Err(TableError::Older {
+                path: path.to_path_buf(),
+            });
+        }
         if &tail[TAIL - 16..] != MAGIC {
             return Err(damaged("does not end as a table does"));
         }
@@ -513,9 +609,20 @@ impl Table {
                 });
             }
             let fences = (0..pages).map(|_| c.u64()).collect::<Option<Vec<_>>>()?;
-            (c.at == footer.len()).then_some((id, files, packs, fences, entries))
+            let blocks = c.u64()?;
+            if blocks == 0 || blocks > MAX_FOOTER / BLOCK as u64 {
+                return None;
+            }
+            let filter = Filter {
+                blocks: c
+                    .take(blocks as usize * BLOCK)?
+                    .chunks_exact(BLOCK)
+                    .map(|b| b.try_into().unwrap_or([0u8; BLOCK]))
+                    .collect(),
+            };
+            (c.at == footer.len()).then_some((id, files, packs, fences, filter, entries))
         })();
-        let (id, files, packs, fences, entries) =
+        let (id, files, packs, fences, filter, entries) =
             parsed.ok_or_else(|| damaged("its footer does not decode"))?;
         let verified = (0..fences.len().div_ceil(64))
             .map(|_| AtomicU64::new(0))
@@ -527,6 +634,7 @@ impl Table {
             files,
             packs,
             fences,
+            filter,
             entries,
             verified,
             key: *key,
@@ -575,6 +683,9 @@ impl Table {
 
     /// Every entry for `id`, in slot order, appended to `out`.
     pub fn find(&self, id: &BlobId, out: &mut Vec<Entry>) -> Result<(), TableError> {
+        if !self.filter.may_contain(id) {
+            return Ok(());
+        }
         let p = prefix(id);
         let first = self.fences.partition_point(|f| *f < p).saturating_sub(1);
         let mut n = first;
@@ -600,5 +711,27 @@ impl Table {
             n += 1;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::*;
+
+    fn id(i: u32) -> BlobId {
+        BlobId(Id(*blake3::hash(&i.to_le_bytes()).as_bytes()))
+    }
+
+    /// Every blob put in is found; of blobs never put in, about 1 % pass
+    /// (deterministic: the IDs are fixed hashes).
+    #[test]
+    fn the_filter_never_forgets_and_rarely_lies() {
+        let mut f = Filter::for_entries(20_000);
+        for i in 0..20_000 {
+            f.insert(&id(i));
+        }
+        assert!((0..20_000).all(|i| f.may_contain(&id(i))));
+        let lies = (20_000..120_000).filter(|&i| f.may_contain(&id(i))).count();
+        assert!(lies < 3_000, "{lies} of 100,000 absent blobs pass");
     }
 }

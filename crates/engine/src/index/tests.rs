@@ -486,6 +486,35 @@ fn a_table_of_another_repository_is_not_believed() {
     same(&idx, &model_of(&store));
 }
 
+/// A table an earlier version wrote (before the filter) is rebuilt, as a
+/// cache is, without a warning: upgrading is not damage.
+#[test]
+fn a_table_of_an_earlier_version_is_rebuilt_quietly() {
+    let store = MemStore::new();
+    save_index_file(
+        &store,
+        &IndexFile {
+            supersedes: vec![],
+            packs: vec![pack(1, &[1, 2, 3])],
+        },
+    )
+    .unwrap();
+    let _ = MasterIndex::load(&store).unwrap();
+    let path = store.table_files().remove(0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] = 1; // the magic's version byte
+    std::fs::write(&path, bytes).unwrap();
+    assert!(matches!(
+        table::Table::open(&path, &store.index_home().key),
+        Err(TableError::Older { .. })
+    ));
+    let (idx, _) = MasterIndex::load(&store).unwrap();
+    same(&idx, &model_of(&store));
+    assert!(idx.notes().is_empty(), "{:?}", idx.notes());
+    assert!(table::Table::open(&store.table_files()[0], &store.index_home().key).is_ok());
+}
+
 #[test]
 fn a_full_disk_while_merging_leaves_the_tables_in_use_and_says_so() {
     let store = MemStore::new();
