@@ -41,6 +41,9 @@ pub(crate) fn repack_packs(
 ) -> Result<u64> {
     // What the saver may count as stored: every pack but those leaving.
     let (mut base, _) = repo.load_index()?;
+    // Its blobs are in the tables (in packs now forgotten): the filters
+    // would pass them all, and their memory is better left to the caller.
+    base.drop_filters();
     base.forget_packs(gone);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let saver = BlobSaver::start(repo.clone(), Arc::new(base), cores);

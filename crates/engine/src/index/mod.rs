@@ -626,6 +626,18 @@ impl MasterIndex {
         self.pack_pos.contains_key(id)
     }
 
+    /// Frees the tables' filters (1.25 bytes a blob), for a run that
+    /// makes few lookups beside a large structure of its own (prune, beside
+    /// its used set): a lookup then reads a page in every table.
+    pub fn drop_filters(&self) {
+        for slot in &self.tables {
+            slot.read()
+                .unwrap_or_else(|p| p.into_inner())
+                .table
+                .drop_filter();
+        }
+    }
+
     /// Location of a blob.
     pub fn get(&self, id: &BlobId) -> Option<BlobLoc> {
         // The first of `locations`, without reading the tables after it.

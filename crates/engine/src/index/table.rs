@@ -475,7 +475,8 @@ pub(crate) struct Table {
     pub files: Vec<FileMeta>,
     pub packs: Vec<TablePack>,
     fences: Vec<u64>,
-    filter: Filter,
+    /// `None` once dropped ([`Table::drop_filter`]): every lookup reads.
+    filter: std::sync::RwLock<Option<Filter>>,
     pub entries: u64,
     /// One bit a page: its MAC was checked in this process.
     verified: Vec<AtomicU64>,
@@ -634,11 +635,17 @@ impl Table {
             files,
             packs,
             fences,
-            filter,
+            filter: std::sync::RwLock::new(Some(filter)),
             entries,
             verified,
             key: *key,
         })
+    }
+
+    /// Frees the filter (1.25 bytes a blob): lookups then read a page in
+    /// every table. For a run that makes few lookups and holds much else.
+    pub fn drop_filter(&self) {
+        *self.filter.write().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Pages in the table.
@@ -683,7 +690,13 @@ impl Table {
 
     /// Every entry for `id`, in slot order, appended to `out`.
     pub fn find(&self, id: &BlobId, out: &mut Vec<Entry>) -> Result<(), TableError> {
-        if !self.filter.may_contain(id) {
+        let filtered = self
+            .filter
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|f| !f.may_contain(id));
+        if filtered {
             return Ok(());
         }
         let p = prefix(id);

@@ -486,6 +486,26 @@ fn a_table_of_another_repository_is_not_believed() {
     same(&idx, &model_of(&store));
 }
 
+/// Without its filters (prune frees them), the index answers the same.
+#[test]
+fn without_filters_the_answers_are_the_same() {
+    let store = MemStore::new();
+    let blobs: Vec<u8> = (0..=255).step_by(3).collect();
+    for seed in 1..4 {
+        save_index_file(
+            &store,
+            &IndexFile {
+                supersedes: vec![],
+                packs: vec![pack(seed, &blobs)],
+            },
+        )
+        .unwrap();
+    }
+    let (idx, _) = MasterIndex::load(&store).unwrap();
+    idx.drop_filters();
+    same(&idx, &model_of(&store));
+}
+
 /// A table an earlier version wrote (before the filter) is rebuilt, as a
 /// cache is, without a warning: upgrading is not damage.
 #[test]

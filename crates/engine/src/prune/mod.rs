@@ -304,6 +304,9 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     }
     report.snapshots = snaps.len() as u64;
     let (mut index, bad_index) = repo.load_index()?;
+    // Prune looks up few blobs (those of marked and repacked packs); the
+    // filters' 12 MB at ten million blobs are better left to the used set.
+    index.drop_filters();
     if let Some(e) = bad_index.first() {
         return Err(EngineError::PruneRefused(format!(
             "{e}; run `capsule repair index` first"
