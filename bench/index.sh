@@ -196,12 +196,16 @@ print(s[3]["id"], s[3]["snapshot"]["time"])')
   timed "check" "$capsule" -r "$repo" --json check
   timed "check --read-data" "$capsule" -r "$repo" --json check --read-data
   if [ -e /dev/fuse ]; then
-    echo "mount: list, read one file (peak RSS)|—|$(mount_peak "$repo" "$snap_time")|—" >>"$rows_file"
+    # A helper's `exit 1` ends only its $(...): `|| exit 1` ends the run.
+    peak=$(mount_peak "$repo" "$snap_time") || exit 1
+    echo "mount: list, read one file (peak RSS)|—|$peak|—" >>"$rows_file"
   fi
-  echo "page: list, one file, its versions (peak RSS)|—|$(page_peak "$repo" "$snap")|—" >>"$rows_file"
+  peak=$(page_peak "$repo" "$snap") || exit 1
+  echo "page: list, one file, its versions (peak RSS)|—|$peak|—" >>"$rows_file"
   "$capsule" -r "$repo" forget "$snap" >/dev/null
   timed "prune after forgetting a tenth" "$capsule" -r "$repo" --json prune
-  echo "daemon process while it runs the profile (peak RSS)|—|$(daemon_peak "$repo")|—" >>"$rows_file"
+  peak=$(daemon_peak "$repo") || exit 1
+  echo "daemon process while it runs the profile (peak RSS)|—|$peak|—" >>"$rows_file"
   results[$n]=$rows_file
   echo "done: $n blobs" >&2
 done

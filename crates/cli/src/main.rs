@@ -147,7 +147,11 @@ fn tune_allocator(command: &Command) {
                 libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
                 libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
             }
+            // `forget --prune` runs the same prune in this process.
             Command::Prune(_) => {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+            }
+            Command::Forget(a) if a.prune => {
                 libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
             }
             _ => {}

@@ -47,7 +47,7 @@ pub struct ForgetArgs {
     allow_empty: bool,
     /// Prune afterwards (see `capsule prune --help`).
     #[arg(long)]
-    prune: bool,
+    pub(crate) prune: bool,
     /// With --prune: see `capsule prune --help`.
     #[arg(long, value_name = "PERCENT", default_value_t = 5.0,
           value_parser = parse_percent, requires = "prune")]

@@ -459,6 +459,18 @@ fn a_page_damaged_mid_run_is_rebuilt_not_believed() {
     );
 }
 
+/// Stores an index file of one pack.
+fn save_one(store: &MemStore, p: IndexPack) {
+    save_index_file(
+        store,
+        &IndexFile {
+            supersedes: vec![],
+            packs: vec![p],
+        },
+    )
+    .unwrap();
+}
+
 /// [`same`], for an index that had to rebuild a table.
 fn same_but_noted(idx: &MasterIndex, m: &Model) {
     same(idx, m);
@@ -467,14 +479,7 @@ fn same_but_noted(idx: &MasterIndex, m: &Model) {
 #[test]
 fn a_table_of_another_repository_is_not_believed() {
     let store = MemStore::new();
-    save_index_file(
-        &store,
-        &IndexFile {
-            supersedes: vec![],
-            packs: vec![pack(1, &[1, 2, 3])],
-        },
-    )
-    .unwrap();
+    save_one(&store, pack(1, &[1, 2, 3]));
     let _ = MasterIndex::load(&store).unwrap();
     let path = store.table_files().remove(0);
     // Another key opens nothing of it.
@@ -511,14 +516,7 @@ fn without_filters_the_answers_are_the_same() {
 #[test]
 fn a_table_of_an_earlier_version_is_rebuilt_quietly() {
     let store = MemStore::new();
-    save_index_file(
-        &store,
-        &IndexFile {
-            supersedes: vec![],
-            packs: vec![pack(1, &[1, 2, 3])],
-        },
-    )
-    .unwrap();
+    save_one(&store, pack(1, &[1, 2, 3]));
     let _ = MasterIndex::load(&store).unwrap();
     let path = store.table_files().remove(0);
     let mut bytes = std::fs::read(&path).unwrap();
