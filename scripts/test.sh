@@ -5,6 +5,10 @@
 # with `go install`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A clean clone builds once: incremental state would only take disk (2.6
+# GiB), and CI's disk is what the test binaries, the servers' data and the
+# fuzz build share.
+export CARGO_INCREMENTAL=0
 
 # setpriv (util-linux) runs the permission test as an unprivileged user.
 if ! command -v setpriv >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -46,6 +50,7 @@ source "$servers/env"
 export CAPSULE_REQUIRE_SERVERS=1
 
 echo "== tests"
+echo "disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free here, $(df -h --output=avail /tmp | tail -1 | tr -d ' ') in /tmp"
 started=$(date +%s)
 # --no-fail-fast: a failing binary must not hide the results of the rest.
 status=0
@@ -66,6 +71,7 @@ awk -v secs=$(( $(date +%s) - started )) '
     for (i = 1; i <= n; i++) if (res[order[i]] != "0 passed, 0 failed") printf "  %-28s %s\n", order[i], res[order[i]]
     printf "capsule: %d passed, %d failed, in %d test binaries (%d failing), %d s\n", P, F, n, bad, secs
   }' "$log"
+echo "disk after the tests: $(df -h --output=avail . | tail -1 | tr -d ' ') free here, $(du -sh target 2>/dev/null | cut -f1) in target/"
 # The page's screenshots from its test in headless Chromium: test artifacts.
 shots=target/tmp/page-screenshots
 [ -d "$shots" ] && echo "page screenshots: $(cd "$shots" && ls | tr '\n' ' ')in $PWD/$shots"
