@@ -57,6 +57,11 @@ pub struct Profile {
     /// Stay on each source's file system.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_file_system: Option<bool>,
+    /// Read the sources from a snapshot of their file systems: "auto",
+    /// "btrfs", "lvm", "zfs" or "off" (the default), as
+    /// `--source-snapshot`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_snapshot: Option<String>,
     /// Repository location (as `--repo`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repository: Option<String>,
@@ -471,6 +476,10 @@ impl Config {
             }
             if let Some(q) = &p.quota {
                 parse_size(q).map_err(|e| bad("quota", e))?;
+            }
+            if let Some(m) = &p.source_snapshot {
+                m.parse::<capsule_engine::backup::SourceSnapshot>()
+                    .map_err(|e| bad("source-snapshot", e))?;
             }
             if let Some(w) = &p.when_full {
                 if w != "delete-oldest" && w != "fail" {

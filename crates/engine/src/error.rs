@@ -47,6 +47,10 @@ pub enum EngineError {
         /// Repository location.
         location: String,
     },
+    /// A source snapshot could not be taken (with a kind named), or went
+    /// while the backup read it.
+    #[error("source snapshot: {0}")]
+    Snapshot(#[from] capsule_snap::SnapError),
     /// The location has no `config` object.
     #[error("no capsule repository at {location}")]
     NotARepository {

@@ -57,6 +57,17 @@ pub struct BackupArgs {
     /// Scan every directory, whatever the daemon's change journal says.
     #[arg(long)]
     no_journal: bool,
+    /// Read the sources from a snapshot of their file systems, so every
+    /// file is stored as it was at one instant: auto (what the file system
+    /// offers, else live files with a warning), btrfs, lvm, zfs (required:
+    /// an error where not possible) or off (default: the profile's
+    /// `source-snapshot`, else off).
+    #[arg(long, env = "CAPSULE_SOURCE_SNAPSHOT", value_name = "KIND", value_parser = parse_mode)]
+    source_snapshot: Option<capsule_engine::backup::SourceSnapshot>,
+}
+
+fn parse_mode(s: &str) -> Result<capsule_engine::backup::SourceSnapshot, String> {
+    s.parse()
 }
 
 /// What a backup does when space runs out.
@@ -100,6 +111,10 @@ fn with_profile(settings: &Settings, mut a: BackupArgs) -> Result<(BackupArgs, W
     a.no_ignore_files |= p.no_ignore_files.unwrap_or(false);
     if a.ignore_file.is_none() {
         a.ignore_file = p.ignore_file.clone();
+    }
+    if a.source_snapshot.is_none() {
+        // Checked when the profile was read.
+        a.source_snapshot = p.source_snapshot.as_deref().and_then(|m| m.parse().ok());
     }
     let when_full = a.when_full.unwrap_or(match p.when_full.as_deref() {
         Some("fail") => WhenFull::Fail,
@@ -198,6 +213,7 @@ pub fn backup(
         // --force trusts nothing: it also checks that every indexed pack is
         // still there (one listing), so lost data is uploaded again.
         verify_packs: a.force,
+        source_snapshot: a.source_snapshot.unwrap_or_default(),
         ..BackupOptions::default()
     };
     let profile = settings.profile.clone().unwrap_or_default();
@@ -272,6 +288,9 @@ pub fn backup(
     for n in &report.index_notes {
         out.warn(n);
     }
+    for n in &report.snapshot_notes {
+        out.warn(n);
+    }
     if report.append_only {
         out.say(
             "append-only: these credentials may add to the repository but not delete (the snapshot is stored); forget and prune need credentials that may, and this run's session object stays until such a prune removes it",
@@ -321,6 +340,12 @@ pub fn backup(
         out.say(format!(
             "  resumed: {} packs uploaded by an interrupted run were indexed, not sent again",
             report.storage.packs_recovered
+        ));
+    }
+    if !report.source_snapshots.is_empty() {
+        out.say(format!(
+            "  read from source snapshot {} (removed)",
+            report.source_snapshots.join(", ")
         ));
     }
     let st = &report.stages;

@@ -70,9 +70,24 @@ pub(crate) struct Ctx<'a> {
     pub(crate) journal_broken: Mutex<Option<String>>,
     /// Directories listed that hold a file with several names.
     pub(crate) linked: Mutex<Vec<PathBuf>>,
+    /// The source snapshots read instead of live files, if any.
+    pub(crate) frozen: Option<&'a capsule_snap::Frozen>,
 }
 
 impl Ctx<'_> {
+    /// Where the entry the sources name `logical` is read: in a source
+    /// snapshot, or live.
+    pub(crate) fn physical(&self, logical: &Path) -> PathBuf {
+        self.frozen
+            .map_or_else(|| logical.to_path_buf(), |f| f.physical(logical))
+    }
+
+    /// The device number recorded for `dev` as seen where the entry was
+    /// read: a snapshot's is the original's.
+    pub(crate) fn device(&self, dev: u64) -> u64 {
+        self.frozen.map_or(dev, |f| f.device(dev))
+    }
+
     pub(crate) fn warn(&self, path: &Path, message: impl Into<String>) {
         Progress::add(&self.progress.errors, 1);
         self.warnings

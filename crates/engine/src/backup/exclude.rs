@@ -88,6 +88,10 @@ impl Excludes {
     /// Whether `path` is excluded. The deepest ignore file with an opinion
     /// wins; the global patterns apply last and cannot be overridden.
     pub fn is_excluded(&self, path: &Path, is_dir: bool) -> bool {
+        // capsule's own source snapshots, where they lie in a source.
+        if is_dir && path.file_name() == Some(std::ffi::OsStr::new(capsule_snap::DIR_NAME)) {
+            return true;
+        }
         if is_dir && self.skip_dirs.iter().any(|d| d == path) {
             return true;
         }

@@ -35,6 +35,7 @@ use crate::timefmt::{now_precise, rfc3339};
 pub use changes::{tops, Changes, ScanReport};
 use ctx::{Counters, Ctx};
 pub use exclude::{check_pattern, Excludes};
+pub use capsule_snap::{Kind as SnapshotKind, Mode as SourceSnapshot};
 pub use report::{BackupOptions, BackupReport, StageTimes, Warning};
 
 /// Makes `p` absolute and lexically normal, without resolving symlinks (the
@@ -252,6 +253,9 @@ fn unchanged(
         },
         linked_dirs: Vec::new(),
         tops: tops_now.to_vec(),
+        // Nothing is read: no snapshot to read it from.
+        source_snapshots: Vec::new(),
+        snapshot_notes: Vec::new(),
     }))
 }
 
@@ -425,6 +429,13 @@ pub fn backup(
         None
     };
 
+    // Taken after the journal's cut (the caller cut it before this call,
+    // and a run that reads nothing returned above): a change made from
+    // here on is the next run's, and none before it is missed.
+    let capsule_snap::Outcome {
+        frozen,
+        notes: mut snapshot_notes,
+    } = capsule_snap::freeze(opts.source_snapshot, &sources, opts.one_file_system)?;
     let new_ctx = |follow_journal: bool| Ctx {
         repo: &repo,
         index: &index,
@@ -445,6 +456,7 @@ pub fn backup(
         changes: changes.filter(|_| follow_journal),
         journal_broken: Mutex::new(None),
         linked: Mutex::new(Vec::new()),
+        frozen: frozen.as_ref(),
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(readers)
@@ -496,6 +508,16 @@ pub fn backup(
         (Ok(r), Ok(_)) => r,
     };
     let storage = storage?;
+    let source_snapshots: Vec<String> = frozen
+        .as_ref()
+        .map(|f| f.taken().into_iter().map(|t| t.handle).collect())
+        .unwrap_or_default();
+    if let Some(f) = frozen {
+        // Read from a snapshot someone removed meanwhile: entries that
+        // could not be read would pass for vanished files.
+        f.check()?;
+        snapshot_notes.extend(f.release());
+    }
 
     let warnings = warnings.into_inner().unwrap_or_else(|p| p.into_inner());
     let c = &counters;
@@ -618,5 +640,7 @@ pub fn backup(
         },
         linked_dirs,
         tops: tops_now,
+        source_snapshots,
+        snapshot_notes,
     })
 }

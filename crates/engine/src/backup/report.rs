@@ -55,6 +55,9 @@ pub struct BackupOptions {
     /// A verification run: walk with `changes`, then scan in full, store
     /// the full scan's snapshot and say whether the two agreed.
     pub verify_changes: bool,
+    /// Read the sources from a snapshot of their file systems taken when
+    /// the walk starts (see `capsule_snap`), not from live files.
+    pub source_snapshot: capsule_snap::Mode,
 }
 
 /// A problem with one source entry; the backup went on without it.
@@ -137,4 +140,11 @@ pub struct BackupReport {
     /// before its walk ([`super::changes::tops`]), for the next run's journal.
     #[serde(skip)]
     pub tops: Vec<(PathBuf, String)>,
+    /// The source snapshots the run read (`dataset@name`, a path…):
+    /// empty when it read live files.
+    pub source_snapshots: Vec<String>,
+    /// What the snapshot step has to say: why it read live files (with
+    /// `auto`), leftovers of interrupted runs it removed, a snapshot it
+    /// could not remove.
+    pub snapshot_notes: Vec<String>,
 }

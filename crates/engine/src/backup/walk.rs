@@ -194,14 +194,16 @@ pub(super) fn save_roots(
         // below has no component to put it under, and once saved nothing
         // at all). Other sources lie below it and are covered.
         let fd = rustix::fs::open(
-            root,
+            &ctx.physical(root),
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
         .map_err(|e| crate::error::EngineError::io("open source", root, e.into()))?;
-        let dev = rustix::fs::fstat(&fd)
-            .map_err(|e| crate::error::EngineError::io("read source", root, e.into()))?
-            .st_dev as u64;
+        let dev = ctx.device(
+            rustix::fs::fstat(&fd)
+                .map_err(|e| crate::error::EngineError::io("read source", root, e.into()))?
+                .st_dev as u64,
+        );
         Progress::add(&ctx.counters.dirs, 1);
         // The root's own record is not kept in a tree: its count goes as
         // the parent's.
@@ -235,16 +237,20 @@ fn save_plan(
                 // save nothing of `~/Documents -> /data/docs`). A dangling
                 // link is all there is, so it is stored as a link.
                 Plan::Source => {
-                    let real = match std::fs::symlink_metadata(&path) {
+                    // The link is followed where the sources name it (a
+                    // snapshot of its target's file system was taken),
+                    // then read where that is read.
+                    let real = match std::fs::symlink_metadata(ctx.physical(&path)) {
                         Ok(m) if m.file_type().is_symlink() => {
                             std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone())
                         }
                         _ => path.clone(),
                     };
+                    let read_at = ctx.physical(&real);
                     let r = save_entry(
                         ctx,
                         &real,
-                        Loc::Path(&real),
+                        Loc::Path(&read_at),
                         name,
                         pnode,
                         &ctx.excludes,
@@ -260,7 +266,8 @@ fn save_plan(
                 // stored as a directory, so the source below stays
                 // reachable in the snapshot (a symlink node would hide it).
                 Plan::Dir(sub) => {
-                    let m = match std::fs::metadata(&path) {
+                    let read_at = ctx.physical(&path);
+                    let m = match std::fs::metadata(&read_at) {
                         Ok(m) => m,
                         Err(e) => {
                             ctx.warn(&path, format!("cannot read metadata: {e}"));
@@ -268,7 +275,8 @@ fn save_plan(
                         }
                     };
                     let mut node = node_from_metadata(name, &m);
-                    node.xattrs = read_xattrs(&path).unwrap_or_default();
+                    node.device = ctx.device(node.device);
+                    node.xattrs = read_xattrs(&read_at).unwrap_or_default();
                     // A directory above the sources keeps the times and
                     // size the parent recorded while it is the same
                     // directory with the same owner, mode and attributes:
@@ -473,12 +481,29 @@ fn save_entry(
     journal: bool,
 ) -> Result<Option<Node>> {
     let t0 = Instant::now();
-    let st = match loc.stat() {
+    let mut st = match loc.stat() {
         Ok(st) => st,
         Err(e) => return Ok(source_error(ctx, path, "cannot read metadata", e)),
     };
+    let view = match ctx.frozen {
+        Some(f) if f.is_nested_placeholder(st.st_dev as u64, st.st_ino as u64) => {
+            match nested(ctx, f, path) {
+                Ok((nested, view)) => {
+                    st = nested;
+                    view
+                }
+                Err(e) => {
+                    ctx.warn(path, e);
+                    return Ok(None);
+                }
+            }
+        }
+        _ => None,
+    };
+    let loc = view.as_deref().map_or(loc, Loc::Path);
     Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
     let mut node = node_from_stat(name, &st);
+    node.device = ctx.device(node.device);
     if ex.is_excluded(path, node.kind() == NodeKind::Dir) {
         return Ok(None);
     }
@@ -587,6 +612,28 @@ fn save_entry(
         }
     }
     Ok(Some(node))
+}
+
+/// A btrfs subvolume of its own below a snapshotted one, which the
+/// snapshot shows as an empty directory: snapshotted in turn, and read
+/// there (its stat, and where). With one-file-system it is another file
+/// system, kept as the live walk keeps one: its own directory, empty.
+fn nested(
+    ctx: &Ctx<'_>,
+    frozen: &capsule_snap::Frozen,
+    path: &Path,
+) -> std::result::Result<(rustix::fs::Stat, Option<PathBuf>), String> {
+    let stat = |p: &Path| {
+        rustix::fs::statat(rustix::fs::CWD, p, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .map_err(|e| format!("cannot read the nested subvolume: {e}"))
+    };
+    if ctx.opts.one_file_system {
+        return Ok((stat(path)?, None));
+    }
+    let view = frozen
+        .nested(path)
+        .map_err(|e| format!("cannot snapshot the nested subvolume: {e}"))?;
+    Ok((stat(&view)?, Some(view)))
 }
 
 /// The parent's entry, if it can stand in for reading the file again.
