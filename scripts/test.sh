@@ -27,6 +27,12 @@ if [ -e /dev/fuse ] && ! command -v fusermount3 >/dev/null 2>&1 \
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fuse3 >/dev/null || true
 fi
 
+# btrfs-progs for the source-snapshot tests (a btrfs file system on a loop
+# device).
+if ! command -v mkfs.btrfs >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq btrfs-progs >/dev/null || true
+fi
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -q -- -D warnings

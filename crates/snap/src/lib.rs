@@ -217,9 +217,8 @@ fn volumes(
         let Ok(real) = std::fs::canonicalize(s) else {
             continue;
         };
-        let m = mounts::holding(&real, &table).ok_or_else(|| {
-            SnapError::Unsupported(format!("no mount holds {}", real.display()))
-        })?;
+        let m = mounts::holding(&real, &table)
+            .ok_or_else(|| SnapError::Unsupported(format!("no mount holds {}", real.display())))?;
         places.push((real.clone(), m.clone(), None));
         if !one_file_system {
             for b in mounts::below(&real, &table) {
@@ -300,7 +299,11 @@ fn clean_volumes(vols: &[(PathBuf, Mount, Kind)]) -> Vec<String> {
 /// `sources`, after removing leftovers of runs that are gone. With
 /// `auto`, what keeps it from snapshotting becomes a note and the run
 /// reads live files; a named kind makes it an error.
-pub fn freeze(mode: Mode, sources: &[PathBuf], one_file_system: bool) -> Result<Outcome, SnapError> {
+pub fn freeze(
+    mode: Mode,
+    sources: &[PathBuf],
+    one_file_system: bool,
+) -> Result<Outcome, SnapError> {
     if mode == Mode::Off {
         return Ok(Outcome::default());
     }
@@ -416,7 +419,9 @@ impl Frozen {
     pub fn nested(&self, logical: &Path) -> Result<PathBuf, SnapError> {
         let m = mounts::holding(logical, &mounts::table())
             .cloned()
-            .ok_or_else(|| SnapError::Unsupported(format!("no mount holds {}", logical.display())))?;
+            .ok_or_else(|| {
+                SnapError::Unsupported(format!("no mount holds {}", logical.display()))
+            })?;
         let ino = std::fs::metadata(logical)
             .map_err(|e| SnapError::io("read the nested subvolume", logical, e))?
             .ino();
@@ -478,7 +483,10 @@ mod tests {
         for s in ["auto", "btrfs", "lvm", "zfs", "off"] {
             assert_eq!(s.parse::<Mode>().unwrap().to_string(), s);
         }
-        assert!("apfs".parse::<Mode>().unwrap_err().contains("expected auto"));
+        assert!("apfs"
+            .parse::<Mode>()
+            .unwrap_err()
+            .contains("expected auto"));
     }
 
     #[test]
@@ -490,10 +498,16 @@ mod tests {
             .unwrap()
             .as_secs();
         // This process: running, started before now.
-        assert_eq!(is_ours(&format!("capsule-{now}-{}", std::process::id())), Some(true));
+        assert_eq!(
+            is_ours(&format!("capsule-{now}-{}", std::process::id())),
+            Some(true)
+        );
         // This process's number, but a name older than the process: the
         // number was reused, the run that made it is gone.
-        assert_eq!(is_ours(&format!("capsule-1000-{}", std::process::id())), Some(false));
+        assert_eq!(
+            is_ours(&format!("capsule-1000-{}", std::process::id())),
+            Some(false)
+        );
         // No such process (above the kernel's largest pid).
         assert_eq!(is_ours(&format!("capsule-{now}-4194305-home")), Some(false));
     }

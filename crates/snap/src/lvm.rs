@@ -107,7 +107,15 @@ impl Snapshotter for Lvm {
             let free: u64 = VGS
                 .run(
                     &doing,
-                    &["--noheadings", "--units", "b", "--nosuffix", "-o", "vg_free", &vg],
+                    &[
+                        "--noheadings",
+                        "--units",
+                        "b",
+                        "--nosuffix",
+                        "-o",
+                        "vg_free",
+                        &vg,
+                    ],
                 )?
                 .trim()
                 .parse()
@@ -120,16 +128,30 @@ impl Snapshotter for Lvm {
             LVCREATE.run(
                 &doing,
                 &[
-                    "--snapshot", "--yes", "--addtag", TAG, "--name", &name, "--size",
-                    &format!("{want}b"), &full,
+                    "--snapshot",
+                    "--yes",
+                    "--addtag",
+                    TAG,
+                    "--name",
+                    &name,
+                    "--size",
+                    &format!("{want}b"),
+                    &full,
                 ],
             )?;
         } else {
             LVCREATE.run(
                 &doing,
                 &[
-                    "--snapshot", "--yes", "--addtag", TAG, "--setactivationskip", "n",
-                    "--name", &name, &full,
+                    "--snapshot",
+                    "--yes",
+                    "--addtag",
+                    TAG,
+                    "--setactivationskip",
+                    "n",
+                    "--name",
+                    &name,
+                    &full,
                 ],
             )?;
         }
@@ -169,7 +191,11 @@ impl Snapshotter for Lvm {
         let out = LVS.run(
             &format!("listing the snapshots of {vg}/{lv}"),
             &[
-                "--noheadings", "--separator", "|", "-o", "vg_name,lv_name,origin",
+                "--noheadings",
+                "--separator",
+                "|",
+                "-o",
+                "vg_name,lv_name,origin",
                 &format!("@{TAG}"),
             ],
         )?;
@@ -202,11 +228,22 @@ fn mount_ro(t: &Taken, origin: &Mount) -> Result<(), SnapError> {
     let at = Path::new(MOUNTS).join(&t.name);
     std::fs::create_dir_all(&at).map_err(|e| SnapError::io("create", &at, e))?;
     // XFS refuses a second mount of the same file-system UUID.
-    let opts = if origin.fstype == "xfs" { "ro,nouuid" } else { "ro" };
+    let opts = if origin.fstype == "xfs" {
+        "ro,nouuid"
+    } else {
+        "ro"
+    };
     let dev = format!("/dev/{}", t.handle);
     MOUNT.run(
         &format!("mounting the source snapshot {dev}"),
-        &["-t", &origin.fstype, "-o", opts, &dev, &at.to_string_lossy()],
+        &[
+            "-t",
+            &origin.fstype,
+            "-o",
+            opts,
+            &dev,
+            &at.to_string_lossy(),
+        ],
     )?;
     Ok(())
 }

@@ -106,11 +106,16 @@ mod tests {
         let t = parse(TABLE);
         assert_eq!(t.len(), 4);
         let h = holding(Path::new("/home/me/docs"), &t).unwrap();
-        assert_eq!((h.fstype.as_str(), h.source.as_str()), ("btrfs", "/dev/loop0"));
+        assert_eq!(
+            (h.fstype.as_str(), h.source.as_str()),
+            ("btrfs", "/dev/loop0")
+        );
         assert_eq!(h.root, Path::new("/@home"));
         let z = holding(Path::new("/home/me/my disk/x"), &t).unwrap();
         assert_eq!((z.fstype.as_str(), z.source.as_str()), ("zfs", "tank/disk"));
-        let b: Vec<_> = below(Path::new("/home"), &t).map(|m| m.point.clone()).collect();
+        let b: Vec<_> = below(Path::new("/home"), &t)
+            .map(|m| m.point.clone())
+            .collect();
         assert_eq!(b, vec![PathBuf::from("/home/me/my disk")]);
         assert_eq!(holding(Path::new("/etc"), &t).unwrap().fstype, "ext4");
     }

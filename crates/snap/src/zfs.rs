@@ -50,7 +50,17 @@ impl Snapshotter for Zfs {
     fn leftovers(&self, root: &Path, mount: &Mount) -> Result<Vec<Taken>, SnapError> {
         let out = ZFS.run(
             &format!("listing the snapshots of {}", mount.source),
-            &["list", "-H", "-t", "snapshot", "-o", "name", "-d", "1", &mount.source],
+            &[
+                "list",
+                "-H",
+                "-t",
+                "snapshot",
+                "-o",
+                "name",
+                "-d",
+                "1",
+                &mount.source,
+            ],
         )?;
         Ok(out
             .lines()

@@ -243,7 +243,7 @@ impl Fanotify {
             None => Place::Gone,
             Some(p)
                 if self.sources.iter().any(|s| p.starts_with(s))
-                    && !self.skip.iter().any(|s| p.starts_with(s)) =>
+                    && !crate::watcher::skipped(&self.skip, &p) =>
             {
                 Place::Inside(p)
             }
@@ -303,7 +303,7 @@ impl Fanotify {
         match name {
             Some(name) if !name.is_empty() && name != b"." => {
                 let child = dir.join(OsStr::from_bytes(name));
-                if self.skip.iter().any(|s| child.starts_with(s)) {
+                if crate::watcher::skipped(&self.skip, &child) {
                     return Ok(());
                 }
                 journal.dirty(&dir);

@@ -133,7 +133,7 @@ impl Inotify {
     fn add_tree(&mut self, dir: &Path, dev: u64, journal: &mut Journal) -> Result<()> {
         let mut stack = vec![dir.to_path_buf()];
         while let Some(d) = stack.pop() {
-            if self.skip.iter().any(|s| d.starts_with(s)) {
+            if crate::watcher::skipped(&self.skip, &d) {
                 continue;
             }
             // Scanned in full by every run: its changes may be made
@@ -248,10 +248,7 @@ impl Inotify {
             // capsule's own state and cache, where they lie in a source's
             // directory (backups skip them).
             Some(name)
-                if self
-                    .skip
-                    .iter()
-                    .any(|s| dir.join(OsStr::from_bytes(&name)).starts_with(s)) => {}
+                if crate::watcher::skipped(&self.skip, &dir.join(OsStr::from_bytes(&name))) => {}
             Some(name) => {
                 journal.dirty(&dir);
                 if self.ignore_file.as_deref() == Some(name.as_slice()) {

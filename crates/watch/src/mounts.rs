@@ -14,51 +14,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// One line of `/proc/self/mountinfo`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Mount {
-    /// The device (`major:minor`): one file system, wherever mounted.
-    pub(crate) dev: String,
-    /// The directory of that file system shown here (`/` for all of it).
-    pub(crate) root: PathBuf,
-    /// Where it is mounted.
-    pub(crate) point: PathBuf,
-}
-
-/// The mount table of this process (empty when it cannot be read).
-pub(crate) fn table() -> Vec<Mount> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| parse(&t))
-        .unwrap_or_default()
-}
-
-fn parse(text: &str) -> Vec<Mount> {
-    text.lines()
-        .filter_map(|l| {
-            let mut f = l.split(' ');
-            let dev = f.nth(2)?;
-            let root = f.next()?;
-            let point = f.next()?;
-            Some(Mount {
-                dev: dev.to_string(),
-                root: PathBuf::from(unescape_mount(root)),
-                point: PathBuf::from(unescape_mount(point)),
-            })
-        })
-        .collect()
-}
-
-/// The mount that `path` lies on (the last mounted of the longest
-/// mount points above it).
-fn holding<'t>(path: &Path, table: &'t [Mount]) -> Option<&'t Mount> {
-    table
-        .iter()
-        .filter(|m| path.starts_with(&m.point))
-        .fold(None, |best: Option<&Mount>, m| match best {
-            Some(b) if b.point.components().count() > m.point.components().count() => Some(b),
-            _ => Some(m),
-        })
-}
+// The mount table is read as the source snapshots read it.
+#[cfg(test)]
+use capsule_snap::mounts::parse;
+pub(crate) use capsule_snap::mounts::{holding, table, Mount};
 
 /// Why a file of `source` may have a name outside the sources, which
 /// makes no event in them: `None` when `source` is the root of a file
@@ -165,28 +124,6 @@ impl MountWatch {
         let now = mounts_below(&self.sources);
         std::mem::replace(&mut self.mounts, now) != self.mounts
     }
-}
-
-/// `/proc/self/mountinfo` writes space, tab, newline and backslash in
-/// paths as octal escapes.
-fn unescape_mount(p: &str) -> std::ffi::OsString {
-    use std::os::unix::ffi::OsStringExt;
-    let b = p.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    std::ffi::OsString::from_vec(out)
 }
 
 #[cfg(test)]

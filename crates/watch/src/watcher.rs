@@ -122,3 +122,13 @@ pub(crate) fn wait_readable(
         Err(e) => Err(WatchError::io("poll", Path::new(what), e.into())),
     }
 }
+
+/// Whether the journal leaves out events at `path`: capsule's own state
+/// and cache (`skip`), and its source snapshots, whose creation and
+/// removal every run would otherwise record as a change.
+pub(crate) fn skipped(skip: &[PathBuf], path: &Path) -> bool {
+    skip.iter().any(|s| path.starts_with(s))
+        || path
+            .components()
+            .any(|c| c.as_os_str() == capsule_engine::backup::SNAPSHOT_DIR)
+}

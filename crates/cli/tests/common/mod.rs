@@ -661,7 +661,7 @@ pub fn soak(work: &Path, run: &CapsuleRunner<'_>) {
     }
 }
 
-/// A loop-mounted ext4 file system, unmounted on drop. `None` (a skip)
+/// A loop-mounted file system (ext4 unless said), unmounted on drop. `None` (a skip)
 /// when not root, unless the test command requires everything to run.
 pub struct LoopFs {
     pub dir: PathBuf,
@@ -670,6 +670,11 @@ pub struct LoopFs {
 
 impl LoopFs {
     pub fn new(mib: u32) -> Option<LoopFs> {
+        Self::of("ext4", mib)
+    }
+
+    /// A loop-mounted file system of type `fstype` (ext4 or btrfs).
+    pub fn of(fstype: &str, mib: u32) -> Option<LoopFs> {
         if !is_root() {
             assert!(
                 std::env::var("CAPSULE_REQUIRE_SERVERS").as_deref() != Ok("1"),
@@ -684,9 +689,12 @@ impl LoopFs {
         std::fs::create_dir(&dir).unwrap();
         let run = |c: &mut Command| assert!(c.status().unwrap().success(), "{c:?}");
         run(Command::new("truncate").arg(format!("-s{mib}M")).arg(&file));
-        run(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0"])
-            .arg(&file));
+        match fstype {
+            "btrfs" => run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&file)),
+            _ => run(Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-m", "0"])
+                .arg(&file)),
+        }
         run(Command::new("mount")
             .args(["-o", "loop"])
             .arg(&file)

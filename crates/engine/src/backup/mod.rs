@@ -32,10 +32,10 @@ use crate::packer::{BlobSaver, SaverStatsSnapshot};
 use crate::progress::Progress;
 use crate::repo::{hostname, username, Repository};
 use crate::timefmt::{now_precise, rfc3339};
+pub use capsule_snap::{Kind as SnapshotKind, Mode as SourceSnapshot, DIR_NAME as SNAPSHOT_DIR};
 pub use changes::{tops, Changes, ScanReport};
 use ctx::{Counters, Ctx};
 pub use exclude::{check_pattern, Excludes};
-pub use capsule_snap::{Kind as SnapshotKind, Mode as SourceSnapshot};
 pub use report::{BackupOptions, BackupReport, StageTimes, Warning};
 
 /// Makes `p` absolute and lexically normal, without resolving symlinks (the
@@ -436,6 +436,7 @@ pub fn backup(
         frozen,
         notes: mut snapshot_notes,
     } = capsule_snap::freeze(opts.source_snapshot, &sources, opts.one_file_system)?;
+    crate::pause::test_pause("snapshot-taken");
     let new_ctx = |follow_journal: bool| Ctx {
         repo: &repo,
         index: &index,

@@ -194,7 +194,7 @@ pub(super) fn save_roots(
         // below has no component to put it under, and once saved nothing
         // at all). Other sources lie below it and are covered.
         let fd = rustix::fs::open(
-            &ctx.physical(root),
+            ctx.physical(root),
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )
@@ -486,18 +486,16 @@ fn save_entry(
         Err(e) => return Ok(source_error(ctx, path, "cannot read metadata", e)),
     };
     let view = match ctx.frozen {
-        Some(f) if f.is_nested_placeholder(st.st_dev as u64, st.st_ino as u64) => {
-            match nested(ctx, f, path) {
-                Ok((nested, view)) => {
-                    st = nested;
-                    view
-                }
-                Err(e) => {
-                    ctx.warn(path, e);
-                    return Ok(None);
-                }
+        Some(f) if f.is_nested_placeholder(st.st_dev, st.st_ino) => match nested(ctx, f, path) {
+            Ok((nested, view)) => {
+                st = nested;
+                view
             }
-        }
+            Err(e) => {
+                ctx.warn(path, e);
+                return Ok(None);
+            }
+        },
         _ => None,
     };
     let loc = view.as_deref().map_or(loc, Loc::Path);
