@@ -392,17 +392,36 @@ fn a_killed_runs_snapshot_is_removed_by_the_next_run_and_no_other() {
         dir.join("daily").to_str().unwrap(),
     ]);
 
-    let (mut child, _gate) = paused_backup(&repo, &b.data, "btrfs", t.path());
-    let left = snapshots_in(&dir);
-    assert_eq!(left.len(), 2, "{left:?}");
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert_eq!(snapshots_in(&dir), left, "killed: the snapshot stays");
-    let ours = left
-        .iter()
-        .find(|n| n.starts_with("capsule-"))
-        .unwrap()
-        .clone();
+    // Killed once: `repair source-snapshots` removes what it left.
+    let killed = |work: &Path| {
+        let (mut child, _gate) = paused_backup(&repo, &b.data, "btrfs", work);
+        let left = snapshots_in(&dir);
+        assert_eq!(left.len(), 2, "{left:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(snapshots_in(&dir), left, "killed: the snapshot stays");
+        left.iter()
+            .find(|n| n.starts_with("capsule-"))
+            .unwrap()
+            .clone()
+    };
+    let first = t.path().join("first");
+    std::fs::create_dir_all(&first).unwrap();
+    let ours = killed(&first);
+    let o = capsule(
+        &repo,
+        &["repair", "source-snapshots", b.data.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&ours),
+        "{}",
+        said(&o)
+    );
+    assert_eq!(snapshots_in(&dir), vec!["daily".to_string()]);
+
+    // Killed again: the next run removes it, and says so.
+    let ours = killed(t.path());
 
     let o = capsule(
         &repo,
@@ -580,4 +599,113 @@ fn an_lvm_snapshot_is_read_and_removed() {
     );
     let lvs = run(Command::new("lvs").args(["--noheadings", "-o", "lv_name", &vg.name]));
     assert_eq!(lvs.trim(), "src", "the snapshot volume was removed");
+}
+
+/// A daemon killed when dropped, so a failing test leaves none running.
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Under the daemon's change journal: a run with nothing to read takes no
+/// snapshot; a run with changes reads them from a snapshot; and taking
+/// and removing that snapshot (in `.capsule-snapshots`) is no change for
+/// the next run.
+#[test]
+fn under_the_journal_only_runs_that_read_take_a_snapshot_and_it_is_no_change() {
+    let Some(b) = btrfs() else { return };
+    // In the top-level subvolume: fanotify cannot mark a subvolume of its
+    // own (EXDEV), and the daemon then scans in full.
+    let top = b.fs.dir.join("top");
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    std::fs::create_dir_all(top.join("docs")).unwrap();
+    std::fs::write(top.join("docs/a"), b"a").unwrap();
+    let config = dir.join("capsule.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[profiles.p]\nsources = [{:?}]\nrepository = {:?}\npassword-command = \"echo {PASSWORD}\"\nschedule = {{ backup = \"hourly\" }}\nsource-snapshot = \"btrfs\"\njournal-verify-every = 0\n",
+            top.display().to_string(),
+            dir.join("repo").display().to_string()
+        ),
+    )
+    .unwrap();
+    let clock = dir.join("clock");
+    let set_clock = |t: i64| std::fs::write(&clock, t.to_string()).unwrap();
+    set_clock(NOW);
+    let cmd = |args: &[&str]| {
+        let env = TestEnv::under(dir)
+            .config(&config)
+            .clock(format!("@{}", clock.display()))
+            .var("CAPSULE_DAEMON_TICK_MS", "50");
+        let mut c = capsule_cmd(&env);
+        c.args(args);
+        c
+    };
+    let o = cmd(&["--profile", "p", "init"]).output().unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+    let log = dir.join("daemon.log");
+    let _daemon = Daemon(
+        cmd(&["daemon"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    // The daemon's own first run, at NOW (bounded).
+    let end = Instant::now() + Duration::from_secs(120);
+    loop {
+        let o = cmd(&["--json", "status"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        if v["profiles"][0]["last_success"]["started_unix"].as_i64() == Some(NOW) {
+            assert_eq!(v["profiles"][0]["journal"]["watching"], true, "{v}");
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the daemon made no run: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let minute = std::cell::Cell::new(0);
+    let backup = || -> serde_json::Value {
+        minute.set(minute.get() + 1);
+        set_clock(NOW + minute.get() * 60);
+        let o = cmd(&["--profile", "p", "--json", "backup"])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let snapshots = |v: &serde_json::Value| v["source_snapshots"].as_array().unwrap().len();
+    std::fs::write(top.join("docs/b"), b"b").unwrap();
+    let j = backup();
+    assert_eq!(j["scan"]["mode"], "journal", "{j}");
+    assert_eq!(
+        (j["files_new"].as_u64(), snapshots(&j)),
+        (Some(1), 1),
+        "{j}"
+    );
+    for _ in 0..2 {
+        let q = backup();
+        assert_eq!(
+            q["scan"]["unchanged"], true,
+            "its snapshot was seen as a change: {q}"
+        );
+        assert_eq!(snapshots(&q), 0, "{q}");
+    }
+    std::fs::write(top.join("docs/a"), b"a, changed").unwrap();
+    let j = backup();
+    assert_eq!(j["scan"]["mode"], "journal", "{j}");
+    // (docs/b is read again too: under the test clock no file is settled.)
+    assert!(j["files_changed"].as_u64() >= Some(1), "{j}");
+    assert_eq!(snapshots(&j), 1, "{j}");
+    let q = backup();
+    assert_eq!(q["scan"]["unchanged"], true, "{q}");
 }

@@ -188,6 +188,13 @@ pub enum RepairCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Remove the source snapshots (`source-snapshot`) that interrupted
+    /// backups left on the file systems holding these paths (default: the
+    /// profile's sources). Only capsule's own, of runs that are gone.
+    SourceSnapshots {
+        /// Sources whose file systems to look at.
+        paths: Vec<std::path::PathBuf>,
+    },
 }
 
 pub fn repair(settings: &Settings, out: &Output, r: RepairCommand) -> Result<u8> {
@@ -195,6 +202,9 @@ pub fn repair(settings: &Settings, out: &Output, r: RepairCommand) -> Result<u8>
         RepairCommand::Index { dry_run } => dry_run,
         RepairCommand::Snapshots { dry_run } => return repair_snapshots(settings, out, dry_run),
         RepairCommand::History { dry_run } => return repair_history(settings, out, dry_run),
+        RepairCommand::SourceSnapshots { paths } => {
+            return repair_source_snapshots(settings, out, paths)
+        }
     };
     // The destination's truth, not the cache's.
     let repo = open_uncached(settings, out)?.repo;
@@ -231,6 +241,38 @@ pub fn repair(settings: &Settings, out: &Output, r: RepairCommand) -> Result<u8>
         );
         Ok(exit::DAMAGED)
     }
+}
+
+/// Needs no repository: the snapshots are on the sources' file systems.
+fn repair_source_snapshots(
+    settings: &Settings,
+    out: &Output,
+    mut paths: Vec<std::path::PathBuf>,
+) -> Result<u8> {
+    let profile = settings.profile.clone().unwrap_or_default();
+    if paths.is_empty() {
+        paths = profile.sources.clone();
+    }
+    if paths.is_empty() {
+        return Err(capsule_app::UsageError(
+            "name the sources whose file systems to look at, or --profile NAME with sources".into(),
+        )
+        .into());
+    }
+    let notes = capsule_engine::backup::clean_source_snapshots(
+        &paths,
+        profile.one_file_system.unwrap_or(false),
+    );
+    if out.json {
+        out.json(&serde_json::json!({ "notes": notes }));
+    }
+    if notes.is_empty() {
+        out.result("no source snapshot left behind");
+    }
+    for n in &notes {
+        out.result(n);
+    }
+    Ok(exit::OK)
 }
 
 fn repair_history(settings: &Settings, out: &Output, dry_run: bool) -> Result<u8> {

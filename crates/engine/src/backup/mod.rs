@@ -32,7 +32,10 @@ use crate::packer::{BlobSaver, SaverStatsSnapshot};
 use crate::progress::Progress;
 use crate::repo::{hostname, username, Repository};
 use crate::timefmt::{now_precise, rfc3339};
-pub use capsule_snap::{Kind as SnapshotKind, Mode as SourceSnapshot, DIR_NAME as SNAPSHOT_DIR};
+pub use capsule_snap::{
+    clean as clean_source_snapshots, Kind as SnapshotKind, Mode as SourceSnapshot,
+    DIR_NAME as SNAPSHOT_DIR,
+};
 pub use changes::{tops, Changes, ScanReport};
 use ctx::{Counters, Ctx};
 pub use exclude::{check_pattern, Excludes};
@@ -256,6 +259,7 @@ fn unchanged(
         // Nothing is read: no snapshot to read it from.
         source_snapshots: Vec::new(),
         snapshot_notes: Vec::new(),
+        snapshot_secs: 0.0,
     }))
 }
 
@@ -432,10 +436,12 @@ pub fn backup(
     // Taken after the journal's cut (the caller cut it before this call,
     // and a run that reads nothing returned above): a change made from
     // here on is the next run's, and none before it is missed.
+    let t_snap = Instant::now();
     let capsule_snap::Outcome {
         frozen,
         notes: mut snapshot_notes,
     } = capsule_snap::freeze(opts.source_snapshot, &sources, opts.one_file_system)?;
+    let mut snapshot_secs = t_snap.elapsed().as_secs_f64();
     crate::pause::test_pause("snapshot-taken");
     let new_ctx = |follow_journal: bool| Ctx {
         repo: &repo,
@@ -517,7 +523,9 @@ pub fn backup(
         // Read from a snapshot someone removed meanwhile: entries that
         // could not be read would pass for vanished files.
         f.check()?;
+        let t = Instant::now();
         snapshot_notes.extend(f.release());
+        snapshot_secs += t.elapsed().as_secs_f64();
     }
 
     let warnings = warnings.into_inner().unwrap_or_else(|p| p.into_inner());
@@ -643,5 +651,6 @@ pub fn backup(
         tops: tops_now,
         source_snapshots,
         snapshot_notes,
+        snapshot_secs,
     })
 }

@@ -147,4 +147,7 @@ pub struct BackupReport {
     /// `auto`), leftovers of interrupted runs it removed, a snapshot it
     /// could not remove.
     pub snapshot_notes: Vec<String>,
+    /// Seconds spent taking the source snapshots, removing leftovers, and
+    /// removing them after the walk.
+    pub snapshot_secs: f64,
 }
