@@ -14,16 +14,22 @@
 #     same runs with source-snapshot = "off".
 # Medians of --runs; capsule's seconds as each run records them (start to
 # snapshot stored). Needs root (loop device, btrfs).
+# --cold drops the page cache before each toolchain run (a snapshot's files
+# are new inodes: they never share the original's cached pages, so warm
+# runs compare a cached tree with an uncached one); --no-journal-part skips
+# the daemon's runs.
 #
-#   bench/snapshot.sh [--files 120000] [--runs 5] [--output FILE]
+#   bench/snapshot.sh [--files 120000] [--runs 5] [--cold] [--no-journal-part] [--output FILE]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-files=120000 runs=5 output=""
+files=120000 runs=5 output="" cold="" journal_part=1
 while [ $# -gt 0 ]; do
   case $1 in
     --files) files=$2; shift ;;
     --runs) runs=$2; shift ;;
     --output) output=$2; shift ;;
+    --cold) cold=1 ;;
+    --no-journal-part) journal_part="" ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -61,8 +67,10 @@ echo "copying $toolchain..." >&2
 cp -a "$toolchain/." "$mnt/rust/"
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
-echo "making $files files..." >&2
-make_tree "$mnt/small" "$files"
+if [ -n "$journal_part" ]; then
+  echo "making $files files..." >&2
+  make_tree "$mnt/small" "$files"
+fi
 sync
 rust_files=$(find "$mnt/rust" -type f | wc -l)
 rust_bytes=$(du -sb "$mnt/rust" | cut -f1)
@@ -77,16 +85,19 @@ done
 
 # The toolchain tree: first backup and no-change full scans, live and
 # from a snapshot, alternating.
+drop() { if [ -n "$cold" ]; then sync; echo 3 >/proc/sys/vm/drop_caches; fi; }
 for m in off btrfs; do "$capsule" -q -r "$work/repo-$m" init; done
 declare -A first full step
 for m in off btrfs; do
+  drop
   "$capsule" -r "$work/repo-$m" --json backup --no-journal --source-snapshot $m "$mnt/rust" >"$work/first-$m.json"
-  first[$m]=$(field "$work/first-$m.json" 'v["duration_secs"]')
+  first[$m]=$(field "$work/first-$m.json" 'round(v["duration_secs"], 3)')
 done
 for ((i = 0; i < runs; i++)); do
   for m in off btrfs; do
+    drop
     "$capsule" -r "$work/repo-$m" --json backup --no-journal --source-snapshot $m "$mnt/rust" >"$work/full.json"
-    full[$m]+="$(field "$work/full.json" 'v["duration_secs"]') "
+    full[$m]+="$(field "$work/full.json" 'round(v["duration_secs"], 3)') "
     step[$m]+="$(field "$work/full.json" 'v["snapshot_secs"]') "
   done
 done
@@ -96,7 +107,7 @@ rust_off=$(median ${full[off]}) rust_snap=$(median ${full[btrfs]}) snap_step=$(m
 # The small tree under the daemon's journal.
 status_field() { "$capsule" --json status | python3 -c "import json,sys; r=json.load(sys.stdin)['profiles'][0]['last_run']; print($1)"; }
 declare -A quiet changed
-for m in off btrfs; do
+for m in ${journal_part:+off btrfs}; do
   w=$work/journal-$m
   mkdir -p "$w"
   cat >"$w/capsule.toml" <<TOML
@@ -130,7 +141,7 @@ TOML
   run_by_daemon
   for ((i = 0; i < runs; i++)); do
     run_by_daemon
-    quiet[$m]+="$(status_field 'r["duration_secs"]') "
+    quiet[$m]+="$(status_field 'round(r["duration_secs"], 4)') "
     [ "$(status_field 'r["scan"]["mode"]')" = journal ] || { echo "no-change run $i ($m) did not follow the journal" >&2; exit 1; }
   done
   for ((i = 0; i < runs; i++)); do
@@ -144,7 +155,7 @@ for d in dirs[::step][:100]:
         f.write("changed %s\n" % k)
 PY
     run_by_daemon
-    changed[$m]+="$(status_field 'r["duration_secs"]') "
+    changed[$m]+="$(status_field 'round(r["duration_secs"], 4)') "
     [ "$(status_field 'r["scan"]["mode"]')" = journal ] || { echo "changed run $i ($m) did not follow the journal" >&2; exit 1; }
   done
   kill "$daemon"; wait "$daemon" 2>/dev/null || true; daemon=""
@@ -154,7 +165,7 @@ done
 
 ratio() { python3 -c "print(round($2 / $1, 2))"; }
 {
-  echo "### Source snapshots (\`bench/snapshot.sh --files $files --runs $runs\`, $(date -u +%Y-%m-%d))"
+  echo "### Source snapshots (\`bench/snapshot.sh --files $files --runs $runs${cold:+ --cold}$([ -n "$journal_part" ] || echo " --no-journal-part")\`, $(date -u +%Y-%m-%d))"
   echo
   echo "$(nproc) cores; capsule $("$capsule" --version | cut -d' ' -f2); $(btrfs --version | head -1); btrfs on a loop device (an 8 GiB image on this machine's disk); local repositories on the same disk. Medians of $runs; capsule's seconds as each run records them (start to snapshot stored)."
   echo
@@ -165,10 +176,12 @@ ratio() { python3 -c "print(round($2 / $1, 2))"; }
   echo "| snapshot step as the run records it (take, remove) | — | $(python3 -c "print(round($snap_step * 1000, 1))") ms | — |"
   echo "| Rust toolchain ($rust_files files, $((rust_bytes >> 20)) MiB): first backup, s | ${first[off]} | ${first[btrfs]} | $(ratio "${first[off]}" "${first[btrfs]}") |"
   echo "| Rust toolchain: no-change full scan (--no-journal), s | $rust_off | $rust_snap | $(ratio "$rust_off" "$rust_snap") |"
+  if [ -n "$journal_part" ]; then
   # shellcheck disable=SC2086
   echo "| $files small files, daemon + journal: no change (no snapshot taken), s | $(median ${quiet[off]}) | $(median ${quiet[btrfs]}) | $(ratio "$(median ${quiet[off]})" "$(median ${quiet[btrfs]})") |"
   # shellcheck disable=SC2086
   echo "| $files small files, daemon + journal: 100 changed, s | $(median ${changed[off]}) | $(median ${changed[btrfs]}) | $(ratio "$(median ${changed[off]})" "$(median ${changed[btrfs]})") |"
+  fi
   echo
-  echo "Runs: toolchain full scans off ${full[off]}/ btrfs ${full[btrfs]}; journal no-change off ${quiet[off]}/ btrfs ${quiet[btrfs]}; 100 changed off ${changed[off]}/ btrfs ${changed[btrfs]}."
+  echo "Runs: toolchain full scans off ${full[off]}/ btrfs ${full[btrfs]}${journal_part:+; journal no-change off ${quiet[off]}/ btrfs ${quiet[btrfs]}; 100 changed off ${changed[off]}/ btrfs ${changed[btrfs]}}."
 } | tee "${output:-/dev/stderr}"
