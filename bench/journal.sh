@@ -76,16 +76,6 @@ TOML
   for _ in $(seq 1200); do grep -q watching "$w/daemon.log" && break; sleep 0.1; done
   local watch_rss
   watch_rss=$(awk '/VmRSS/ {print $2}' "/proc/$daemon/status")
-  run_by_daemon() {
-    now=$((now + 3600)); echo "$now" >"$clock"
-    local started=0
-    for _ in $(seq 3000); do
-      started=$("$capsule" --json status | python3 -c 'import json,sys; r=json.load(sys.stdin)["profiles"][0]["last_success"]; print(r["started_unix"] if r else 0)')
-      [ "$started" = "$now" ] && break
-      sleep 0.1
-    done
-    [ "$started" = "$now" ] || { echo "the daemon made no run at $now" >&2; cat "$w/daemon.log" >&2; exit 1; }
-  }
   # The first run under the journal makes its base (a full scan).
   run_by_daemon
   local quiet=() modes=() changed=()

@@ -139,3 +139,17 @@ pin_release() {
   for p in $(server_pids); do taskset -a -cp "0-$(($(nproc) - 1))" "$p" >/dev/null 2>&1 || true; done
   pinned=0
 }
+
+# run_by_daemon: moves the test clock (the file $clock, the time $now) an
+# hour on, and waits until `$capsule status` shows a successful run started
+# then (the daemon's log, $w/daemon.log, is printed when none comes).
+run_by_daemon() {
+  now=$((now + 3600)); echo "$now" >"$clock"
+  local started=0
+  for _ in $(seq 3000); do
+    started=$("$capsule" --json status | python3 -c 'import json,sys; r=json.load(sys.stdin)["profiles"][0]["last_success"]; print(r["started_unix"] if r else 0)')
+    [ "$started" = "$now" ] && break
+    sleep 0.1
+  done
+  [ "$started" = "$now" ] || { echo "the daemon made no run at $now" >&2; cat "$w/daemon.log" >&2; exit 1; }
+}

@@ -128,16 +128,6 @@ TOML
   "$capsule" daemon 2>"$w/daemon.log" &
   daemon=$!
   for _ in $(seq 1200); do grep -q watching "$w/daemon.log" && break; sleep 0.1; done
-  run_by_daemon() {
-    now=$((now + 3600)); echo "$now" >"$clock"
-    local started=0
-    for _ in $(seq 3000); do
-      started=$("$capsule" --json status | python3 -c 'import json,sys; r=json.load(sys.stdin)["profiles"][0]["last_success"]; print(r["started_unix"] if r else 0)')
-      [ "$started" = "$now" ] && break
-      sleep 0.1
-    done
-    [ "$started" = "$now" ] || { echo "the daemon made no run at $now" >&2; cat "$w/daemon.log" >&2; exit 1; }
-  }
   run_by_daemon
   for ((i = 0; i < runs; i++)); do
     run_by_daemon
