@@ -272,16 +272,26 @@ fn a_snapshot_backup_stores_what_a_live_backup_stores() {
     let nested = b.data.join("nested");
     btrfs_cmd(&["subvolume", "create", nested.to_str().unwrap()]);
     std::fs::write(nested.join("inside"), b"in a subvolume of its own").unwrap();
+    // An excluded nested subvolume is not snapshotted.
+    let skipped = b.data.join("containers");
+    btrfs_cmd(&["subvolume", "create", skipped.to_str().unwrap()]);
     let src = b.data.to_str().unwrap();
     // Settled: the files' times lie more than a second before the
     // first run's, so later runs trust them (see DESIGN, change detection).
     std::thread::sleep(Duration::from_millis(2100));
 
-    let snap = json(&repo, &["backup", "--source-snapshot", "btrfs", src]);
+    let ex = ["-e", "containers"];
+    let snap = json(
+        &repo,
+        &[&["backup", "--source-snapshot", "btrfs", src], &ex[..]].concat(),
+    );
     let taken = snap["source_snapshots"].as_array().unwrap();
     assert_eq!(taken.len(), 2, "the subvolume and the nested one: {snap}");
-    let live = json(&repo, &["backup", src]);
-    let again = json(&repo, &["backup", "--source-snapshot", "auto", src]);
+    let live = json(&repo, &[&["backup", src], &ex[..]].concat());
+    let again = json(
+        &repo,
+        &[&["backup", "--source-snapshot", "auto", src], &ex[..]].concat(),
+    );
     let tree = |id: &serde_json::Value| {
         let v = json(&repo, &["snapshots"]);
         v.as_array()

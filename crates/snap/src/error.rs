@@ -39,7 +39,7 @@ pub enum SnapError {
         source: std::io::Error,
     },
     /// The snapshot was removed (by someone else) while the run read it.
-    #[error("the source snapshot {view} of {origin} was removed while the backup read it; nothing read from it is stored as complete. Run the backup again")]
+    #[error("{view}, a snapshot of {origin}, was removed while the backup read it; nothing read from it is stored as complete. Run the backup again")]
     Vanished {
         /// Where the snapshot was read.
         view: String,

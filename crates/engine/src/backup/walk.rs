@@ -485,17 +485,21 @@ fn save_entry(
         Ok(st) => st,
         Err(e) => return Ok(source_error(ctx, path, "cannot read metadata", e)),
     };
+    // An excluded nested subvolume is not snapshotted (a machine may hold
+    // thousands: container images).
     let view = match ctx.frozen {
-        Some(f) if f.is_nested_placeholder(st.st_dev, st.st_ino) => match nested(ctx, f, path) {
-            Ok((nested, view)) => {
-                st = nested;
-                view
+        Some(f) if f.is_nested_placeholder(st.st_dev, st.st_ino) && !ex.is_excluded(path, true) => {
+            match nested(ctx, f, path) {
+                Ok((nested, view)) => {
+                    st = nested;
+                    view
+                }
+                Err(e) => {
+                    ctx.warn(path, e);
+                    return Ok(None);
+                }
             }
-            Err(e) => {
-                ctx.warn(path, e);
-                return Ok(None);
-            }
-        },
+        }
         _ => None,
     };
     let loc = view.as_deref().map_or(loc, Loc::Path);
