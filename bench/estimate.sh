@@ -25,6 +25,10 @@
 #              a tree the model was not fitted on
 #   usrshare   this machine's /usr/share (~50,000 files, ~760 MB): another
 #              unseen tree
+#   sources    the crate sources cargo fetched (~/.cargo/registry/src, about
+#              28,000 files) with a Rust toolchain's lib (rlibs and shared
+#              objects, ~500 MB) and /usr/lib/python3: a source tree of many
+#              small files and a few large assets, not used before
 # The hourly run adds 100 files of 50 KiB (5 MB), which is what estimate
 # is told to assume (--hourly-files 100 --hourly-bytes 5000K).
 set -euo pipefail
@@ -100,6 +104,11 @@ PY
     docs) cp -r "$(ls -d ~/.rustup/toolchains/*/share/doc/rust/html/std | head -1)" "$dir/std" ;;
     toolchain) cp -r "$(ls -d ~/.rustup/toolchains/stable-*/share/doc | head -1)" "$dir/doc" ;;
     usrshare) cp -r /usr/share "$dir/share" 2>/dev/null || true ;;
+    sources)
+      cp -r ~/.cargo/registry/src "$dir/src"
+      cp -r "$(ls -d ~/.rustup/toolchains/stable-*/lib | head -1)" "$dir/lib"
+      cp -r /usr/lib/python3 "$dir/python3" 2>/dev/null || true
+      ;;
   esac
   echo "$dir"
 }
@@ -129,18 +138,21 @@ for set in $sets; do
       export CAPSULE_STATE_DIR=$work/state-$r CAPSULE_CACHE_DIR=$work/cache-$r
       est() {
         TMPDIR=$work/disk "${pin[@]}" "$capsule" estimate "$data" --to "$url" --hourly-files 100 --hourly-bytes 5000K --json |
-          python3 -c 'import json,sys; p=json.load(sys.stdin)["predicted"]; print(p["initial"], p["hourly"], p["restore"], p.get("no_change", 0))'
+          python3 -c 'import json,sys; j=json.load(sys.stdin); p=j["predicted"]; print(p["initial"], p["hourly"], p["restore"], p.get("no_change", 0), j.get("uncertainty", 0))'
       }
-      drop_caches
-      inits=() hours=() rests=() nochs=()
+      inits=() hours=() rests=() nochs=() uncs=()
       for ((k = 0; k < repeat; k++)); do
-        read -r a b c d < <(est)
-        inits+=("$a") hours+=("$b") rests+=("$c") nochs+=("$d")
+        drop_caches
+        read -r a b c d u < <(est)
+        inits+=("$a") hours+=("$b") rests+=("$c") nochs+=("$d") uncs+=("$u")
       done
       med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
       p_init=$(med "${inits[@]}") p_hour=$(med "${hours[@]}") p_rest=$(med "${rests[@]}") p_noch=$(med "${nochs[@]}")
-      echo "estimates: initial ${inits[*]}; no-change ${nochs[*]}; restore ${rests[*]}" >&2
-      spread=$(python3 -c "v=[$(IFS=,; echo "${inits[*]}")]; m=$p_init; print('±%.0f%%' % (max(abs(x-m) for x in v)/m*100))")
+      echo "estimates: initial ${inits[*]}; no-change ${nochs[*]}; restore ${rests[*]}; uncertainty ${uncs[*]}" >&2
+      spread_of() { python3 -c "v=[$1]; m=$2; print('±%.0f%%' % (max(abs(x-m) for x in v)/m*100))"; }
+      spread=$(spread_of "$(IFS=,; echo "${inits[*]}")" "$p_init")
+      r_spread=$(spread_of "$(IFS=,; echo "${rests[*]}")" "$p_rest")
+      unc=$(med "${uncs[@]}")
       "${pin[@]}" "$capsule" -r "$url" -q init
       drop_caches
       t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q backup "$data"; t1=$EPOCHREALTIME
@@ -171,9 +183,9 @@ for set in $sets; do
       if [ "$scratch_journaled" = 1 ]; then rm -rf "$out"; fi
       row=$(python3 -c "
 pi,ai,ph,ah,ch,ah2,pr,ar,pn,an=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest,$p_noch,$a_noch
-sp='$spread'
+sp, rsp, unc = '$spread', '$r_spread', '±%.0f%%' % ($unc * 100)
 e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
-print('| $set ($files files) | $dest | $shown_rtt | %.2f | %s | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s |' % (pi, sp, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, ar, e(pr,ar)))")
+print('| $set ($files files) | $dest | $shown_rtt | %s | %.2f | %s | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %s | %.2f | %s |' % (unc, pi, sp, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, rsp, ar, e(pr,ar)))")
       rows+=("$row")
       echo "$row" >&2
       case $dest in
@@ -192,7 +204,9 @@ done
   echo "hourly = 100 new 50 KiB files; 2nd hourly = 100 more, predicted by the estimate re-run after the first two runs were recorded (corrected by history)."
   echo "Restores and the estimate's samples: $([ "$scratch_journaled" = 1 ] && echo "a journaled ext4 file system on a loop device (direct I/O)" || echo "this machine's disk")."
   echo
-  echo "| dataset | destination | RTT | initial predicted s | spread | actual s | error | no-change predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | actual s | error |"
-  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "uncertainty = the estimate's own ± (the median of the estimates'); spread = how far the estimates in a row lay from their median."
+  echo
+  echo "| dataset | destination | RTT | uncertainty | initial predicted s | spread | actual s | error | no-change predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | spread | actual s | error |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
 } | tee "${output:-/dev/null}"

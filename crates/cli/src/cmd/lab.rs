@@ -404,14 +404,17 @@ pub fn estimate(settings: &Settings, out: &Output, a: EstimateArgs) -> Result<u8
     out.say(
         "  (both walk the whole source; with `capsule daemon` watching it, a run lists only the directories that changed)",
     );
-    let parts =
-        capsule_lab::estimate::restore_parts(&e.calibration, d, e.source.files, e.source.bytes);
+    let parts = capsule_lab::estimate::restore_parts(&e.calibration, d, &e.source);
     out.say(format!(
         "capsule full restore from there: {} (reads at {:.0} MB/s with {} in flight; bound by {})",
         human_secs(p.restore),
         d.download_bw / 1e6,
         d.concurrency,
         parts.bound()
+    ));
+    out.say(format!(
+        "these figures are ± {:.0}%: how far this machine's and the destination's repeated measurements in this estimate lay from their medians",
+        e.uncertainty * 100.0
     ));
     if e.history.is_empty() {
         out.say("no recorded backups to this destination yet: after real backups, estimates are checked against them and corrected");

@@ -9,7 +9,7 @@ use capsule_engine::restore::{restore, RestoreOptions};
 use capsule_engine::Repository;
 use capsule_net::Destination;
 
-use super::model::{median, Calibration};
+use super::model::{median, spread_of, Calibration, RestoreSample};
 use super::source::{
     cached_share, evict, small_dirs, unchanged_per_file, walk, walk_sample, SourceScan,
 };
@@ -75,6 +75,9 @@ pub fn calibrate(
     // round alone, read cold or warm as it happened, moved the per-file
     // cost by 2.4x between estimates in a row (the same sample measured
     // 66 and 27 µs a file).
+    // How far repeated rounds of the same work lay from their median: the
+    // machine's own variation, reported as the estimate's uncertainty.
+    let spreads = std::cell::RefCell::new(Vec::new());
     let sample = |name: &str, paths: &[PathBuf]| -> Result<Option<Rounds>> {
         if paths.is_empty() {
             return Ok(None);
@@ -107,6 +110,8 @@ pub fn calibrate(
         }
         seconds.sort_by(|a, b| a.backup_secs.total_cmp(&b.backup_secs));
         let (cold, warm) = cold_and_warm(&firsts);
+        let warm_secs: Vec<f64> = firsts.iter().skip(1).map(|r| r.backup_secs).collect();
+        spreads.borrow_mut().push(spread_of(&warm_secs));
         Ok(Some(Rounds {
             cold: cold.clone(),
             warm: warm.clone(),
@@ -148,7 +153,7 @@ pub fn calibrate(
     // just after many deletions), and the restore being predicted meets
     // that as often as the samples do. Nothing is deleted until the end.
     let restored = work.join("restored");
-    let restore_secs = |name: &str| -> Result<(f64, f64)> {
+    let restore_secs = |name: &str| -> Result<RestoreSample> {
         let opened = conn.open(&Destination::Local(work.join(format!("{name}-0"))), false)?;
         let repo = Repository::open(opened.backend.clone(), &password)?;
         let (index, _) = repo.load_index()?;
@@ -177,7 +182,15 @@ pub fn calibrate(
                 (Some(a), Some(b)) => (b - a).max(0.0),
                 _ => 0.0,
             };
-            rounds.push((secs, cpu));
+            rounds.push(RestoreSample {
+                name: name.to_string(),
+                files: r.files,
+                dirs: r.dirs,
+                others: r.others,
+                bytes: r.bytes,
+                secs,
+                cpu,
+            });
             if !r.errors.is_empty() {
                 return Err(LabError::io(
                     "restore the sample",
@@ -186,8 +199,12 @@ pub fn calibrate(
                 ));
             }
         }
-        rounds.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Ok(rounds[rounds.len() / 2])
+        if name == "small" || name == "large" {
+            let secs: Vec<f64> = rounds.iter().map(|r| r.secs).collect();
+            spreads.borrow_mut().push(spread_of(&secs));
+        }
+        rounds.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+        Ok(rounds.swap_remove(rounds.len() / 2))
     };
     // What any run costs here with nothing to do.
     let e = sample("empty", &[empty])?.expect("one path");
@@ -232,34 +249,29 @@ pub fn calibrate(
         .or(s.as_ref())
         .map(|(f, _)| f.bytes_added as f64 / f.bytes_read.max(1) as f64)
         .unwrap_or(1.0);
-    // The same two-point fit for restores.
-    let rs = s
-        .as_ref()
-        .map(|(f, _)| (f.files_read as f64, f.bytes_read as f64));
-    let rl = l
-        .as_ref()
-        .map(|(f, _)| (f.files_read as f64, f.bytes_read as f64));
-    // What a restore costs with nothing to write (starting, planning,
-    // finishing), taken off the samples as the empty backup is above; the
-    // same for its CPU seconds.
-    let (fixed_secs, fixed_cpu) = restore_secs("empty")?;
-    let less_fixed =
-        |(secs, cpu): (f64, f64)| ((secs - fixed_secs).max(0.0), (cpu - fixed_cpu).max(0.0));
-    let rs = match rs {
-        Some((f, b)) => Some((f, b, less_fixed(restore_secs("small")?))),
-        None => None,
-    };
-    let rl = match rl {
-        Some((f, b)) => Some((f, b, less_fixed(restore_secs("large")?))),
-        None => None,
-    };
+    // Restores of the samples: what any restore costs (the empty one),
+    // what a directory costs, then files and bytes from the small and the
+    // large sample, each less its directories.
+    let dirs_source = work.join("dirs-source");
+    make_dirs(&dirs_source)?;
+    backup_step(
+        &conn,
+        &Destination::Local(work.join("dirs-0")),
+        &password,
+        std::slice::from_ref(&dirs_source),
+        true,
+        &work.join("cache"),
+        Hints::default(),
+    )?;
+    let mut samples = vec![restore_secs("empty")?, restore_secs("dirs")?];
+    if s.is_some() {
+        samples.push(restore_secs("small")?);
+    }
+    if l.is_some() {
+        samples.push(restore_secs("large")?);
+    }
     let _ = std::fs::remove_dir_all(&restored);
-    let time = |p: &(f64, f64, (f64, f64))| (p.0, p.1, p.2 .0);
-    let cpu = |p: &(f64, f64, (f64, f64))| (p.0, p.1, p.2 .1);
-    let (restore_per_file, restore_per_byte) =
-        fit_restore(rs.as_ref().map(time), rl.as_ref().map(time));
-    let (restore_cpu_per_file, restore_cpu_per_byte) =
-        fit_restore(rs.as_ref().map(cpu), rl.as_ref().map(cpu));
+    let costs = fit_restores(&samples);
     let dims = |x: &Option<(RunRecord, RunRecord)>| {
         x.as_ref()
             .map(|(f, _)| (f.files_read, f.bytes_read))
@@ -276,10 +288,16 @@ pub fn calibrate(
         walk_factor,
         stored_ratio: ratio.clamp(0.01, 1.2),
         samples: [dims(&s), dims(&l)],
-        restore_per_file,
-        restore_per_byte,
-        restore_cpu_per_file,
-        restore_cpu_per_byte,
+        restore_per_file: costs.secs.per_file,
+        restore_per_dir: costs.secs.per_dir,
+        restore_per_byte: costs.secs.per_byte,
+        restore_cpu_per_file: costs.cpu.per_file,
+        restore_cpu_per_dir: costs.cpu.per_dir,
+        restore_cpu_per_byte: costs.cpu.per_byte,
+        restore_write_per_byte: costs.write_per_byte,
+        restore_wait_per_file: costs.wait_per_file,
+        restore_samples: samples,
+        spread: spreads.into_inner().into_iter().fold(0.0, f64::max),
         cores: crate::cpu::cores(),
     })
 }
@@ -356,6 +374,102 @@ const SAMPLE_ROUNDS: usize = 3;
 
 /// How many runs with nothing changed the subtree sample gets.
 const UNCHANGED_ROUNDS: usize = 5;
+
+/// Makes the directory sample: 30 directories of 30 empty ones each, the
+/// shape of a tree's directories without their files.
+fn make_dirs(root: &Path) -> Result<()> {
+    for i in 0..30 {
+        for j in 0..30 {
+            let d = root.join(format!("d{i:02}")).join(format!("e{j:02}"));
+            std::fs::create_dir_all(&d).map_err(|e| LabError::io("create", &d, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// A restore's costs per file, per directory and per byte, in seconds and
+/// in CPU seconds, from the restored samples ([`RestoreSample`], by name):
+/// `empty` is what any restore costs and is taken off the others; `dirs`
+/// (directories only) gives the cost of a directory; `small` and `large`,
+/// less their directories at that cost, give a file's and a byte's
+/// ([`fit_restore`]). Beside them, what the samples' wall time says about
+/// the target disk: the large sample's seconds per byte (it is written by
+/// every worker at once, as a restore's bulk is), and the small sample's
+/// seconds per file spent off the CPU (waiting for the disk to create and
+/// close files).
+///
+/// Directories are priced on their own because the small sample's are not
+/// the source's: its leaves come from all over the source, each with the
+/// directories above it, so it restores one directory per 3 to 7 files,
+/// where a tree has one per 20 or more.
+pub(crate) fn fit_restores(samples: &[RestoreSample]) -> RestoreCosts {
+    let find = |name: &str| samples.iter().find(|s| s.name == name);
+    let costs = |value: fn(&RestoreSample) -> f64| {
+        let base = find("empty");
+        let less_base = |s: &RestoreSample| {
+            let (v, dirs, files) =
+                base.map_or((0.0, 0, 0), |b| (value(b), b.dirs, b.files + b.others));
+            (
+                (value(s) - v).max(0.0),
+                s.dirs.saturating_sub(dirs) as f64,
+                (s.files + s.others).saturating_sub(files) as f64,
+            )
+        };
+        let per_dir = find("dirs").map_or(0.0, |d| {
+            let (v, dirs, _) = less_base(d);
+            if dirs > 0.0 {
+                v / dirs
+            } else {
+                0.0
+            }
+        });
+        let point = |name: &str| {
+            find(name).map(|s| {
+                let (v, dirs, files) = less_base(s);
+                (files, s.bytes as f64, (v - dirs * per_dir).max(0.0))
+            })
+        };
+        let (per_file, per_byte) = fit_restore(point("small"), point("large"));
+        UnitCosts {
+            per_file,
+            per_dir,
+            per_byte,
+        }
+    };
+    let base = find("empty").map_or((0.0, 0.0), |b| (b.secs, b.cpu));
+    let write_per_byte =
+        find("large").map_or(0.0, |l| (l.secs - base.0).max(0.0) / l.bytes.max(1) as f64);
+    let wait_per_file = find("small").map_or(0.0, |s| {
+        ((s.secs - base.0) - (s.cpu - base.1)).max(0.0) / (s.files + s.others).max(1) as f64
+    });
+    RestoreCosts {
+        secs: costs(|s| s.secs),
+        cpu: costs(|s| s.cpu),
+        write_per_byte,
+        wait_per_file,
+    }
+}
+
+/// What [`fit_restores`] finds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct RestoreCosts {
+    /// Seconds.
+    pub secs: UnitCosts,
+    /// CPU seconds of this process.
+    pub cpu: UnitCosts,
+    /// Seconds per byte of the large sample, all of it charged to bytes.
+    pub write_per_byte: f64,
+    /// Seconds per file of the small sample spent off the CPU.
+    pub wait_per_file: f64,
+}
+
+/// Costs of one kind per file, directory and byte.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct UnitCosts {
+    pub per_file: f64,
+    pub per_dir: f64,
+    pub per_byte: f64,
+}
 
 /// Cost per file and per byte from the small and the large restore sample,
 /// each (files, bytes, cost): solved exactly when both exist and the

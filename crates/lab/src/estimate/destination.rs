@@ -61,18 +61,18 @@ pub fn probe_destination(conn: &Connector, dest: &Destination, work: &Path) -> R
         // server's first reads of what was just written and for streams
         // that are still opening their windows (it read about half the
         // restores' rates on SFTP and S3 here).
-        // The machine's busy CPU seconds over the better round price each
-        // byte received (see crate::cpu).
+        // The busy CPU seconds of the cores this process may run on, over
+        // the better round, price each byte received (see crate::cpu).
         let mut download_bw = 0f64;
         let mut download_cpu_per_byte = 0f64;
         for _ in 0..2 {
-            let cpu0 = crate::cpu::machine_busy();
+            let cpu0 = crate::cpu::cores_busy();
             let t = Instant::now();
             let got = parallel_gets(&b, "p", concurrency, piece)?;
             let bw = got as f64 / t.elapsed().as_secs_f64().max(1e-9);
             if bw > download_bw {
                 download_bw = bw;
-                download_cpu_per_byte = match (cpu0, crate::cpu::machine_busy()) {
+                download_cpu_per_byte = match (cpu0, crate::cpu::cores_busy()) {
                     (Some(a), Some(b)) => (b - a).max(0.0) / got.max(1) as f64,
                     _ => 0.0,
                 };

@@ -42,7 +42,7 @@ pub use destination::probe_destination;
 use model::median;
 pub use model::{
     predict, predict_restore, predict_run, restore_parts, Calibration, Checked, DestProbe,
-    Estimate, EstimateOptions, Prediction, ProbeRounds, RestoreParts, TYPICAL_FILES,
+    Estimate, EstimateOptions, Prediction, ProbeRounds, RestoreParts, RestoreSample, TYPICAL_FILES,
 };
 pub use source::{scan, unchanged_per_file, SizeClass, SourceScan};
 
@@ -144,6 +144,7 @@ pub fn estimate(
         typical_change: model.typical_change * correction.1,
         ..model.clone()
     };
+    let (calibration_spread, probe_spread) = (calibration.spread, probe.rounds.spread);
     Ok(Estimate {
         destination: dest.to_string(),
         source,
@@ -156,12 +157,13 @@ pub fn estimate(
         predicted,
         correction,
         history: checked,
+        uncertainty: calibration_spread.max(probe_spread),
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::calibrate::{fit, fit_restore};
+    use super::calibrate::{fit, fit_restore, fit_restores};
     use super::model::spread_of;
     use super::source::{small_dirs, walk_sample};
     use super::*;
@@ -179,6 +181,15 @@ mod tests {
             restore_cpu_per_byte: 0.0,
             cores: 0,
             ..Calibration::default()
+        }
+    }
+
+    /// A source of `files` files and `bytes` bytes, no directories.
+    fn shape(files: u64, bytes: u64) -> SourceScan {
+        SourceScan {
+            files,
+            bytes,
+            ..SourceScan::default()
         }
     }
 
@@ -293,11 +304,11 @@ mod tests {
         // 1 GB, 1,000 files: local work 0.05 + 2 s; at 10 MB/s the download
         // is 100 s plus 239 reads of 4 MiB at 10 ms, 8 at once (0.3 s), and
         // 30% of the local work does not hide behind it.
-        let t = predict_restore(&c, &dest(0.010, 10e6), 1000, 1_000_000_000);
+        let t = predict_restore(&c, &dest(0.010, 10e6), &shape(1000, 1_000_000_000));
         let net = 100.0 + 239.0 * 0.010 / 8.0;
         assert!((t - (0.4 + net + 0.3 * 2.05)).abs() < 1e-6, "{t}");
         // On a fast link this machine's work bounds it.
-        let t = predict_restore(&c, &dest(0.001, 1e10), 1000, 1_000_000_000);
+        let t = predict_restore(&c, &dest(0.001, 1e10), &shape(1000, 1_000_000_000));
         let net = 0.1 + 239.0 * 0.001 / 8.0;
         assert!((t - (0.4 + 2.05 + 0.3 * net)).abs() < 1e-6, "{t}");
     }
@@ -318,19 +329,24 @@ mod tests {
             download_cpu_per_byte: 2e-9,
             ..dest(0.001, 1e9)
         };
-        let t = predict_restore(&c, &d, 1000, 1_000_000_000);
+        let t = predict_restore(&c, &d, &shape(1000, 1_000_000_000));
         assert!((t - (0.4 + 2.505)).abs() < 1e-6, "{t}");
         assert_eq!(
-            restore_parts(&c, &d, 1000, 1_000_000_000).bound(),
+            restore_parts(&c, &d, &shape(1000, 1_000_000_000)).bound(),
             "this machine's cores"
         );
-        // With CPU to spare, the overlap of the two halves decides.
-        let spare = Calibration { cores: 8, ..c };
+        // With CPU to spare, the overlap of the two halves decides, and
+        // the local half is the disk's 2 s a GB.
+        let spare = Calibration {
+            cores: 8,
+            restore_write_per_byte: 2e-9,
+            ..c
+        };
         let net = 1.0 + 239.0 * 0.001 / 8.0;
-        let t = predict_restore(&spare, &d, 1000, 1_000_000_000);
-        assert!((t - (0.4 + 2.05 + 0.3 * net)).abs() < 1e-6, "{t}");
+        let t = predict_restore(&spare, &d, &shape(1000, 1_000_000_000));
+        assert!((t - (0.4 + 2.0 + 0.3 * net)).abs() < 1e-6, "{t}");
         assert_eq!(
-            restore_parts(&spare, &d, 1000, 1_000_000_000).bound(),
+            restore_parts(&spare, &d, &shape(1000, 1_000_000_000)).bound(),
             "writing here"
         );
     }
@@ -350,6 +366,159 @@ mod tests {
             "{f} {b}"
         );
         assert_eq!(fit_restore(None, None), (0.0, 0.0));
+    }
+
+    /// A restored sample: its name, files, directories, bytes, seconds
+    /// and CPU seconds.
+    fn restored(name: &str, files: u64, dirs: u64, bytes: u64, secs: f64) -> RestoreSample {
+        RestoreSample {
+            name: name.into(),
+            files,
+            dirs,
+            others: 0,
+            bytes,
+            secs,
+            cpu: secs / 2.0,
+        }
+    }
+
+    #[test]
+    fn a_restores_directories_are_priced_apart_from_its_files() {
+        // This machine: a restore costs 0.1 s to start, 20 µs a file,
+        // 80 µs a directory (those above the sample's paths among them)
+        // and 1 ns a byte.
+        let secs = |files: u64, dirs: u64, bytes: u64| {
+            0.1 + 20e-6 * files as f64 + 80e-6 * dirs as f64 + 1e-9 * bytes as f64
+        };
+        let at = |small_dirs: u64| {
+            let samples = [
+                restored("empty", 0, 5, 0, secs(0, 5, 0)),
+                restored("dirs", 0, 935, 0, secs(0, 935, 0)),
+                restored(
+                    "small",
+                    1000,
+                    small_dirs,
+                    8_000_000,
+                    secs(1000, small_dirs, 8_000_000),
+                ),
+                restored("large", 2, 5, 200_000_000, secs(2, 5, 200_000_000)),
+            ];
+            fit_restores(&samples)
+        };
+        // Two estimates in a row drew small samples of 1,000 files from 70
+        // leaves and from 250 (with the directories above them): the
+        // costs they find are the same, and they are this machine's.
+        for small_dirs in [74, 254] {
+            let c = at(small_dirs);
+            assert!((c.secs.per_file - 20e-6).abs() < 1e-9, "{c:?}");
+            assert!((c.secs.per_dir - 80e-6).abs() < 1e-9, "{c:?}");
+            assert!((c.secs.per_byte - 1e-9).abs() < 1e-13, "{c:?}");
+            assert!((c.cpu.per_dir - 40e-6).abs() < 1e-9, "{c:?}");
+        }
+        // Charged to the files, the directories moved the per-file cost by
+        // half between the two samples.
+        let per_file_only = |small_dirs: u64| {
+            let (f, _) = fit_restore(
+                Some((
+                    1000.0,
+                    8e6,
+                    secs(1000, small_dirs, 8_000_000) - secs(0, 5, 0),
+                )),
+                Some((2.0, 2e8, secs(2, 5, 200_000_000) - secs(0, 5, 0))),
+            );
+            f
+        };
+        assert!(per_file_only(254) / per_file_only(74) > 1.5);
+        let c = Calibration {
+            restore_per_file: at(254).secs.per_file,
+            restore_per_dir: at(254).secs.per_dir,
+            restore_per_byte: at(254).secs.per_byte,
+            ..cal()
+        };
+        let tree = SourceScan {
+            files: 65_000,
+            dirs: 2_800,
+            bytes: 0,
+            ..SourceScan::default()
+        };
+        let local = restore_parts(&c, &dest(0.001, 1e10), &tree).local;
+        assert!(
+            (local - (65_000.0 * 20e-6 + 2_800.0 * 80e-6)).abs() < 1e-6,
+            "{local}"
+        );
+    }
+
+    /// The restore samples of an estimate of a 65,194-file tree over S3
+    /// at 5 ms (bench/estimate.sh's `mix`), 2 cores, as `--json` gave them:
+    /// name, files, directories, bytes, seconds, CPU seconds.
+    fn measured_samples() -> Vec<RestoreSample> {
+        [
+            ("empty", 0, 5, 0, 0.000_905, 0.000_987),
+            ("dirs", 0, 935, 0, 0.026_572, 0.026_821),
+            ("small", 1053, 156, 8_254_440, 0.074_728, 0.074_688),
+            ("large", 1, 4, 153_621_360, 0.288_751, 0.553_341),
+        ]
+        .into_iter()
+        .map(|(name, files, dirs, bytes, secs, cpu)| RestoreSample {
+            name: name.into(),
+            files,
+            dirs,
+            others: 0,
+            bytes,
+            secs,
+            cpu,
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_restores_local_work_is_its_cpu_over_the_cores_not_the_samples_walls_added() {
+        // The wrong term: the small sample ran on one core (74.7 ms of
+        // wall, 74.7 ms of CPU) and the large one on two (289 ms, 553 ms).
+        // Fitted together, wall time charged a file 51 µs where it costs
+        // 38 µs of CPU, and the 65,194 files' local work came to 6.1 s of
+        // a restore that took 5.07 s in all (using 6.67 CPU seconds).
+        let samples = measured_samples();
+        let costs = fit_restores(&samples);
+        let c = Calibration {
+            restore_per_file: costs.secs.per_file,
+            restore_per_dir: costs.secs.per_dir,
+            restore_per_byte: costs.secs.per_byte,
+            restore_cpu_per_file: costs.cpu.per_file,
+            restore_cpu_per_dir: costs.cpu.per_dir,
+            restore_cpu_per_byte: costs.cpu.per_byte,
+            restore_write_per_byte: costs.write_per_byte,
+            restore_wait_per_file: costs.wait_per_file,
+            stored_ratio: 0.426,
+            cores: 2,
+            ..Calibration::default()
+        };
+        let tree = SourceScan {
+            files: 65_194,
+            dirs: 2_835,
+            bytes: 1_409_666_899,
+            ..SourceScan::default()
+        };
+        let walls_added = costs.secs.per_file * 65_194.0
+            + costs.secs.per_dir * 2_835.0
+            + costs.secs.per_byte * 1_409_666_899.0;
+        assert!(walls_added > 6.0, "{walls_added}");
+        let local = restore_parts(&c, &dest(0.005, 3e8), &tree).local;
+        let cpu = costs.cpu.per_file * 65_194.0
+            + costs.cpu.per_dir * 2_835.0
+            + costs.cpu.per_byte * 1_409_666_899.0;
+        assert!((local - cpu / 2.0).abs() < 1e-9, "{local} {cpu}");
+        assert!((3.5..4.1).contains(&local), "{local}");
+        // Hardly any time off the CPU in the small sample: the disk kept up.
+        assert!(costs.wait_per_file < 1e-6, "{}", costs.wait_per_file);
+        // A disk slower than the cores bounds it instead: the large
+        // sample's wall per byte at a tenth of the speed.
+        let slow = Calibration {
+            restore_write_per_byte: costs.write_per_byte * 10.0,
+            ..c
+        };
+        let local = restore_parts(&slow, &dest(0.005, 3e8), &tree).local;
+        assert!(local > 20.0, "{local}");
     }
 
     #[test]

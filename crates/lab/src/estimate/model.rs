@@ -43,6 +43,9 @@ pub struct Calibration {
     /// bytes).
     #[serde(default)]
     pub restore_per_file: f64,
+    /// Seconds per directory restored from a local repository.
+    #[serde(default)]
+    pub restore_per_dir: f64,
     /// Seconds per byte restored from a local repository.
     #[serde(default)]
     pub restore_per_byte: f64,
@@ -50,13 +53,55 @@ pub struct Calibration {
     /// beyond its bytes: decrypting, decompressing, creating and writing.
     #[serde(default)]
     pub restore_cpu_per_file: f64,
+    /// CPU seconds per directory of those restores.
+    #[serde(default)]
+    pub restore_cpu_per_dir: f64,
     /// CPU seconds per byte of those restores.
     #[serde(default)]
     pub restore_cpu_per_byte: f64,
+    /// Seconds per byte of the large restore sample, all charged to bytes:
+    /// how fast the target disk takes a restore's bulk, written by every
+    /// worker at once.
+    #[serde(default)]
+    pub restore_write_per_byte: f64,
+    /// Seconds per file of the small restore sample spent off the CPU:
+    /// waiting for the target disk to create and close files.
+    #[serde(default)]
+    pub restore_wait_per_file: f64,
+    /// Each restored sample's median round, from which the restore costs
+    /// were fitted.
+    #[serde(default)]
+    pub restore_samples: Vec<RestoreSample>,
+    /// The farthest any repeated calibration round (the warm backups and
+    /// the restores of the small and the large sample) lay from its
+    /// median, relative to it: this machine's own variation while it was
+    /// measured.
+    #[serde(default)]
+    pub spread: f64,
     /// Cores this machine gives capsule (0 in records from before it was
     /// measured: then no CPU bound is applied).
     #[serde(default)]
     pub cores: usize,
+}
+
+/// One calibration sample restored from its local repository: what it
+/// holds and what restoring it took (the median of three rounds).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RestoreSample {
+    /// `empty`, `dirs`, `small` or `large`.
+    pub name: String,
+    /// Regular files restored.
+    pub files: u64,
+    /// Directories restored, those above the sample's paths included.
+    pub dirs: u64,
+    /// Symlinks and other entries restored.
+    pub others: u64,
+    /// Bytes of file content.
+    pub bytes: u64,
+    /// Seconds.
+    pub secs: f64,
+    /// CPU seconds of this process (0 where not measured).
+    pub cpu: f64,
 }
 
 /// The destination, probed briefly.
@@ -191,6 +236,12 @@ pub struct Estimate {
     pub correction: (f64, f64),
     /// Recorded runs to this destination, predicted vs actual.
     pub history: Vec<Checked>,
+    /// How far to trust the predictions, relative (0.08: ± 8%): the larger
+    /// of the calibration's and the probe's spread, how far this machine
+    /// and the destination varied between repeated rounds of the same work
+    /// in this estimate. Estimates in a row differ by about this much.
+    #[serde(default)]
+    pub uncertainty: f64,
 }
 
 /// What `capsule estimate` needs.
@@ -300,9 +351,27 @@ impl RestoreParts {
 /// whose reads of up to 4 MiB each pay a round trip, `concurrency` at once,
 /// plus the part of the smaller that does not overlap; unless the CPU
 /// seconds both halves need, spread over the cores, take longer still.
-pub fn restore_parts(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> RestoreParts {
-    let local = c.restore_per_file * files as f64 + c.restore_per_byte * bytes as f64;
-    let stored = bytes as f64 * c.stored_ratio;
+pub fn restore_parts(c: &Calibration, d: &DestProbe, s: &SourceScan) -> RestoreParts {
+    // Symlinks and other entries cost what an empty file does.
+    let entries = (s.files + s.others) as f64;
+    let (dirs, bytes) = (s.dirs as f64, s.bytes as f64);
+    let cpu_local = c.restore_cpu_per_file * entries
+        + c.restore_cpu_per_dir * dirs
+        + c.restore_cpu_per_byte * bytes;
+    let local = if c.cores > 0 && cpu_local > 0.0 {
+        // This machine's work spread over its cores, unless the target
+        // disk takes longer to write the bytes and create the files. Not
+        // the samples' wall times added up: the small sample (a thousand
+        // files in two or three reads) runs on one core, where a restore's
+        // files are spread over every worker, so its seconds per file,
+        // carried over to 65,000 files, put a restore that took 5.1 s at
+        // 5.9-6.8 s (bench/RESULTS.md, Estimator accuracy).
+        (cpu_local / c.cores as f64)
+            .max(c.restore_write_per_byte * bytes + c.restore_wait_per_file * entries)
+    } else {
+        c.restore_per_file * entries + c.restore_per_dir * dirs + c.restore_per_byte * bytes
+    };
+    let stored = bytes * c.stored_ratio;
     let bw = if d.download_bw > 0.0 {
         d.download_bw
     } else {
@@ -315,10 +384,7 @@ pub fn restore_parts(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> 
         0.0
     };
     let cpu = if c.cores > 0 {
-        (c.restore_cpu_per_file * files as f64
-            + c.restore_cpu_per_byte * bytes as f64
-            + d.download_cpu_per_byte * stored)
-            / c.cores as f64
+        (cpu_local + d.download_cpu_per_byte * stored) / c.cores as f64
     } else {
         0.0
     };
@@ -330,9 +396,9 @@ pub fn restore_parts(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> 
     }
 }
 
-/// The predicted seconds of a full restore ([`restore_parts`]).
-pub fn predict_restore(c: &Calibration, d: &DestProbe, files: u64, bytes: u64) -> f64 {
-    restore_parts(c, d, files, bytes).total()
+/// The predicted seconds of a full restore of `s` ([`restore_parts`]).
+pub fn predict_restore(c: &Calibration, d: &DestProbe, s: &SourceScan) -> f64 {
+    restore_parts(c, d, s).total()
 }
 
 /// Predictions for a source.
@@ -356,7 +422,7 @@ pub fn predict(
         per_file_initial: per_file(s.files, s.bytes, s.dirs),
         per_file_hourly: per_file(hourly_files, hourly_bytes, 0),
         rule_of_thumb: s.bytes as f64 / (0.67 * d.stream_bw.max(1.0)),
-        restore: predict_restore(c, d, s.files, s.bytes),
+        restore: predict_restore(c, d, s),
     }
 }
 

@@ -26,6 +26,9 @@ pub struct SourceScan {
     pub files: u64,
     /// Directories.
     pub dirs: u64,
+    /// Symlinks and other entries that are neither files nor directories.
+    #[serde(default)]
+    pub others: u64,
     /// Bytes of regular files.
     pub bytes: u64,
     /// Size distribution.
@@ -79,6 +82,8 @@ pub fn scan(paths: &[PathBuf]) -> Result<(SourceScan, Vec<(PathBuf, u64)>)> {
             c.files += 1;
             c.bytes += len;
             files.push((p, len));
+        } else {
+            s.others += 1;
         }
     }
     s.scan_secs = t.elapsed().as_secs_f64();
