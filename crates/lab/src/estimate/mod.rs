@@ -448,6 +448,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn three_samples_of_three_shapes_give_a_files_a_directorys_and_a_bytes_cost() {
+        // This machine: 31 µs a file, 98 µs a directory with files in it
+        // (an empty one: 40 µs), 2.24 ns a byte, 0.14 s to start.
+        let cost = |f: u64, d: u64, b: u64| {
+            0.14 + 31e-6 * f as f64 + 98e-6 * d as f64 + 2.24e-9 * b as f64
+        };
+        let samples = [
+            restored("empty", 0, 3, 0, cost(0, 3, 0)),
+            restored("dirs", 0, 933, 0, 0.14 + 40e-6 * 933.0),
+            restored("small", 1000, 464, 13_390_389, cost(1000, 464, 13_390_389)),
+            restored("tree", 2091, 271, 66_391_538, cost(2091, 271, 66_391_538)),
+            restored("large", 1, 4, 153_621_360, cost(1, 4, 153_621_360)),
+        ];
+        let c = fit_restores(&samples).secs;
+        assert!((c.per_file - 31e-6).abs() < 1e-9, "{c:?}");
+        assert!((c.per_dir - 98e-6).abs() < 1e-9, "{c:?}");
+        assert!((c.per_byte - 2.24e-9).abs() < 1e-13, "{c:?}");
+        // Without the subtree the empty directories price them, and the
+        // leaves' files carry the rest: 25% dearer here.
+        let c = fit_restores(&[
+            samples[0].clone(),
+            samples[1].clone(),
+            samples[2].clone(),
+            samples[4].clone(),
+        ])
+        .secs;
+        assert!((c.per_dir - 40e-6).abs() < 1e-6, "{c:?}");
+        assert!(c.per_file > 1.5 * 31e-6, "{c:?}");
+        // Two samples of the same shape cannot be told apart: the fallback.
+        let same = [
+            samples[0].clone(),
+            samples[1].clone(),
+            samples[2].clone(),
+            RestoreSample {
+                name: "tree".into(),
+                ..samples[2].clone()
+            },
+            samples[4].clone(),
+        ];
+        assert!((fit_restores(&same).secs.per_dir - 40e-6).abs() < 1e-6);
+    }
+
     /// The restore samples of an estimate of a 65,194-file tree over S3
     /// at 5 ms (bench/estimate.sh's `mix`), 2 cores, as `--json` gave them:
     /// name, files, directories, bytes, seconds, CPU seconds.

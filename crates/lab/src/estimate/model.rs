@@ -88,7 +88,8 @@ pub struct Calibration {
 /// holds and what restoring it took (the median of three rounds).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RestoreSample {
-    /// `empty`, `dirs`, `small` or `large`.
+    /// `empty`, `dirs`, `small`, `tree` (the subtree of the run with
+    /// nothing changed) or `large`.
     pub name: String,
     /// Regular files restored.
     pub files: u64,
