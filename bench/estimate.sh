@@ -9,13 +9,14 @@
 # directory (the model alone).
 #
 #   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--dests "Local SMB SFTP S3"]
-#                     [--repeat N] [--cold] [--pin] [--output FILE]
+#                     [--repeat N] [--cold] [--pin] [--output FILE] [--keep-json DIR]
 #
 # --repeat N runs the estimate N times in a row (each in a new scratch
 # directory) and reports the median prediction and the spread of the
 # initial one; --cold drops the page cache (root only) before the first
 # estimate, before the initial backup and before the restore; --pin gives
-# the servers a core of their own, as a NAS has its own CPU.
+# the servers a core of their own, as a NAS has its own CPU; --keep-json
+# keeps every estimate's --json in DIR (SET-DEST-RTT-N.json).
 #
 # Datasets:
 #   small      10,000 x 50 KiB random files
@@ -34,7 +35,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10" sets="small mixed docs" output="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0
+rtts="2 10" sets="small mixed docs" output="" keep_json="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
@@ -44,6 +45,7 @@ while [ $# -gt 0 ]; do
     --cold) cold=1 ;;
     --pin) pin_it=1 ;;
     --output) output=$2; shift ;;
+    --keep-json) keep_json=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -138,12 +140,13 @@ for set in $sets; do
       export CAPSULE_STATE_DIR=$work/state-$r CAPSULE_CACHE_DIR=$work/cache-$r
       est() {
         TMPDIR=$work/disk "${pin[@]}" "$capsule" estimate "$data" --to "$url" --hourly-files 100 --hourly-bytes 5000K --json |
+          tee ${keep_json:+"$keep_json/$set-$dest-$rtt-$1.json"} |
           python3 -c 'import json,sys; j=json.load(sys.stdin); p=j["predicted"]; print(p["initial"], p["hourly"], p["restore"], p.get("no_change", 0), j.get("uncertainty", 0))'
       }
       inits=() hours=() rests=() nochs=() uncs=()
       for ((k = 0; k < repeat; k++)); do
         drop_caches
-        read -r a b c d u < <(est)
+        read -r a b c d u < <(est "$k")
         inits+=("$a") hours+=("$b") rests+=("$c") nochs+=("$d") uncs+=("$u")
       done
       med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
@@ -170,7 +173,7 @@ for set in $sets; do
         secs "$t0" "$t1"
       }
       a_hour=$(hour 1)
-      read -r _ c_hour _ _ < <(est)
+      read -r _ c_hour _ _ _ < <(est corrected)
       a_hour2=$(hour 2)
       rm -rf "$data"/hourly-"$r"-*
       out=$work/disk/restored-$r

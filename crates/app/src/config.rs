@@ -33,6 +33,14 @@ pub const CONFIG_ENV: &str = "CAPSULE_CONFIG";
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
+    /// The profile commands use when neither a repository nor a profile
+    /// is named (`default-profile = "laptop"`).
+    #[serde(
+        rename = "default-profile",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub default_profile: Option<String>,
     /// Profiles by name.
     #[serde(default)]
     pub profiles: BTreeMap<String, Profile>,
@@ -436,6 +444,25 @@ impl Config {
 
     /// Values serde cannot check by type: schedules, sizes, choices.
     fn validate(&self, text: &str) -> Result<(), ConfigError> {
+        if let Some(d) = &self.file.default_profile {
+            if !self.file.profiles.contains_key(d) {
+                let known: Vec<&str> = self.file.profiles.keys().map(String::as_str).collect();
+                let line = text
+                    .lines()
+                    .position(|l| l.trim_start().starts_with("default-profile"))
+                    .map(|i| format!(":{}", i + 1))
+                    .unwrap_or_default();
+                return Err(ConfigError(format!(
+                    "{}{line}: `default-profile` names {d:?}, which is not a profile here; {}",
+                    self.path.display(),
+                    if known.is_empty() {
+                        "the file defines none".to_string()
+                    } else {
+                        format!("the profiles are: {}", known.join(", "))
+                    }
+                )));
+            }
+        }
         for (name, p) in &self.file.profiles {
             let bad = |key: &str, why: String| {
                 let line = line_of(text, name, key);

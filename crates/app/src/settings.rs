@@ -86,6 +86,9 @@ enum LocationError {
     Usage(String),
     /// No data directory for the default repository.
     NoDataDir,
+    /// Nothing named, nothing at the default, and several profiles to
+    /// choose from (the message names them).
+    Choose(String),
 }
 
 /// Everything a job needs, resolved: the repository and how to reach it,
@@ -180,6 +183,53 @@ impl Settings {
         })
     }
 
+    /// As [`Settings::resolve`], for a command that works on one
+    /// repository. With neither a repository nor a profile named (flag or
+    /// environment), the configuration chooses: its `default-profile`, or
+    /// its only profile when there is no repository at the built-in
+    /// default. The second is said once (a note in the state directory
+    /// remembers it), so a user who wrote one profile learns why a plain
+    /// `capsule ui` opened its repository.
+    pub fn resolve_one(mut flags: Flags) -> Result<Resolved> {
+        let mut said = None;
+        let mut choose = None;
+        let unnamed = flags.profile.is_none() && flags.repo.as_deref().is_none_or(str::is_empty);
+        if unnamed {
+            if let Some(cfg) = load_config(flags.config.as_deref())? {
+                let no_default = default_repo().is_some_and(|r| !r.join("config").exists());
+                if let Some(name) = &cfg.file.default_profile {
+                    flags.profile = Some(name.clone());
+                } else if cfg.file.profiles.len() > 1 && no_default {
+                    let names: Vec<&str> = cfg.file.profiles.keys().map(String::as_str).collect();
+                    choose = Some(format!(
+                        "no repository named and none at the default {}: name a profile with --profile ({}), or set `default-profile` in {}, or a repository with --repo",
+                        default_repo().map(|r| r.display().to_string()).unwrap_or_default(),
+                        names.join(", "),
+                        cfg.path.display()
+                    ));
+                } else if cfg.file.profiles.len() == 1 && no_default {
+                    let name = cfg.file.profiles.keys().next().cloned().unwrap_or_default();
+                    if first_time_implied(&name) {
+                        said = Some(format!(
+                            "using profile {name:?}, the only one in {} (there is no repository at the default {}); name another with --profile, or set `default-profile` in the file",
+                            cfg.path.display(),
+                            default_repo().map(|r| r.display().to_string()).unwrap_or_default()
+                        ));
+                    }
+                    flags.profile = Some(name);
+                }
+            }
+        }
+        let mut r = Settings::resolve(flags)?;
+        if let Some(s) = said {
+            r.warnings.insert(0, s);
+        }
+        if let Some(m) = choose {
+            r.settings.location = Err(LocationError::Choose(m));
+        }
+        Ok(r)
+    }
+
     /// `flags` with every setting neither a flag nor the environment gave
     /// taken from profile `p` (credentials aside: see [`Settings::resolve`]).
     pub fn with_profile(mut flags: Flags, p: Profile) -> Settings {
@@ -221,6 +271,7 @@ impl Settings {
                 "cannot find a data directory for the default repository; set CAPSULE_REPO or --repo"
                     .into(),
             ),
+            LocationError::Choose(m) => UsageError(m).into(),
         })
     }
 
@@ -287,6 +338,33 @@ impl Settings {
         flags.profile = Some(name.to_string());
         Settings::with_profile(flags, p.clone())
     }
+}
+
+/// Whether profile `name` is chosen for the first time as the only one
+/// (and remembers that it now has been). Without a state directory it is
+/// always the first time: saying it again beats never saying it.
+fn first_time_implied(name: &str) -> bool {
+    let Some(dir) = capsule_lab::history::state_dir() else {
+        return true;
+    };
+    let mark = dir.join("implied-profile");
+    if std::fs::read_to_string(&mark).is_ok_and(|s| s.trim() == name) {
+        return false;
+    }
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(&mark, name);
+    true
+}
+
+/// The profiles of the configuration named by `config` (or the default
+/// one), for a message that asks the user to choose: empty when there is
+/// no file or it cannot be read.
+pub fn profile_names(config: Option<&Path>) -> Vec<String> {
+    load_config(config)
+        .ok()
+        .flatten()
+        .map(|c| c.file.profiles.into_keys().collect())
+        .unwrap_or_default()
 }
 
 fn locate(repo: Option<&str>) -> std::result::Result<RepoLocation, LocationError> {

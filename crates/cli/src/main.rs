@@ -198,7 +198,17 @@ fn main() -> ExitCode {
     ) {
         capsule_app::Settings::without_profile(cli.global.flags())
     } else {
-        match capsule_app::Settings::resolve(cli.global.flags()) {
+        // A command on one repository may take the configuration's
+        // default profile; those over every profile do not.
+        let resolve = if matches!(
+            cli.command,
+            Command::Status(_) | Command::Daemon(_) | Command::Schedule(_) | Command::Config(_)
+        ) {
+            capsule_app::Settings::resolve
+        } else {
+            capsule_app::Settings::resolve_one
+        };
+        match resolve(cli.global.flags()) {
             Ok(r) => {
                 for w in &r.warnings {
                     out.warn(w);

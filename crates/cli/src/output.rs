@@ -349,7 +349,16 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
         }),
         EngineError::AppendOnly(_) => Some("run it with credentials that may delete (the repository's admin key or account); backups, listings and restores work with these".into()),
         EngineError::NotARepository { .. } => {
-            Some("check --repo / CAPSULE_REPO, or create a new repository there with `capsule init`".into())
+            let names = capsule_app::settings::profile_names(None);
+            Some(if names.is_empty() || std::env::var_os("CAPSULE_PROFILE").is_some() {
+                "check --repo / CAPSULE_REPO, or create a new repository there with `capsule init`".into()
+            } else {
+                format!(
+                    "name the repository with --repo, or a profile with --profile (the configuration has: {}; `default-profile` in it picks one for every command), or create a new repository there with `capsule init`",
+                    names.join(", ")
+                )
+                .into()
+            })
         }
         EngineError::NoUsableKey { .. } => Some("restore the key files under keys/ from a copy of the repository; do not run `capsule init` here, it cannot read the existing data".into()),
         EngineError::DamagedConfig { .. } | EngineError::MissingConfig { .. } => Some("restore the `config` object from a copy of the repository (any copy made after `init` will do; it never changes); do not run `capsule init` here, a new config cannot read the existing data".into()),

@@ -508,3 +508,90 @@ fn status_shows_the_size_against_the_quota_and_the_last_check() {
     assert!(!o.status.success());
     assert_eq!(status()["last_check"]["result"], "failed");
 }
+
+/// A user who wrote one profile and no `--profile`: commands use it (and
+/// say so once) while there is no repository at the default; a second
+/// profile makes them ask, naming both; `default-profile` chooses for
+/// every command, and a wrong one is a mistake in the file.
+#[test]
+fn the_only_profile_or_the_default_profile_is_used_when_none_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let home = t.path().join("home");
+    std::fs::create_dir_all(home.join("data")).unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("laptop-repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a"), b"a").unwrap();
+    let config = t.path().join("capsule.toml");
+    let laptop = format!(
+        "[profiles.laptop]\nsources = [{:?}]\nrepository = {:?}\npassword-command = \"echo {PASSWORD}\"\n",
+        src.display().to_string(),
+        repo.display().to_string()
+    );
+    std::fs::write(&config, &laptop).unwrap();
+    let run = |args: &[&str]| {
+        let env = TestEnv::bare()
+            .config(&config)
+            .home(&home)
+            .state(t.path().join("state"))
+            .cache(t.path().join("cache"));
+        capsule_cmd(&env).args(args).output().unwrap()
+    };
+    let o = run(&["init"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(
+        err(&o).contains("using profile \"laptop\", the only one in"),
+        "{}",
+        err(&o)
+    );
+    assert!(
+        repo.join("config").exists(),
+        "init went to the profile's repository"
+    );
+    let o = run(&["backup"]);
+    assert!(o.status.success(), "{}", err(&o));
+    // Said once: not again.
+    assert!(!err(&o).contains("using profile"), "{}", err(&o));
+    let o = run(&["--json", "snapshots"]);
+    assert!(o.status.success(), "{}", err(&o));
+    let snaps: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(snaps.as_array().unwrap().len(), 1, "{snaps}");
+    // A second profile: nothing to choose by, so the default repository,
+    // which does not exist; the message names both profiles.
+    let desk = "[profiles.desk]\nrepository = \"/nonexistent/desk\"\n";
+    std::fs::write(&config, format!("{laptop}\n{desk}")).unwrap();
+    let o = run(&["snapshots"]);
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(
+        err(&o).contains("--profile") && err(&o).contains("desk, laptop"),
+        "{}",
+        err(&o)
+    );
+    // default-profile chooses, silently.
+    std::fs::write(
+        &config,
+        format!("default-profile = \"laptop\"\n\n{laptop}\n{desk}"),
+    )
+    .unwrap();
+    let o = run(&["--json", "snapshots"]);
+    assert!(o.status.success(), "{}", err(&o));
+    assert!(!err(&o).contains("using profile"), "{}", err(&o));
+    // A flag still wins over it.
+    let o = run(&["--profile", "desk", "snapshots"]);
+    assert!(!o.status.success());
+    assert!(err(&o).contains("/nonexistent/desk"), "{}", err(&o));
+    // A default naming no profile: the file, the line, the profiles.
+    std::fs::write(
+        &config,
+        format!("default-profile = \"lap\"\n\n{laptop}\n{desk}"),
+    )
+    .unwrap();
+    let o = run(&["snapshots"]);
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(
+        err(&o).contains("capsule.toml:1")
+            && err(&o).contains("\"lap\"")
+            && err(&o).contains("desk, laptop"),
+        "{}",
+        err(&o)
+    );
+}

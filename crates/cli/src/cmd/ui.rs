@@ -24,6 +24,9 @@ pub struct UiArgs {
     /// Do not open a browser ($BROWSER) on the page.
     #[arg(long)]
     no_browser: bool,
+    /// Open the page on this file or folder, in the newest snapshot that
+    /// holds it (default: the newest snapshot, on the folders it backed up).
+    path: Option<std::path::PathBuf>,
 }
 
 pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
@@ -49,7 +52,25 @@ pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
         std::net::TcpListener::bind(listen).with_context(|| format!("listening on {listen}"))?;
     socket.set_nonblocking(true)?;
     let addr = socket.local_addr()?;
-    let url = format!("http://{addr}/?t={token}");
+    let at = match &a.path {
+        // Named as the user sees it: relative to here, symlinks resolved
+        // where it still exists (the snapshot holds the real path).
+        Some(p) => {
+            let abs = std::fs::canonicalize(p)
+                .or_else(|_| std::path::absolute(p))
+                .with_context(|| format!("{}: cannot make it an absolute path", p.display()))?;
+            let Some(text) = abs.to_str() else {
+                return Err(capsule_app::UsageError(format!(
+                    "{}: the page opens on UTF-8 paths only; open its folder",
+                    abs.display()
+                ))
+                .into());
+            };
+            format!("&at={}", percent(text))
+        }
+        None => String::new(),
+    };
+    let url = format!("http://{addr}/?t={token}{at}");
     let config = settings.flags.config.clone();
     let ui = Arc::new(capsule_ui::Ui {
         view: RwLock::new(Arc::new(first)),
@@ -124,4 +145,18 @@ fn report_page(id: &str) -> Option<String> {
         return h.find_lab(id).ok().map(|r| capsule_lab::html::lab_page(&r));
     }
     h.find_run(id).ok().map(|r| capsule_lab::html::run_page(&r))
+}
+
+/// `s` with everything but unreserved characters and `/` percent-encoded,
+/// for a query string.
+fn percent(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

@@ -491,6 +491,32 @@ mod tests {
         assert!((fit_restores(&same).secs.per_dir - 40e-6).abs() < 1e-6);
     }
 
+    #[test]
+    fn a_restore_reads_its_trees_a_level_at_a_time() {
+        // The same files 16 levels deep: at 10 ms, 16 round trips before
+        // the first file's contents (the trace: 48 tree reads in 16
+        // rounds); on a local disk, next to nothing.
+        let c = cal();
+        let deep = SourceScan {
+            depth: 16,
+            ..shape(1000, 1_000_000_000)
+        };
+        let flat = shape(1000, 1_000_000_000);
+        let far = dest(0.010, 1e9);
+        let extra = predict_restore(&c, &far, &deep) - predict_restore(&c, &far, &flat);
+        assert!((extra - 0.16).abs() < 1e-9, "{extra}");
+        assert!((restore_parts(&c, &far, &deep).trees - 0.16).abs() < 1e-9);
+        let near = dest(0.0001, 1e9);
+        assert!(restore_parts(&c, &near, &deep).trees < 0.002);
+        // The scan counts the levels from the root.
+        let t = tempfile::tempdir().unwrap();
+        let leaf = t.path().join("a/b/c");
+        std::fs::create_dir_all(&leaf).unwrap();
+        std::fs::write(leaf.join("f"), b"x").unwrap();
+        let (s, _) = scan(&[t.path().to_path_buf()]).unwrap();
+        assert_eq!(s.depth, leaf.components().count() as u64);
+    }
+
     /// The restore samples of an estimate of a 65,194-file tree over S3
     /// at 5 ms (bench/estimate.sh's `mix`), 2 cores, as `--json` gave them:
     /// name, files, directories, bytes, seconds, CPU seconds.

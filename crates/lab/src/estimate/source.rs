@@ -29,6 +29,11 @@ pub struct SourceScan {
     /// Symlinks and other entries that are neither files nor directories.
     #[serde(default)]
     pub others: u64,
+    /// Levels of directories from the file system's root down to the
+    /// deepest directory (`/a/b` is 3: `/`, `a`, `b`): a snapshot holds
+    /// the absolute paths, and a restore reads its trees a level at a time.
+    #[serde(default)]
+    pub depth: u64,
     /// Bytes of regular files.
     pub bytes: u64,
     /// Size distribution.
@@ -64,6 +69,7 @@ pub fn scan(paths: &[PathBuf]) -> Result<(SourceScan, Vec<(PathBuf, u64)>)> {
         let m = std::fs::symlink_metadata(&p).map_err(|e| LabError::io("read", &p, e))?;
         if m.is_dir() {
             s.dirs += 1;
+            s.depth = s.depth.max(p.components().count() as u64);
             let Ok(rd) = std::fs::read_dir(&p) else {
                 continue;
             };
