@@ -194,6 +194,35 @@ fn the_page_works_in_headless_chromium() {
         "!location.search.includes('t=')",
         "the token gone from the address",
     );
+    // It opened on what the newest snapshot backed up, the source folder,
+    // with the path above it as crumbs, not at the file system's root.
+    until(
+        &tab,
+        &format!(
+            "path === {} && document.querySelectorAll('#listing tr.row').length === 3 && [...document.querySelectorAll('#crumbs a')].some(a => a.dataset.p === {})",
+            js(src.to_str().unwrap()),
+            js(src.parent().unwrap().to_str().unwrap())
+        ),
+        "the source folder first, its parents as crumbs",
+    );
+    // `capsule ui PATH`: the page opens on that folder in the newest
+    // snapshot holding it.
+    tab.navigate_to(&format!(
+        "http://{}/?at={}",
+        s.addr,
+        src.join("photos").to_str().unwrap()
+    ))
+    .unwrap()
+    .wait_until_navigated()
+    .unwrap();
+    until(
+        &tab,
+        &format!(
+            "path === {} && document.querySelectorAll('#listing tr.row').length === 20 && cur && cur.id === snaps[snaps.length - 1].id",
+            js(src.join("photos").to_str().unwrap())
+        ),
+        "the photos folder in the newest snapshot",
+    );
 
     // Browse down to the source's docs folder, name by name, after a look
     // at the end of a long directory.

@@ -160,3 +160,15 @@ fn percent(s: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_path_goes_into_the_address_percent_encoded() {
+        assert_eq!(
+            super::percent("/home/me/My Documents"),
+            "/home/me/My%20Documents"
+        );
+        assert_eq!(super::percent("/a&b=c/ü"), "/a%26b%3Dc/%C3%BC");
+    }
+}

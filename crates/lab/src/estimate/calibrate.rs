@@ -392,26 +392,25 @@ fn make_dirs(root: &Path) -> Result<()> {
 
 /// A restore's costs per file, per directory and per byte, in seconds and
 /// in CPU seconds, from the restored samples ([`RestoreSample`], by name),
-/// each less `empty` (what any restore costs): `small` (leaves from all
-/// over the source, each with the directories above it: a directory per 2
-/// to 7 files), `tree` (one whole subtree, the source's own shape: a
-/// directory per 8 or more) and `large` (a few large files) are solved
-/// together for the three costs. Without a subtree, or where they cannot
-/// be told apart, a directory costs what one of `dirs` does (empty
-/// directories only) and `small` and `large` give the rest
-/// ([`fit_restore`]).
+/// each less `empty` (what any restore costs): a directory costs what one
+/// of `dirs` (900 empty directories) does; `small` (leaves from all over
+/// the source, each with the directories above it) and `tree` (one whole
+/// subtree, the source's own shape), less their directories at that cost,
+/// are pooled into one point of many small files, and with `large` (a few
+/// large files) give a file's and a byte's cost ([`fit_restore`]).
 ///
 /// Beside them, what the samples' wall time says about the target disk:
 /// the large sample's seconds per byte (it is written by every worker at
 /// once, as a restore's bulk is), and the small sample's seconds per file
 /// spent off the CPU (waiting for the disk to create and close files).
 ///
-/// Why directories are priced apart: charged to the files, the small
-/// sample's many directories made its files cost 25% more than the
-/// source's (58 µs of CPU against 46-49 µs, for a tree of 29,040 files in
-/// 4,979 directories); and a directory with files in it costs a restore
-/// more than an empty one (98 µs against 40 µs there), so the empty ones
-/// alone do not price them.
+/// Why: charged to the files, the small sample's many directories (one per
+/// 2 to 7 files, where a tree has one per 20) made a file cost 25% more
+/// than in the source (58 µs of CPU against 46-49 µs, for 29,040 files in
+/// 4,979 directories). Solving the three samples together for the three
+/// costs instead was tried and dropped: the leaves and the subtree differ
+/// too little in shape against the noise, and two estimates in a row put a
+/// file at 0.5 and 30 µs.
 pub(crate) fn fit_restores(samples: &[RestoreSample]) -> RestoreCosts {
     let find = |name: &str| samples.iter().find(|s| s.name == name);
     let costs = |value: fn(&RestoreSample) -> f64| {
@@ -426,25 +425,7 @@ pub(crate) fn fit_restores(samples: &[RestoreSample]) -> RestoreCosts {
                 (s.files + s.others).saturating_sub(files) as f64,
             )
         };
-        let row = |s: &RestoreSample| {
-            let (v, dirs, files) = less_base(s);
-            ([files, dirs, s.bytes as f64], v)
-        };
-        // Three samples of three shapes: the leaves (a directory per 2 to
-        // 7 files), a whole subtree (the source's own shape) and the large
-        // files. Solved together when the answer is sound.
-        if let (Some(a), Some(b), Some(c)) = (find("small"), find("tree"), find("large")) {
-            if let Some([per_file, per_dir, per_byte]) = solve3([row(a), row(b), row(c)]) {
-                return UnitCosts {
-                    per_file,
-                    per_dir,
-                    per_byte,
-                };
-            }
-        }
-        // Otherwise a directory costs what an empty one does (the `dirs`
-        // sample), and the small and the large sample, less their
-        // directories at that, give a file's and a byte's cost.
+        // A directory costs what one of the empty ones does.
         let per_dir = find("dirs").map_or(0.0, |d| {
             let (v, dirs, _) = less_base(d);
             if dirs > 0.0 {
@@ -453,13 +434,20 @@ pub(crate) fn fit_restores(samples: &[RestoreSample]) -> RestoreCosts {
                 0.0
             }
         });
+        // The leaves and the subtree, less their directories at that cost,
+        // pooled into one point of many small files: the subtree, of the
+        // source's own shape and up to ten times the files, weighs most.
         let point = |name: &str| {
             find(name).map(|s| {
                 let (v, dirs, files) = less_base(s);
                 (files, s.bytes as f64, (v - dirs * per_dir).max(0.0))
             })
         };
-        let (per_file, per_byte) = fit_restore(point("small").or(point("tree")), point("large"));
+        let pooled = match (point("small"), point("tree")) {
+            (Some(a), Some(b)) => Some((a.0 + b.0, a.1 + b.1, a.2 + b.2)),
+            (a, b) => a.or(b),
+        };
+        let (per_file, per_byte) = fit_restore(pooled, point("large"));
         UnitCosts {
             per_file,
             per_dir,
@@ -478,50 +466,6 @@ pub(crate) fn fit_restores(samples: &[RestoreSample]) -> RestoreCosts {
         write_per_byte,
         wait_per_file,
     }
-}
-
-/// Solves `rows` (coefficients, value) for three costs by Cramer's rule:
-/// None when the samples cannot tell them apart (a determinant near 0
-/// against its terms) or an answer is negative (noise larger than a term).
-fn solve3(rows: [([f64; 3], f64); 3]) -> Option<[f64; 3]> {
-    let det = |m: [[f64; 3]; 3]| {
-        m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
-    };
-    let a = [rows[0].0, rows[1].0, rows[2].0];
-    let d = det(a);
-    // Judged with each column scaled to at most 1 (bytes run to 10^8,
-    // files to 10^3): then the rows' lengths bound |det|, and a small
-    // ratio means two samples of nearly the same shape.
-    let mut n = a;
-    for k in 0..3 {
-        let top = n.iter().map(|r| r[k].abs()).fold(0.0, f64::max);
-        if top <= 0.0 {
-            return None;
-        }
-        for r in n.iter_mut() {
-            r[k] /= top;
-        }
-    }
-    let scale: f64 = n
-        .iter()
-        .map(|r| r.iter().map(|x| x * x).sum::<f64>().sqrt())
-        .product();
-    if scale <= 0.0 || (det(n) / scale).abs() < 0.01 {
-        return None;
-    }
-    let mut out = [0.0; 3];
-    for (k, o) in out.iter_mut().enumerate() {
-        let mut m = a;
-        for (i, r) in m.iter_mut().enumerate() {
-            r[k] = rows[i].1;
-        }
-        *o = det(m) / d;
-    }
-    out.iter()
-        .all(|x| x.is_finite() && *x >= 0.0)
-        .then_some(out)
 }
 
 /// What [`fit_restores`] finds.
