@@ -13,8 +13,8 @@
 #
 # --repeat N runs the estimate N times in a row (each in a new scratch
 # directory) and reports the median prediction and the spread of the
-# initial one; --cold drops the page cache (root only) before the first
-# estimate, before the initial backup and before the restore; --pin gives
+# initial one and of the restore; --cold drops the page cache (root only)
+# before every estimate, before the initial backup and before the restore; --pin gives
 # the servers a core of their own, as a NAS has its own CPU; --keep-json
 # keeps every estimate's --json in DIR (SET-DEST-RTT-N.json).
 #
@@ -202,7 +202,7 @@ print('| $set ($files files) | $dest | $shown_rtt | %s | %.2f | %s | %.2f | %s |
 done
 
 {
-  echo "Estimator accuracy ($(nproc) cores, $(date -u +%Y-%m-%d), capsule $("$capsule" --version | cut -d' ' -f2)$([ "$pin_it" = 1 ] && echo ", servers pinned to a core of their own")$([ "$cold" = 1 ] && echo ", page cache dropped before the first estimate, the initial backup and the restore")); estimates per row: $repeat (median; spread = farthest from it):"
+  echo "Estimator accuracy ($(nproc) cores, $(date -u +%Y-%m-%d), capsule $("$capsule" --version | cut -d' ' -f2)$([ "$pin_it" = 1 ] && echo ", servers pinned to a core of their own")$([ "$cold" = 1 ] && echo ", page cache dropped before every estimate, the initial backup and the restore")); estimates per row: $repeat (median; spread = farthest from it):"
   echo "predicted = \`capsule estimate\` with no history; actual = wall time of \`capsule backup\`;"
   echo "hourly = 100 new 50 KiB files; 2nd hourly = 100 more, predicted by the estimate re-run after the first two runs were recorded (corrected by history)."
   echo "Restores and the estimate's samples: $([ "$scratch_journaled" = 1 ] && echo "a journaled ext4 file system on a loop device (direct I/O)" || echo "this machine's disk")."
