@@ -291,17 +291,10 @@ pub fn calibrate(
         walk_factor,
         stored_ratio: ratio.clamp(0.01, 1.2),
         samples: [dims(&s), dims(&l)],
-        restore_per_file: costs.secs.per_file,
-        restore_per_dir: costs.secs.per_dir,
-        restore_per_byte: costs.secs.per_byte,
-        restore_cpu_per_file: costs.cpu.per_file,
-        restore_cpu_per_dir: costs.cpu.per_dir,
-        restore_cpu_per_byte: costs.cpu.per_byte,
-        restore_write_per_byte: costs.write_per_byte,
-        restore_wait_per_file: costs.wait_per_file,
         restore_samples: samples,
         spread: spreads.into_inner().into_iter().fold(0.0, f64::max),
         cores: crate::cpu::cores(),
+        ..costs.into_calibration(Calibration::default())
     })
 }
 
@@ -479,6 +472,23 @@ pub(crate) struct RestoreCosts {
     pub write_per_byte: f64,
     /// Seconds per file of the small sample spent off the CPU.
     pub wait_per_file: f64,
+}
+
+impl RestoreCosts {
+    /// `base` with these restore costs in it.
+    pub(crate) fn into_calibration(self, base: Calibration) -> Calibration {
+        Calibration {
+            restore_per_file: self.secs.per_file,
+            restore_per_dir: self.secs.per_dir,
+            restore_per_byte: self.secs.per_byte,
+            restore_cpu_per_file: self.cpu.per_file,
+            restore_cpu_per_dir: self.cpu.per_dir,
+            restore_cpu_per_byte: self.cpu.per_byte,
+            restore_write_per_byte: self.write_per_byte,
+            restore_wait_per_file: self.wait_per_file,
+            ..base
+        }
+    }
 }
 
 /// Costs of one kind per file, directory and byte.

@@ -371,6 +371,18 @@ mod tests {
     /// A restored sample: its name, files, directories, bytes, seconds
     /// and CPU seconds.
     fn restored(name: &str, files: u64, dirs: u64, bytes: u64, secs: f64) -> RestoreSample {
+        restored_cpu(name, files, dirs, bytes, secs, secs / 2.0)
+    }
+
+    /// As [`restored`], with its CPU seconds.
+    fn restored_cpu(
+        name: &str,
+        files: u64,
+        dirs: u64,
+        bytes: u64,
+        secs: f64,
+        cpu: f64,
+    ) -> RestoreSample {
         RestoreSample {
             name: name.into(),
             files,
@@ -378,7 +390,7 @@ mod tests {
             others: 0,
             bytes,
             secs,
-            cpu: secs / 2.0,
+            cpu,
         }
     }
 
@@ -526,14 +538,8 @@ mod tests {
             ("large", 1, 4, 153_621_360, 0.288_751, 0.553_341),
         ]
         .into_iter()
-        .map(|(name, files, dirs, bytes, secs, cpu)| RestoreSample {
-            name: name.into(),
-            files,
-            dirs,
-            others: 0,
-            bytes,
-            secs,
-            cpu,
+        .map(|(name, files, dirs, bytes, secs, cpu)| {
+            restored_cpu(name, files, dirs, bytes, secs, cpu)
         })
         .collect()
     }
@@ -547,19 +553,11 @@ mod tests {
         // a restore that took 5.07 s in all (using 6.67 CPU seconds).
         let samples = measured_samples();
         let costs = fit_restores(&samples);
-        let c = Calibration {
-            restore_per_file: costs.secs.per_file,
-            restore_per_dir: costs.secs.per_dir,
-            restore_per_byte: costs.secs.per_byte,
-            restore_cpu_per_file: costs.cpu.per_file,
-            restore_cpu_per_dir: costs.cpu.per_dir,
-            restore_cpu_per_byte: costs.cpu.per_byte,
-            restore_write_per_byte: costs.write_per_byte,
-            restore_wait_per_file: costs.wait_per_file,
+        let c = costs.into_calibration(Calibration {
             stored_ratio: 0.426,
             cores: 2,
             ..Calibration::default()
-        };
+        });
         let tree = SourceScan {
             files: 65_194,
             dirs: 2_835,
