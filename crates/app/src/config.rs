@@ -446,7 +446,6 @@ impl Config {
     fn validate(&self, text: &str) -> Result<(), ConfigError> {
         if let Some(d) = &self.file.default_profile {
             if !self.file.profiles.contains_key(d) {
-                let known: Vec<&str> = self.file.profiles.keys().map(String::as_str).collect();
                 let line = text
                     .lines()
                     .position(|l| l.trim_start().starts_with("default-profile"))
@@ -455,11 +454,7 @@ impl Config {
                 return Err(ConfigError(format!(
                     "{}{line}: `default-profile` names {d:?}, which is not a profile here; {}",
                     self.path.display(),
-                    if known.is_empty() {
-                        "the file defines none".to_string()
-                    } else {
-                        format!("the profiles are: {}", known.join(", "))
-                    }
+                    self.known_profiles()
                 )));
             }
         }
@@ -603,17 +598,23 @@ impl Config {
             };
         }
         self.file.profiles.get(name).ok_or_else(|| {
-            let known: Vec<&str> = self.file.profiles.keys().map(String::as_str).collect();
             ConfigError(format!(
                 "{}: no profile {name:?}; {}",
                 self.path.display(),
-                if known.is_empty() {
-                    "it defines none".to_string()
-                } else {
-                    format!("the profiles are: {}", known.join(", "))
-                }
+                self.known_profiles()
             ))
         })
+    }
+
+    /// "the profiles are: a, b" (or that there are none), for a message
+    /// about a profile that is not there.
+    fn known_profiles(&self) -> String {
+        let known: Vec<&str> = self.file.profiles.keys().map(String::as_str).collect();
+        if known.is_empty() {
+            "the file defines none".to_string()
+        } else {
+            format!("the profiles are: {}", known.join(", "))
+        }
     }
 }
 
