@@ -32,6 +32,7 @@ pub mod held_key;
 pub mod history;
 pub mod journal;
 pub mod lock;
+pub mod now;
 pub mod open;
 pub mod password;
 pub mod retention;

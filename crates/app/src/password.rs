@@ -119,14 +119,22 @@ fn without_asking(s: &Settings) -> Result<Option<Vec<u8>>> {
 }
 
 /// The repository password from the profile's `password-command` or
-/// inline `password`. The command runs once per process, whatever asks.
+/// inline `password`. The command runs once per process and profile,
+/// whatever asks (a process may open several profiles: `capsule ui`).
 fn profile_password(s: &Settings) -> Result<Option<Vec<u8>>> {
-    static ONCE: OnceLock<std::result::Result<Option<Vec<u8>>, String>> = OnceLock::new();
+    type Read = std::result::Result<Option<Vec<u8>>, String>;
+    static ONCE: std::sync::Mutex<std::collections::BTreeMap<String, Read>> =
+        std::sync::Mutex::new(std::collections::BTreeMap::new());
     let Some(p) = &s.profile else {
         return Ok(None);
     };
     let name = s.profile_name().unwrap_or("?");
-    let r = ONCE.get_or_init(|| run_profile_password(name, p));
+    let mut read = ONCE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let r = read
+        .entry(name.to_string())
+        .or_insert_with(|| run_profile_password(name, p));
     r.clone().map_err(|e| PasswordCommandError(e).into())
 }
 

@@ -7,7 +7,9 @@
 //! reads both into [`Flags`]), then the profile, then capsule's default.
 //! Lists (excludes, tags) add up. Credentials that only a destination's
 //! connector reads from the environment are set in this process's
-//! environment where it does not set them already.
+//! environment where it does not set them already; a process that opens
+//! another profile's destination too (`capsule ui`) hands that one its own
+//! credentials instead ([`Settings::for_other_profile`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -103,6 +105,9 @@ pub struct Settings {
     /// Where the repository is (parsed once; an error is reported by the
     /// first command that needs it, so `status` runs with a bad `--repo`).
     location: std::result::Result<RepoLocation, LocationError>,
+    /// The profile's credentials as environment variables, when they are
+    /// not in this process's environment ([`Settings::for_other_profile`]).
+    own_env: Option<Vec<(&'static str, std::ffi::OsString)>>,
 }
 
 /// What resolving read: the settings, and the configuration file's
@@ -143,6 +148,7 @@ impl Settings {
             flags,
             profile: None,
             location,
+            own_env: None,
         }
     }
 
@@ -250,6 +256,7 @@ impl Settings {
             flags,
             profile: Some(p),
             location,
+            own_env: None,
         }
     }
 
@@ -279,6 +286,21 @@ impl Settings {
     /// [`Access`], the one way in that the lab and the daemon use too.
     pub fn access(&self, loc: &RepoLocation) -> Result<Access> {
         let mut connect = capsule_access::Connect::from_env(&loc.dest);
+        if let Some(own) = &self.own_env {
+            let lookup = |k: &str| {
+                own.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.clone())
+                    .or_else(|| user_var(k))
+                    .map(|v| v.to_string_lossy().into_owned())
+            };
+            connect.net = capsule_net::Options::from_lookup(&loc.dest, &lookup);
+            // Not another profile's section of the AWS files.
+            connect
+                .net
+                .aws_profile
+                .get_or_insert_with(|| "default".into());
+        }
         if let Some(n) = self.flags.connections {
             connect.net.concurrency = Some(n as usize);
         }
@@ -338,6 +360,28 @@ impl Settings {
         flags.profile = Some(name.to_string());
         Settings::with_profile(flags, p.clone())
     }
+
+    /// Settings of profile `name` for a process that resolved another
+    /// profile (or none): its own credentials, never those the first
+    /// profile set in this process's environment (`capsule ui` switching
+    /// profiles).
+    pub fn for_other_profile(&self, name: &str, p: &Profile) -> Result<Settings> {
+        let mut flags = self.flags.clone();
+        flags.profile = Some(name.to_string());
+        // The first profile's repository, password file, cache were filled
+        // into the flags: only what the user gave stays.
+        flags.repo = None;
+        flags.password_file = None;
+        flags.cache_dir = None;
+        flags.connections = None;
+        let own = match &p.credentials {
+            Some(c) => profile_env(c, name)?,
+            None => Vec::new(),
+        };
+        let mut s = Settings::with_profile(flags, p.clone());
+        s.own_env = Some(own);
+        Ok(s)
+    }
 }
 
 /// Whether profile `name` is chosen for the first time as the only one
@@ -381,14 +425,39 @@ fn locate(repo: Option<&str>) -> std::result::Result<RepoLocation, LocationError
     })
 }
 
-/// The destination credentials of a profile, as the connectors read them,
-/// where the environment does not set them already.
-fn set_default_env(c: &config::Credentials, profile: &str) -> Result<()> {
-    let set = |k: &str, v: &std::ffi::OsStr| {
-        if std::env::var_os(k).is_none() {
-            // Single-threaded here: resolving comes before any command
-            // starts a thread (main, right after parsing the command line).
-            std::env::set_var(k, v);
+/// The environment variables this process set from its profile's
+/// credentials (`set_default_env`): not the user's, so neither another
+/// profile opened here ([`Settings::for_other_profile`]) nor a child run
+/// of another profile ([`crate::now`]) takes them for its own.
+static SET_FROM_PROFILE: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+
+/// The variables this process set from its profile (see [`Settings::resolve`]).
+pub fn env_set_by_profile() -> Vec<&'static str> {
+    SET_FROM_PROFILE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+/// Variable `k` as the user set it (not from a profile).
+fn user_var(k: &str) -> Option<std::ffi::OsString> {
+    if env_set_by_profile().contains(&k) {
+        return None;
+    }
+    std::env::var_os(k)
+}
+
+/// The destination credentials of a profile as the connectors read them
+/// (environment variables and their values), for those the user's
+/// environment does not give.
+fn profile_env(
+    c: &config::Credentials,
+    profile: &str,
+) -> Result<Vec<(&'static str, std::ffi::OsString)>> {
+    let mut out: Vec<(&'static str, std::ffi::OsString)> = Vec::new();
+    let mut set = |k: &'static str, v: &std::ffi::OsStr| {
+        if user_var(k).is_none() {
+            out.push((k, v.to_os_string()));
         }
     };
     let password_given = [
@@ -398,7 +467,7 @@ fn set_default_env(c: &config::Credentials, profile: &str) -> Result<()> {
         "CAPSULE_SFTP_PASSWORD_FILE",
     ]
     .iter()
-    .any(|k| std::env::var_os(k).is_some());
+    .any(|k| user_var(k).is_some());
     if !password_given {
         if let Some(f) = &c.password_file {
             set("CAPSULE_SMB_PASSWORD_FILE", f.as_os_str());
@@ -430,6 +499,23 @@ fn set_default_env(c: &config::Credentials, profile: &str) -> Result<()> {
     }
     if let Some(p) = &c.aws_profile {
         set("AWS_PROFILE", std::ffi::OsStr::new(p));
+    }
+    Ok(out)
+}
+
+/// Sets the destination credentials of a profile in this process's
+/// environment, where the user's does not set them already, and remembers
+/// which it set.
+fn set_default_env(c: &config::Credentials, profile: &str) -> Result<()> {
+    let vars = profile_env(c, profile)?;
+    let mut set = SET_FROM_PROFILE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (k, v) in vars {
+        // Single-threaded here: resolving comes before any command starts
+        // a thread (main, right after parsing the command line).
+        std::env::set_var(k, v);
+        set.push(k);
     }
     Ok(())
 }

@@ -134,14 +134,7 @@ pub fn save_daemon_view(profile: &str, v: &DaemonView) {
     let Some(path) = daemon_file(profile) else {
         return;
     };
-    let Some(dir) = path.parent() else { return };
-    let tmp = dir.join(format!(".tmp-d-{}", std::process::id()));
-    let ok = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&tmp, serde_json::to_vec(v).unwrap_or_default()))
-        .and_then(|()| std::fs::rename(&tmp, &path));
-    if ok.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    write_replacing(&path, &serde_json::to_vec(v).unwrap_or_default());
 }
 
 /// What the daemon last said of `profile`, if its process still runs.
@@ -149,11 +142,100 @@ pub fn load_daemon_view(profile: &str) -> Option<DaemonView> {
     let v: DaemonView = daemon_file(profile)
         .and_then(|p| capsule_access::open::read_own_file(&p, 1 << 16))
         .and_then(|b| serde_json::from_slice(&b).ok())?;
-    let pid = rustix::process::Pid::from_raw(v.pid as i32)?;
+    alive(v.pid).then_some(v)
+}
+
+/// A backup of a profile while it runs, as it says of itself every half
+/// second (`<state>/profiles/*.running`): what `status` and the page show
+/// as its progress, whoever started it (the daemon, the page, a shell).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Running {
+    /// The backup's process ID.
+    pub pid: u32,
+    /// When it started (Unix seconds).
+    pub started_unix: i64,
+    /// Files done (read, or found unchanged), of `files_total`.
+    pub files_done: u64,
+    /// Bytes of the files done, of `bytes_total`.
+    pub bytes_done: u64,
+    /// Files expected (final once `totals_final`).
+    pub files_total: u64,
+    /// Bytes expected.
+    pub bytes_total: u64,
+    /// The estimating scan has finished.
+    pub totals_final: bool,
+}
+
+fn running_file(profile: &str) -> Option<PathBuf> {
+    state_file(profile).map(|p| p.with_extension("running"))
+}
+
+/// Says how far `profile`'s backup got (best effort).
+pub fn save_running(profile: &str, r: &Running) {
+    if let Some(path) = running_file(profile) {
+        write_replacing(&path, &serde_json::to_vec(r).unwrap_or_default());
+    }
+}
+
+/// The backup of `profile` ended: nothing runs any more.
+pub fn clear_running(profile: &str) {
+    if let Some(path) = running_file(profile) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The backup of `profile` running now, if its process still runs (a
+/// killed one leaves its file behind).
+pub fn load_running(profile: &str) -> Option<Running> {
+    let r: Running = running_file(profile)
+        .and_then(|p| capsule_access::open::read_own_file(&p, 1 << 16))
+        .and_then(|b| serde_json::from_slice(&b).ok())?;
+    alive(r.pid).then_some(r)
+}
+
+fn request_file(profile: &str) -> Option<PathBuf> {
+    state_file(profile).map(|p| p.with_extension("now"))
+}
+
+/// Asks the daemon to back `profile` up now ([`crate::now`]).
+pub fn request_backup(profile: &str) -> std::io::Result<()> {
+    let path = request_file(profile)
+        .ok_or_else(|| std::io::Error::other("no state directory (is $HOME set?)"))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, b"")
+}
+
+/// Whether a backup of `profile` was asked for now; the request is taken.
+pub fn take_backup_request(profile: &str) -> bool {
+    request_file(profile).is_some_and(|p| std::fs::remove_file(p).is_ok())
+}
+
+pub(crate) fn alive(pid: u32) -> bool {
+    let Some(pid) = rustix::process::Pid::from_raw(pid as i32) else {
+        return false;
+    };
     match rustix::process::test_kill_process(pid) {
-        Ok(()) => Some(v),
-        Err(e) if e == rustix::io::Errno::PERM => Some(v),
-        Err(_) => None,
+        Ok(()) => true,
+        Err(e) => e == rustix::io::Errno::PERM,
+    }
+}
+
+/// Writes `bytes` to `path` by a rename, so a reader sees the old file or
+/// the new one, never half of either.
+fn write_replacing(path: &std::path::Path, bytes: &[u8]) {
+    let Some(dir) = path.parent() else { return };
+    let tmp = dir.join(format!(
+        ".tmp-{}-{}",
+        path.extension().and_then(|e| e.to_str()).unwrap_or("x"),
+        std::process::id()
+    ));
+    let ok = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, bytes))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if ok.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
 }
 
@@ -425,6 +507,7 @@ pub fn profile_row(
         "last_check": st.last_check,
         "refresh_error": refresh_error,
         "journal": journal,
+        "running": load_running(name),
     });
     (row, stale, failing)
 }

@@ -6,68 +6,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::chrome::*;
 use common::page::*;
 use common::*;
 use headless_chrome::protocol::cdp::Browser as BrowserDomain;
-use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
-use headless_chrome::{Browser, LaunchOptions, Tab};
-
-/// Chromium started headless for a test, with a window large enough for
-/// the page's three columns.
-fn launch(bin: PathBuf) -> Browser {
-    Browser::new(LaunchOptions {
-        path: Some(bin),
-        headless: true,
-        // Root in a container: Chromium's sandbox cannot start there.
-        sandbox: false,
-        window_size: Some((1400, 860)),
-        idle_browser_timeout: Duration::from_secs(300),
-        ..LaunchOptions::default()
-    })
-    .unwrap()
-}
-
-/// Waits, bounded, until `js` (an expression) is true in the page.
-fn until(tab: &Tab, js: &str, what: &str) {
-    for _ in 0..600 {
-        let v = tab.evaluate(js, false).unwrap().value;
-        if v == Some(serde_json::Value::Bool(true)) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let text = tab
-        .evaluate("document.body.innerText", false)
-        .ok()
-        .and_then(|r| r.value);
-    panic!("gave up after 60 s waiting for {what} ({js}); the page says: {text:?}");
-}
-
-fn click(tab: &Tab, selector: &str) {
-    tab.wait_for_element_with_custom_timeout(selector, Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("{selector}: {e}"))
-        .click()
-        .unwrap_or_else(|e| panic!("click {selector}: {e}"));
-}
-
-fn screenshot(tab: &Tab, name: &str) {
-    let png = tab
-        .capture_screenshot(CaptureScreenshotFormatOption::Png, None, None, true)
-        .unwrap();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("page-screenshots");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join(name), png).unwrap();
-    eprintln!("screenshot: {}", dir.join(name).display());
-}
-
-/// A JavaScript string literal.
-fn js(s: &str) -> String {
-    serde_json::Value::from(s).to_string()
-}
 
 /// The page itself, in a real browser: refused without the token; the
 /// timeline drawn; browsing to a file; its versions and their diff; a

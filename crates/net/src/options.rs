@@ -22,12 +22,23 @@ pub struct Options {
     /// A bucket made by `create` gets object lock (and versioning) on
     /// (`init --object-lock`).
     pub create_locked: bool,
+    /// The section of the AWS credentials and config files to read
+    /// (`AWS_PROFILE`; None: that variable, else `default`).
+    pub aws_profile: Option<String>,
 }
 
 impl Options {
     /// Reads the options for `dest` from the environment.
     pub fn from_env(dest: &Destination) -> Self {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Self::from_lookup(dest, &|k| std::env::var(k).ok())
+    }
+
+    /// Reads the options for `dest` from `lookup`, which answers for an
+    /// environment variable's name: a profile's own settings over the
+    /// user's environment, for a process that opens several profiles'
+    /// destinations, each with its own credentials.
+    pub fn from_lookup(dest: &Destination, lookup: &dyn Fn(&str) -> Option<String>) -> Self {
+        let var = |k: &str| lookup(k).filter(|v| !v.is_empty());
         let file = |k: &str| {
             var(k).and_then(|p| {
                 std::fs::read_to_string(p)
@@ -51,6 +62,7 @@ impl Options {
             concurrency: var("CAPSULE_CONNECTIONS").and_then(|v| v.parse().ok()),
             create: false,
             create_locked: false,
+            aws_profile: var("AWS_PROFILE"),
         }
     }
 }

@@ -278,6 +278,11 @@ impl S3Backend {
                     .with_pool_max_idle_per_host(32),
             );
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let aws_profile = opts
+            .aws_profile
+            .clone()
+            .or_else(|| env("AWS_PROFILE"))
+            .unwrap_or_else(|| "default".into());
         // SigV4 signs the body with a SHA-256 that both ends compute over
         // every byte: 10-15% of a backup's CPU here, and a NAS-class server
         // may hash slower than its link. TLS already protects the body in
@@ -288,7 +293,7 @@ impl S3Backend {
             b = b.with_unsigned_payload(t.https);
         }
         if env("AWS_ACCESS_KEY_ID").is_none() {
-            let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
+            let profile = aws_profile.clone();
             if let Some(creds) = aws_file("AWS_SHARED_CREDENTIALS_FILE", "credentials") {
                 if let Some(k) = ini_value(&creds, &profile, "aws_access_key_id") {
                     b = b.with_access_key_id(k);
@@ -305,7 +310,7 @@ impl S3Backend {
             .or_else(|| env("AWS_DEFAULT_REGION"))
             .unwrap_or_else(|| "us-east-1".into());
         if env("AWS_REGION").is_none() && env("AWS_DEFAULT_REGION").is_none() {
-            let profile = env("AWS_PROFILE").unwrap_or_else(|| "default".into());
+            let profile = aws_profile.clone();
             let section = if profile == "default" {
                 profile
             } else {

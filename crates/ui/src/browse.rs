@@ -33,16 +33,18 @@ pub(crate) struct SnapshotRow {
 }
 
 pub(crate) async fn snapshots(State(ui): State<Shared>) -> Result<Json<Vec<SnapshotRow>>, Failure> {
-    let ui2 = ui.clone();
+    let shown = ui.shown();
+    let s2 = shown.clone();
     blocking(move || {
-        if let Some(v) = (ui2.refresh)() {
-            *ui2.view.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(v);
+        if let Some(v) = (s2.refresh)() {
+            *s2.view.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(v);
         }
         Ok(())
     })
     .await?;
     Ok(Json(
-        ui.view()
+        shown
+            .view()
             .snapshots
             .iter()
             .map(|(id, s)| SnapshotRow {

@@ -18,7 +18,9 @@ use super::state::{bad, blocking, Failure, Shared};
 
 /// A body fed by a blocking writer: what `write` writes is sent as it
 /// comes, with at most a few MiB in flight.
-fn streamed(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + 'static) -> Body {
+pub(crate) fn streamed(
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()> + Send + 'static,
+) -> Body {
     struct Chan(tokio::sync::mpsc::Sender<std::io::Result<Vec<u8>>>);
     impl Write for Chan {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
@@ -61,7 +63,7 @@ fn attachment(name: &str) -> HeaderValue {
 
 /// A stored file's content as a reader, fetched a MiB at a time with the
 /// browser's read-ahead.
-struct Content {
+pub(crate) struct Content {
     pub(crate) b: Arc<Browser>,
     pub(crate) map: capsule_engine::browse::FileMap,
     pub(crate) at: u64,

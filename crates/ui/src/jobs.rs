@@ -164,15 +164,6 @@ fn conflicts(target: &Path, path: &Path) -> Vec<String> {
     found
 }
 
-pub(crate) async fn status(State(ui): State<Shared>) -> Json<serde_json::Value> {
-    let ui2 = ui.clone();
-    Json(
-        tokio::task::spawn_blocking(move || (ui2.status)())
-            .await
-            .unwrap_or_default(),
-    )
-}
-
 pub(crate) async fn reports(State(ui): State<Shared>) -> Json<serde_json::Value> {
     let ui2 = ui.clone();
     Json(

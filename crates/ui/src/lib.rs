@@ -12,7 +12,10 @@ mod auth;
 mod browse;
 mod download;
 mod jobs;
+mod look;
 mod paths;
+mod profiles;
+mod putback;
 mod state;
 
 use axum::response::Html;
@@ -23,12 +26,22 @@ pub use capsule_engine::browse::{Refresh, View};
 use auth::guard;
 use browse::{diff, ls, search, snapshots, textdiff, versions};
 use download::{file, tarball};
-use jobs::{progress, report, reports, restore, status};
+use jobs::{progress, report, reports, restore};
 use state::Shared;
-pub use state::{Failure, Jobs, ReportPage, Ui};
+pub use state::{BackupNow, Failure, Jobs, OpenProfile, ReportPage, Shown, Ui};
 
-async fn page() -> Html<&'static str> {
-    Html(include_str!("page.html"))
+/// The page may load and send to nothing but this server: no outside URL,
+/// no plugin, no form posted elsewhere, and no other site may frame it.
+const PAGE_CSP: &str =
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+     img-src 'self'; frame-src 'self'; connect-src 'self'; form-action 'none'; base-uri 'none'; \
+     frame-ancestors 'none'";
+
+async fn page() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_SECURITY_POLICY, PAGE_CSP)],
+        Html(include_str!("page.html")),
+    )
 }
 
 /// The page and its API.
@@ -40,12 +53,16 @@ pub fn router(ui: Shared) -> Router {
         .route("/api/versions", get(versions))
         .route("/api/file", get(file))
         .route("/api/tar", get(tarball))
+        .route("/api/look", get(look::look))
         .route("/api/textdiff", get(textdiff))
         .route("/api/diff", get(diff))
         .route("/api/search", get(search))
         .route("/api/restore", post(restore))
+        .route("/api/put-back", post(putback::put_back))
         .route("/api/progress", get(progress))
-        .route("/api/status", get(status))
+        .route("/api/status", get(profiles::status))
+        .route("/api/profile", post(profiles::switch))
+        .route("/api/backup", post(profiles::backup))
         .route("/api/reports", get(reports))
         .route("/report", get(report))
         .layer(axum::middleware::from_fn_with_state(ui.clone(), guard))

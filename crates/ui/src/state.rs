@@ -11,14 +11,44 @@ use axum::Json;
 use capsule_engine::browse::{Refresh, View};
 use capsule_engine::EngineError;
 
-/// What the page needs from the process serving it.
-pub struct Ui {
-    /// The repository's snapshots and browser; replaced by `refresh`.
+/// The repository the page shows, and what keeps it shown.
+pub struct Shown {
+    /// The profile it belongs to (None: named by `--repo`).
+    pub profile: Option<String>,
+    /// Its snapshots and browser; replaced by `refresh`.
     pub view: RwLock<Arc<View>>,
-    /// The token every request must carry.
-    pub token: String,
     /// Lists the snapshots again (None: nothing changed).
     pub refresh: Refresh,
+    /// Its reading session, held as long as it is shown.
+    pub session: Option<capsule_engine::session::Session>,
+}
+
+impl Shown {
+    pub(crate) fn view(&self) -> Arc<View> {
+        self.view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Opens a profile's repository with its own credentials, to be shown
+/// instead (Err: why not, in one line).
+pub type OpenProfile = Box<dyn Fn(&str) -> Result<Shown, String> + Send + Sync>;
+
+/// Starts a backup of a profile now ("Back up now"): how it was started.
+pub type BackupNow = Box<dyn Fn(&str) -> Result<serde_json::Value, String> + Send + Sync>;
+
+/// What the page needs from the process serving it.
+pub struct Ui {
+    /// The repository shown; replaced when the page switches profiles.
+    pub shown: RwLock<Arc<Shown>>,
+    /// The token every request must carry.
+    pub token: String,
+    /// Opens another profile's repository.
+    pub open_profile: OpenProfile,
+    /// Starts a profile's backup now.
+    pub backup_now: BackupNow,
     /// Each profile's status (`capsule status --json`).
     pub status: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
     /// Recorded backups and lab runs, newest first (`capsule report
@@ -30,6 +60,9 @@ pub struct Ui {
     pub addr: SocketAddr,
     /// Restores in progress, by the id the page gave them.
     pub jobs: Jobs,
+    /// This machine's name as backups record it: only its own snapshots
+    /// are put back in place.
+    pub host: String,
 }
 
 /// Renders one report's HTML page by its id (None: no such report).
@@ -96,11 +129,14 @@ pub(crate) fn bad(why: impl Into<String>) -> Failure {
 pub(crate) type Shared = Arc<Ui>;
 
 impl Ui {
-    pub(crate) fn view(&self) -> Arc<View> {
-        self.view
+    pub(crate) fn shown(&self) -> Arc<Shown> {
+        self.shown
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+    pub(crate) fn view(&self) -> Arc<View> {
+        self.shown().view()
     }
 }
 

@@ -24,7 +24,8 @@
 //! or at once for a signal: SIGTERM or SIGINT stops it (running jobs get
 //! SIGTERM and a few seconds; a backup's resume journal makes the next run
 //! cheap), SIGHUP rereads the configuration (a broken file keeps the old
-//! one, and says why).
+//! one, and says why), SIGUSR2 starts the backups asked for now
+//! ([`crate::now`]), whatever their schedule and conditions.
 //!
 //! A due backup waits while its profile's conditions hold it back (on
 //! battery below `min-battery`, a metered network with `skip-metered`),
@@ -55,7 +56,7 @@ use watching::Watching;
 /// Runs until SIGTERM or SIGINT; `warn` hears of the configuration file's
 /// warnings (everything after goes to the log, on standard error).
 pub fn run(s: &Settings, warn: &dyn Fn(String)) -> Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
     let io = |what: &str, e: std::io::Error| Error::io(format!("the daemon: {what}"), e);
     let (path, _) = config::config_path(s.flags.config.as_deref())
         .ok_or_else(|| config::ConfigError("no configuration directory: give --config".into()))?;
@@ -105,8 +106,9 @@ pub fn run(s: &Settings, warn: &dyn Fn(String)) -> Result<()> {
     }
     // Signals arrive on a channel, so the loop sleeps in `recv_timeout`:
     // woken by a signal or when the next job is due, never polling.
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1])
-        .map_err(|e| io("handling signals", e))?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2])
+            .map_err(|e| io("handling signals", e))?;
     let (tx, rx) = std::sync::mpsc::channel::<i32>();
     std::thread::spawn(move || {
         for s in signals.forever() {
@@ -205,6 +207,9 @@ pub fn run(s: &Settings, warn: &dyn Fn(String)) -> Result<()> {
                         &format!("configuration not reread, the old one stays: {e}"),
                     ),
                 },
+                // A backup asked for ("Back up now"): the loop below finds
+                // the request.
+                SIGUSR2 => {}
                 // A backup asks for the journals as of now.
                 SIGUSR1 => {
                     for w in watching.values() {
@@ -259,7 +264,11 @@ pub fn run(s: &Settings, warn: &dyn Fn(String)) -> Result<()> {
                         .get(job.name())
                         .copied(),
                 };
+                // "Back up now" (the page): due whatever the schedule and
+                // the conditions say.
+                let asked = job == Job::Backup && status::take_backup_request(name);
                 let due = match next_due(schedule, last, now) {
+                    _ if asked => None,
                     None => match (job, track.retry_at) {
                         (Job::Backup, Some(t)) if t > now => Some(t),
                         _ => None,
@@ -269,7 +278,7 @@ pub fn run(s: &Settings, warn: &dyn Fn(String)) -> Result<()> {
                 // A due backup waits for its conditions (battery,
                 // metered network), re-checked at every wake.
                 let held_back = match (job, due, &p.conditions) {
-                    (Job::Backup, None, Some(c)) => crate::conditions::waiting_for(c),
+                    (Job::Backup, None, Some(c)) if !asked => crate::conditions::waiting_for(c),
                     _ => None,
                 };
                 if job == Job::Backup {

@@ -140,7 +140,11 @@ pub fn run(settings: &Settings, out: &Output, a: BackupArgs) -> Result<u8> {
         },
         None => None,
     };
-    let r = backup(settings, out, a);
+    let progress = Arc::new(Progress::default());
+    let live = settings
+        .profile_name()
+        .map(|name| Live::start(name, started.0, progress.clone()));
+    let r = backup(settings, out, a, progress);
     if let Some(name) = settings.profile_name() {
         let end = match &r {
             Ok((code, done)) => Ended::Saved {
@@ -157,7 +161,64 @@ pub fn run(settings: &Settings, out: &Output, a: BackupArgs) -> Result<u8> {
             status::outcome(started.0, t.elapsed().as_secs_f64(), end),
         );
     }
+    // Running until its outcome is recorded: nobody sees it neither.
+    drop(live);
     r.map(|(code, _)| code)
+}
+
+/// A profile's backup saying how far it got, every half second, for
+/// `status` and the page ([`status::Running`]), until dropped.
+struct Live {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    profile: String,
+}
+
+impl Live {
+    fn start(profile: &str, started_unix: i64, p: Arc<Progress>) -> Live {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stop2, name) = (stop.clone(), profile.to_string());
+        let thread = std::thread::Builder::new()
+            .name("live".into())
+            .spawn(move || {
+                let mut last = None;
+                // Bounded by the run: stopped when it ends.
+                while !stop2.load(Ordering::Relaxed) {
+                    let r = status::Running {
+                        pid: std::process::id(),
+                        started_unix,
+                        files_done: Progress::get(&p.files_done),
+                        bytes_done: Progress::get(&p.bytes_done),
+                        files_total: Progress::get(&p.files_total),
+                        bytes_total: Progress::get(&p.bytes_total),
+                        totals_final: p.totals_final.load(Ordering::Relaxed),
+                    };
+                    if last.as_ref() != Some(&r) {
+                        status::save_running(&name, &r);
+                        last = Some(r);
+                    }
+                    std::thread::park_timeout(std::time::Duration::from_millis(500));
+                }
+            })
+            .ok();
+        Live {
+            stop,
+            thread,
+            profile: profile.to_string(),
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        status::clear_running(&self.profile);
+    }
 }
 
 /// Runs `backup`; also returns what the profile's record keeps.
@@ -165,6 +226,7 @@ pub fn backup(
     settings: &Settings,
     out: &Output,
     a: BackupArgs,
+    progress: Arc<Progress>,
 ) -> Result<(u8, Option<BackupDone>)> {
     let (a, when_full) = with_profile(settings, a)?;
     let loc = settings.location()?;
@@ -191,7 +253,6 @@ pub fn backup(
     let cache = opened.cache.clone();
     // Run records change with every run; backing them up would too.
     let skip_dirs: Vec<PathBuf> = capsule_lab::history::state_dir().into_iter().collect();
-    let progress = Arc::new(Progress::default());
     let bar = out.progress(&progress, "backup");
     let no_journal = a.no_journal;
     let mut opts = BackupOptions {

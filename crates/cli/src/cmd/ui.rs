@@ -35,7 +35,7 @@ pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
     let browse::Shown {
         first,
         refresh,
-        session: _session,
+        session,
     } = browse::show(repo, "ui", &|w| out.warn(w))?;
     let mut token = [0u8; 24];
     getrandom::fill(&mut token).map_err(|e| anyhow::anyhow!("no randomness for the token: {e}"))?;
@@ -72,17 +72,29 @@ pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
     };
     let url = format!("http://{addr}/?t={token}{at}");
     let config = settings.flags.config.clone();
+    let (flags, config2, config3) = (settings.flags.clone(), config.clone(), config.clone());
     let ui = Arc::new(capsule_ui::Ui {
-        view: RwLock::new(Arc::new(first)),
+        shown: RwLock::new(Arc::new(capsule_ui::Shown {
+            profile: settings.profile_name().map(str::to_string),
+            view: RwLock::new(Arc::new(first)),
+            refresh,
+            session,
+        })),
         token,
-        refresh,
+        open_profile: Box::new(move |name| show_profile(&flags, name)),
+        backup_now: Box::new(move |name| {
+            capsule_app::now::backup_now(config2.as_deref(), name)
+                .map(|how| serde_json::json!({ "started": how }))
+                .map_err(|e| format!("cannot start a backup of {name}: {e}"))
+        }),
         status: Box::new(
-            move || serde_json::json!({ "profiles": capsule_app::status::all_rows(config.as_deref()) }),
+            move || serde_json::json!({ "profiles": capsule_app::status::all_rows(config3.as_deref()) }),
         ),
         reports: Box::new(reports),
         report_page: Box::new(report_page),
         addr,
         jobs: capsule_ui::Jobs::default(),
+        host: capsule_engine::repo::hostname(),
     });
     let stop = browse::stop_flag()?;
     if out.json {
@@ -117,6 +129,33 @@ pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
     })?;
     out.say("stopped");
     Ok(exit::OK)
+}
+
+/// Profile `name`'s repository, opened as a run of the profile would open
+/// it (its own destination, credentials and password source), to be shown
+/// by the page instead of the one it shows.
+fn show_profile(
+    flags: &capsule_app::settings::Flags,
+    name: &str,
+) -> Result<capsule_ui::Shown, String> {
+    let cfg = capsule_app::settings::load_config(flags.config.as_deref())
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "no configuration file: no profiles".to_string())?;
+    let p = cfg.profile(name).map_err(|e| e.to_string())?;
+    let s = Settings::without_profile(flags.clone())
+        .for_other_profile(name, p)
+        .map_err(|e| format!("profile {name}: {e}"))?;
+    let warn = |w: String| eprintln!("capsule ui: {name}: {w}");
+    let (repo, loc) = capsule_app::open::open(&s, &warn)
+        .map_err(|e| format!("profile {name}: {}", anyhow::Error::from(e)))?;
+    let shown = browse::show(repo, "ui", &warn)
+        .map_err(|e| format!("profile {name} ({}): {e}", loc.display()))?;
+    Ok(capsule_ui::Shown {
+        profile: Some(name.to_string()),
+        view: RwLock::new(Arc::new(shown.first)),
+        refresh: shown.refresh,
+        session: shown.session,
+    })
 }
 
 /// Recorded backups and lab runs, newest first, as `report --list --json`

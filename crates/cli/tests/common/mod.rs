@@ -9,6 +9,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod chrome;
 pub mod page;
 pub mod remote;
 pub mod s3;

@@ -17,14 +17,17 @@ pub struct Served {
 }
 
 pub fn serve(repo: &Path) -> Served {
-    let mut child = capsule_cmd(&TestEnv::beside(repo).password(PASSWORD))
-        .args([
-            "--repo",
-            repo.to_str().unwrap(),
-            "--json",
-            "ui",
-            "--no-browser",
-        ])
+    serve_with(
+        &TestEnv::beside(repo).password(PASSWORD),
+        &["--repo", repo.to_str().unwrap()],
+    )
+}
+
+/// `capsule ARGS --json ui --no-browser` in `env`.
+pub fn serve_with(env: &TestEnv, args: &[&str]) -> Served {
+    let mut child = capsule_cmd(env)
+        .args(args)
+        .args(["--json", "ui", "--no-browser"])
         .env_remove("BROWSER")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
