@@ -10,13 +10,16 @@
 #
 #   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--dests "Local SMB SFTP S3"]
 #                     [--repeat N] [--cold] [--pin] [--output FILE] [--keep-json DIR]
+#                     [--trace-restore DIR]
 #
 # --repeat N runs the estimate N times in a row (each in a new scratch
 # directory) and reports the median prediction and the spread of the
 # initial one and of the restore; --cold drops the page cache (root only)
 # before every estimate, before the initial backup and before the restore; --pin gives
 # the servers a core of their own, as a NAS has its own CPU; --keep-json
-# keeps every estimate's --json in DIR (SET-DEST-RTT-N.json).
+# keeps every estimate's --json in DIR (SET-DEST-RTT-N.json);
+# --trace-restore writes the restore's request trace to DIR
+# (SET-DEST-RTT.trace, `--trace-requests`), which costs the restore a little.
 #
 # Datasets:
 #   small      10,000 x 50 KiB random files
@@ -35,7 +38,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10" sets="small mixed docs" output="" keep_json="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0
+rtts="2 10" sets="small mixed docs" output="" keep_json="" trace_dir="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     --pin) pin_it=1 ;;
     --output) output=$2; shift ;;
     --keep-json) keep_json=$2; shift ;;
+    --trace-restore) trace_dir=$2; mkdir -p "$trace_dir"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -178,7 +182,9 @@ for set in $sets; do
       rm -rf "$data"/hourly-"$r"-*
       out=$work/disk/restored-$r
       drop_caches
-      t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q --no-cache restore latest --target "$out"; t1=$EPOCHREALTIME
+      trace=()
+      if [ -n "$trace_dir" ]; then trace=(--trace-requests "$trace_dir/$set-$dest-$rtt.trace"); fi
+      t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q --no-cache "${trace[@]}" restore latest --target "$out"; t1=$EPOCHREALTIME
       a_rest=$(secs "$t0" "$t1")
       # Without the journaled scratch file system, kept until the set is
       # done: on ext4 without a journal, creating files just after deleting

@@ -3,10 +3,13 @@
 //! them: a repository of ten million blobs without a ten-million-file
 //! tree (bench/index.sh).
 //!
-//! `blobgen REPO BLOBS [SNAPSHOTS]`, password in `CAPSULE_PASSWORD`. Each
-//! blob is one small file's content (64 to 447 bytes that do not
-//! compress); files go 1,000 to a directory; snapshot k holds the k-th
-//! share of the blobs, so forgetting one frees that share.
+//! `blobgen REPO BLOBS [SNAPSHOTS] [--one-source]`, password in
+//! `CAPSULE_PASSWORD`. Each blob is one small file's content (64 to 447
+//! bytes that do not compress); files go 1,000 to a directory; snapshot k
+//! holds the k-th share of the blobs, so forgetting one frees that share.
+//! Snapshots are an hour apart, the last an hour ago. With `--one-source`
+//! they all back up the same path, as a profile's hourly backups do (the
+//! page's timeline of 10,000 snapshots, bench/page.sh).
 
 use std::sync::Arc;
 
@@ -40,6 +43,7 @@ fn main() -> Result<()> {
     }
     let blobs: u64 = args[2].parse().context("BLOBS")?;
     let snapshots: u64 = args.get(3).map_or(Ok(10), |s| s.parse())?;
+    let one_source = args.iter().any(|a| a == "--one-source");
     let pw = std::env::var("CAPSULE_PASSWORD").context("CAPSULE_PASSWORD")?;
     let backend = Arc::new(LocalBackend::open(&args[1], SyncPolicy::NoSync)?);
     let repo = Arc::new(Repository::open(backend, pw.as_bytes())?);
@@ -100,7 +104,12 @@ fn main() -> Result<()> {
     let stats = saver.finish()?;
     // After every pack and index file they need, as a backup commits.
     for (k, root, files) in roots {
-        snapshot(&repo, k, root, files)?;
+        let path = if one_source {
+            "/blobgen".to_string()
+        } else {
+            format!("/blobgen/part-{k}")
+        };
+        snapshot(&repo, snapshots - k, path, root, files)?;
     }
     eprintln!(
         "{made} blobs in {snapshots} snapshots, {:.0} s, {} packs",
@@ -110,12 +119,18 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Snapshot `k`, dated `10 - k` hours ago.
-fn snapshot(repo: &Repository, k: u64, root: BlobId, files: u64) -> Result<()> {
+/// A snapshot of `path`, dated `hours_ago` hours ago.
+fn snapshot(
+    repo: &Repository,
+    hours_ago: u64,
+    path: String,
+    root: BlobId,
+    files: u64,
+) -> Result<()> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs() as i64;
-    let t = now - 3600 * (10 - k as i64);
+    let t = now - 3600 * hours_ago as i64;
     repo.save_snapshot(&Snapshot {
         version: 1,
         time: capsule_engine::timefmt::rfc3339(t),
@@ -124,7 +139,7 @@ fn snapshot(repo: &Repository, k: u64, root: BlobId, files: u64) -> Result<()> {
         duration_secs: 0.0,
         hostname: "blobgen".into(),
         username: "bench".into(),
-        paths: vec![format!("/blobgen/part-{k}")],
+        paths: vec![path],
         tree: root.to_hex(),
         parent: None,
         tags: vec![],

@@ -31,17 +31,19 @@ pub fn view(repo: &Arc<Repository>, warn: Option<&dyn Fn(String)>) -> capsule_en
 /// A refresh of `first`: the snapshots listed again, and when they changed
 /// the index loaded again (a backup or forget since).
 pub fn refresher(repo: &Arc<Repository>, first: &View) -> capsule_mount::Refresh {
-    let shown = std::sync::Mutex::new(
-        first
-            .snapshots
-            .iter()
-            .map(|(id, _)| *id)
-            .collect::<Vec<_>>(),
-    );
+    let sorted = |v: &View| {
+        let mut ids: Vec<_> = v.snapshots.iter().map(|(id, _)| *id).collect();
+        ids.sort();
+        ids
+    };
+    let shown = std::sync::Mutex::new(sorted(first));
     let repo = repo.clone();
     Box::new(move || {
-        let (snaps, _) = repo.list_snapshots().ok()?;
-        let ids: Vec<_> = snaps.iter().map(|(id, _)| *id).collect();
+        // The names alone: reading 10,000 snapshots to find none changed
+        // took 0.23 s a refresh (bench/page.sh). A damaged snapshot is
+        // listed but not shown, so the view is read again each time: a
+        // cost only a damaged repository pays.
+        let ids = repo.snapshot_ids().ok()?;
         let mut last = shown
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -49,7 +51,7 @@ pub fn refresher(repo: &Arc<Repository>, first: &View) -> capsule_mount::Refresh
             return None;
         }
         let v = view(&repo, None).ok()?;
-        *last = v.snapshots.iter().map(|(id, _)| *id).collect();
+        *last = sorted(&v);
         Some(v)
     })
 }

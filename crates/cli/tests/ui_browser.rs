@@ -524,3 +524,75 @@ fn page_latency_of_a_10k_entry_directory() {
     }
     let _ = std::fs::remove_dir_all("/tmp/capsule-page-bench-restic-cache");
 }
+
+/// The benchmark behind the page's timeline row (bench/page.sh runs it,
+/// in release, with `CAPSULE_BLOBGEN` naming bench's `blobgen`): a
+/// repository of 10,000 hourly snapshots of one source, its timeline
+/// listed by the API and drawn in Chromium, first and warm.
+#[test]
+#[ignore = "benchmark: bench/page.sh runs it"]
+fn page_latency_of_a_10k_snapshot_timeline() {
+    let bin = chromium().expect("chromium");
+    let blobgen = std::env::var("CAPSULE_BLOBGEN").expect("CAPSULE_BLOBGEN: bench's blobgen");
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    init(&repo);
+    let o = Command::new(blobgen)
+        .args([repo.to_str().unwrap(), "10000", "10000", "--one-source"])
+        .env("CAPSULE_PASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let s = serve(&repo);
+    let mut first_api = 0.0;
+    let mut warm_api = Vec::new();
+    for i in 0..11 {
+        let took = ms(|| {
+            let v = get_json(&s, "/api/snapshots");
+            assert_eq!(v.as_array().unwrap().len(), 10_000);
+        });
+        if i == 0 {
+            first_api = took;
+        } else {
+            warm_api.push(took);
+        }
+    }
+    drop(s);
+    let s = serve(&repo);
+    let browser = launch(bin);
+    let tab = browser.new_tab().unwrap();
+    tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
+        .unwrap()
+        .wait_until_navigated()
+        .unwrap();
+    until(&tab, "snaps.length === 10000 && cur !== null", "the page");
+    // From the call to the timeline drawn: the request, the chart and the
+    // list built, and the frame after it painted.
+    let draw = "(async () => { const t0 = performance.now(); await refreshSnaps(); \
+         await new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0))); \
+         const n = document.querySelectorAll('#chart g.snap').length; \
+         if (snaps.length !== 10000 || n === 0) throw new Error('dots: ' + n); \
+         return performance.now() - t0; })()";
+    let mut times = Vec::new();
+    for _ in 0..11 {
+        times.push(
+            tab.evaluate(draw, true)
+                .unwrap()
+                .value
+                .unwrap()
+                .as_f64()
+                .unwrap(),
+        );
+    }
+    let first_page = times.remove(0);
+    println!("| a timeline of 10,000 hourly snapshots | first, ms | warm, median of 10, ms |");
+    println!("|---|---:|---:|");
+    println!(
+        "| capsule ui, the API (`/api/snapshots`) | {first_api:.0} | {:.1} |",
+        median(warm_api)
+    );
+    println!(
+        "| capsule ui, the page in Chromium (call to the timeline drawn) | {first_page:.0} | {:.0} |",
+        median(times)
+    );
+}

@@ -518,6 +518,22 @@ impl Repository {
         self.list_snapshot_objects(FileType::Snapshot.prefix())
     }
 
+    /// The snapshots' IDs, sorted, without reading them: one listing, for
+    /// a long-lived view to tell whether anything changed.
+    pub fn snapshot_ids(&self) -> Result<Vec<ObjectId>> {
+        let prefix = FileType::Snapshot.prefix();
+        let mut ids: Vec<ObjectId> = match self.backend.list(prefix) {
+            Ok(o) => o
+                .iter()
+                .filter_map(|o| o.name.trim_start_matches(prefix).parse().ok())
+                .collect(),
+            Err(e) if e.kind == ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        ids.sort();
+        Ok(ids)
+    }
+
     /// Every snapshot object under `prefix`, oldest first, damaged ones
     /// beside the good ones.
     pub(crate) fn list_snapshot_objects(&self, prefix: &str) -> Result<SnapshotList> {
