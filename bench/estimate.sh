@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     --cold) cold=1 ;;
     --pin) pin_it=1 ;;
     --output) output=$2; shift ;;
-    --keep-json) keep_json=$2; shift ;;
+    --keep-json) keep_json=$2; mkdir -p "$keep_json"; shift ;;
     --trace-restore) trace_dir=$2; mkdir -p "$trace_dir"; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac

@@ -370,6 +370,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `f`'s first figure, and its next ten (the warm ones).
+fn first_and_warm(mut f: impl FnMut() -> f64) -> (f64, Vec<f64>) {
+    let first = f();
+    (first, (0..10).map(|_| f()).collect())
+}
+
 fn ms(f: impl FnOnce()) -> f64 {
     let t = std::time::Instant::now();
     f();
@@ -429,29 +435,18 @@ fn page_latency_of_a_10k_entry_directory() {
     let path = big.to_str().unwrap().to_string();
     let s = serve(&repo);
     let api = format!("/api/ls?snapshot=latest&path={}", enc(&path));
-    let mut first_api = 0.0;
-    let mut warm_api = Vec::new();
-    for i in 0..11 {
-        let took = ms(|| {
+    let (first_api, warm_api) = first_and_warm(|| {
+        ms(|| {
             let v = get_json(&s, &api);
             assert_eq!(v.as_array().unwrap().len(), 10_000);
-        });
-        if i == 0 {
-            first_api = took;
-        } else {
-            warm_api.push(took);
-        }
-    }
+        })
+    });
 
     // The page: a fresh process, so its first open is cold too.
     drop(s);
     let s = serve(&repo);
     let browser = launch(bin);
-    let tab = browser.new_tab().unwrap();
-    tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
-        .unwrap()
-        .wait_until_navigated()
-        .unwrap();
+    let tab = open_page(&browser, &s);
     until(
         &tab,
         "document.querySelectorAll('#crumbs a').length > 0",
@@ -467,22 +462,14 @@ fn page_latency_of_a_10k_entry_directory() {
          const t = performance.now() - t0; await open('/'); return t; }})()",
         js(&path)
     );
-    let mut first_page = 0.0;
-    let mut warm_page = Vec::new();
-    for i in 0..11 {
-        let took = tab
-            .evaluate(&open, true)
+    let (first_page, warm_page) = first_and_warm(|| {
+        tab.evaluate(&open, true)
             .unwrap()
             .value
             .unwrap()
             .as_f64()
-            .unwrap();
-        if i == 0 {
-            first_page = took;
-        } else {
-            warm_page.push(took);
-        }
-    }
+            .unwrap()
+    });
 
     let per_process = |cmd: &mut dyn FnMut() -> Output| {
         median(
@@ -544,27 +531,16 @@ fn page_latency_of_a_10k_snapshot_timeline() {
         .unwrap();
     assert!(o.status.success(), "{o:?}");
     let s = serve(&repo);
-    let mut first_api = 0.0;
-    let mut warm_api = Vec::new();
-    for i in 0..11 {
-        let took = ms(|| {
+    let (first_api, warm_api) = first_and_warm(|| {
+        ms(|| {
             let v = get_json(&s, "/api/snapshots");
             assert_eq!(v.as_array().unwrap().len(), 10_000);
-        });
-        if i == 0 {
-            first_api = took;
-        } else {
-            warm_api.push(took);
-        }
-    }
+        })
+    });
     drop(s);
     let s = serve(&repo);
     let browser = launch(bin);
-    let tab = browser.new_tab().unwrap();
-    tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
-        .unwrap()
-        .wait_until_navigated()
-        .unwrap();
+    let tab = open_page(&browser, &s);
     until(&tab, "snaps.length === 10000 && cur !== null", "the page");
     // From the call to the timeline drawn: the request, the chart and the
     // list built, and the frame after it painted.
@@ -573,18 +549,14 @@ fn page_latency_of_a_10k_snapshot_timeline() {
          const n = document.querySelectorAll('#chart g.snap').length; \
          if (snaps.length !== 10000 || n === 0) throw new Error('dots: ' + n); \
          return performance.now() - t0; })()";
-    let mut times = Vec::new();
-    for _ in 0..11 {
-        times.push(
-            tab.evaluate(draw, true)
-                .unwrap()
-                .value
-                .unwrap()
-                .as_f64()
-                .unwrap(),
-        );
-    }
-    let first_page = times.remove(0);
+    let (first_page, times) = first_and_warm(|| {
+        tab.evaluate(draw, true)
+            .unwrap()
+            .value
+            .unwrap()
+            .as_f64()
+            .unwrap()
+    });
     println!("| a timeline of 10,000 hourly snapshots | first, ms | warm, median of 10, ms |");
     println!("|---|---:|---:|");
     println!(

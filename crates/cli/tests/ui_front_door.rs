@@ -138,11 +138,7 @@ fn the_page_backs_up_puts_back_and_looks_from_profiles_alone() {
     assert_eq!(get(&s, &binary).0, 415, "no quick look of a binary file");
 
     let browser = launch(bin);
-    let tab = browser.new_tab().unwrap();
-    tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
-        .unwrap()
-        .wait_until_navigated()
-        .unwrap();
+    let tab = open_page(&browser, &s);
     // Opened on the folder the profile backs up, not on /.
     until(
         &tab,

@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use capsule_engine::browse::Browser;
 use capsule_format::tree::NodeKind;
 use capsule_format::BlobId;
 
-use super::paths::{dir_tree, resolve, root_tree, snapshot_path, At};
-use super::state::{bad, blocking, Failure, Shared};
+use super::paths::{dir_tree, file_head, resolve, snapshot_path, At};
+use super::state::{blocking, Failure, Shared};
 
 /// A body fed by a blocking writer: what `write` writes is sent as it
 /// comes, with at most a few MiB in flight.
@@ -125,30 +125,7 @@ pub(crate) async fn file(
     let path = snapshot_path(&q.path)?;
     let v = ui.view();
     let (node, b, shown) = blocking(move || {
-        let (_, snap) = resolve(&v, &q.snapshot)?;
-        let root = root_tree(&snap)?;
-        let n = v
-            .browser
-            .find(&root, &path)?
-            .ok_or_else(|| bad("the root is not a file"))?;
-        if n.kind() != NodeKind::File {
-            return Err(bad(format!("{} is not a file", path.display())));
-        }
-        // The first MiB read before answering: a file whose data is
-        // damaged or missing gets an error naming it, not a 200 and an
-        // empty download. Damage further in ends the stream in an error
-        // (the download fails, never looks whole).
-        let first = v
-            .browser
-            .file_map(&n)
-            .and_then(|m| v.browser.read_at(&m, 0, 1 << 20, true));
-        if let Err(e) = first {
-            eprintln!("capsule ui: {}: {e}", path.display());
-            return Err(Failure(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("{} cannot be read: {e}", path.display()),
-            ));
-        }
+        let (n, _) = file_head(&v, &q.snapshot, &path, 1 << 20)?;
         Ok((n, v.browser.clone(), path))
     })
     .await?;

@@ -76,42 +76,59 @@ pub(crate) async fn restore(
                     .into_response());
             }
         }
-        let job = q.job.filter(|j| !j.is_empty() && j.len() <= 64);
-        let progress = match &job {
-            Some(j) => ui.jobs.start(j),
-            None => Arc::default(),
-        };
-        let r = capsule_engine::restore::restore(
-            v.browser.repo(),
-            v.browser.index(),
-            &root,
-            &opts,
-            &progress,
-        );
-        if let Some(j) = &job {
-            ui.jobs.end(j);
-        }
-        let r = r?;
+        let r = run_restore(&ui, &v, &root, &opts, q.job)?;
         let mut report = serde_json::to_value(&r).unwrap_or_default();
         // Restored less than asked: not a success, whatever was written.
         let code = if r.errors.is_empty() {
             StatusCode::OK
         } else {
-            report["error"] = serde_json::Value::from(format!(
-                "{} entries could not be restored: {}",
-                r.errors.len(),
-                r.errors
-                    .iter()
-                    .take(3)
-                    .map(|w| format!("{}: {}", w.path, w.message))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            ));
+            report["error"] = serde_json::Value::from(not_restored(&r));
             StatusCode::INTERNAL_SERVER_ERROR
         };
         Ok((code, Json(report)).into_response())
     })
     .await
+}
+
+/// Runs a restore of `root` under the page's name `job` (if it gave a
+/// usable one), so `/api/progress?job=` can say how far it got.
+pub(crate) fn run_restore(
+    ui: &Shared,
+    v: &capsule_engine::browse::View,
+    root: &capsule_format::BlobId,
+    opts: &capsule_engine::restore::RestoreOptions,
+    job: Option<String>,
+) -> Result<capsule_engine::restore::RestoreReport, Failure> {
+    let job = job.filter(|j| !j.is_empty() && j.len() <= 64);
+    let progress = match &job {
+        Some(j) => ui.jobs.start(j),
+        None => Arc::default(),
+    };
+    let r = capsule_engine::restore::restore(
+        v.browser.repo(),
+        v.browser.index(),
+        root,
+        opts,
+        &progress,
+    );
+    if let Some(j) = &job {
+        ui.jobs.end(j);
+    }
+    Ok(r?)
+}
+
+/// What a restore could not restore, in one line: how many, the first few.
+pub(crate) fn not_restored(r: &capsule_engine::restore::RestoreReport) -> String {
+    format!(
+        "{} entries could not be restored: {}",
+        r.errors.len(),
+        r.errors
+            .iter()
+            .take(3)
+            .map(|w| format!("{}: {}", w.path, w.message))
+            .collect::<Vec<_>>()
+            .join("; ")
+    )
 }
 
 #[derive(Deserialize)]

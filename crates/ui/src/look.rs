@@ -8,11 +8,10 @@
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
-use capsule_format::tree::NodeKind;
 
 use super::download::{streamed, Content};
-use super::paths::{resolve, root_tree, snapshot_path, At};
-use super::state::{bad, blocking, Failure, Shared};
+use super::paths::{file_head, snapshot_path, At};
+use super::state::{blocking, Failure, Shared};
 
 /// What a looked-at file may do once in the browser: nothing. `sandbox`
 /// also gives it an origin of its own, so a file that manages to run
@@ -61,25 +60,7 @@ pub(crate) async fn look(
     let path = snapshot_path(&q.path)?;
     let v = ui.view();
     let (node, b, mime) = blocking(move || {
-        let (_, snap) = resolve(&v, &q.snapshot)?;
-        let root = root_tree(&snap)?;
-        let n = v
-            .browser
-            .find(&root, &path)?
-            .ok_or_else(|| bad("the root is not a file"))?;
-        if n.kind() != NodeKind::File {
-            return Err(bad(format!("{} is not a file", path.display())));
-        }
-        let head = v
-            .browser
-            .file_map(&n)
-            .and_then(|m| v.browser.read_at(&m, 0, SNIFF, false))
-            .map_err(|e| {
-                Failure(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("{} cannot be read: {e}", path.display()),
-                )
-            })?;
+        let (n, head) = file_head(&v, &q.snapshot, &path, SNIFF)?;
         let mime = kind(&n.name, &head).ok_or_else(|| {
             Failure(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -113,6 +113,41 @@ pub(crate) fn dir_tree(b: &Browser, snap: &Snapshot, path: &Path) -> Result<Blob
     }
 }
 
+/// The file at `path` in the snapshot `spec` names, and its first `len`
+/// bytes, read before answering: a file whose data is damaged or missing
+/// gets an error naming it, not a 200 and an empty body. Damage further
+/// in ends the stream in an error (never a body that looks whole).
+pub(crate) fn file_head(
+    v: &View,
+    spec: &str,
+    path: &Path,
+    len: usize,
+) -> Result<(capsule_format::tree::Node, Vec<u8>), Failure> {
+    let (_, snap) = resolve(v, spec)?;
+    let root = root_tree(&snap)?;
+    let n = v
+        .browser
+        .find(&root, path)?
+        .ok_or_else(|| bad("the root is not a file"))?;
+    if n.kind() != NodeKind::File {
+        return Err(bad(format!("{} is not a file", path.display())));
+    }
+    let head = v
+        .browser
+        .file_map(&n)
+        .and_then(|m| v.browser.read_at(&m, 0, len, true));
+    match head {
+        Ok(h) => Ok((n, h)),
+        Err(e) => {
+            eprintln!("capsule ui: {}: {e}", path.display());
+            Err(Failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("{} cannot be read: {e}", path.display()),
+            ))
+        }
+    }
+}
+
 /// A snapshot and a path in it, as a request names them.
 #[derive(Deserialize)]
 pub(crate) struct At {

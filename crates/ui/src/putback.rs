@@ -22,6 +22,7 @@ use capsule_engine::browse::Browser;
 use capsule_format::tree::{Node, NodeKind};
 use serde::Deserialize;
 
+use super::jobs::{not_restored, run_restore};
 use super::paths::{resolve, root_tree, snapshot_path};
 use super::state::{bad, blocking, Failure, Shared};
 
@@ -99,34 +100,10 @@ pub(crate) async fn put_back(
             overwrite: capsule_engine::restore::Overwrite::Always,
             ..capsule_engine::restore::RestoreOptions::default()
         };
-        let job = q.job.filter(|j| !j.is_empty() && j.len() <= 64);
-        let progress = match &job {
-            Some(j) => ui.jobs.start(j),
-            None => Arc::default(),
-        };
-        let r = capsule_engine::restore::restore(
-            v.browser.repo(),
-            v.browser.index(),
-            &root,
-            &opts,
-            &progress,
-        );
-        if let Some(j) = &job {
-            ui.jobs.end(j);
-        }
-        let r = r?;
+        let r = run_restore(&ui, &v, &root, &opts, q.job)?;
         if !r.errors.is_empty() {
             // Nothing moved into place: the item is as it was.
-            return Err(internal(format!(
-                "nothing was put back: {} entries could not be restored: {}",
-                r.errors.len(),
-                r.errors
-                    .iter()
-                    .take(3)
-                    .map(|w| format!("{}: {}", w.path, w.message))
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            )));
+            return Err(internal(format!("nothing was put back: {}", not_restored(&r))));
         }
         let staged = staging.0.join(path.strip_prefix("/").unwrap_or(&path));
         let mut moved = 0u64;

@@ -8,6 +8,8 @@ use std::time::Duration;
 use headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption;
 use headless_chrome::{Browser, LaunchOptions, Tab};
 
+use super::page::Served;
+
 /// Chromium started headless for a test, with a window large enough for
 /// the page's three columns.
 pub fn launch(bin: PathBuf) -> Browser {
@@ -59,4 +61,14 @@ pub fn screenshot(tab: &Tab, name: &str) {
 /// A JavaScript string literal.
 pub fn js(s: &str) -> String {
     serde_json::Value::from(s).to_string()
+}
+
+/// A tab on the page `s` serves, loaded with its token.
+pub fn open_page(browser: &Browser, s: &Served) -> std::sync::Arc<Tab> {
+    let tab = browser.new_tab().unwrap();
+    tab.navigate_to(&format!("http://{}/?t={}", s.addr, s.token))
+        .unwrap()
+        .wait_until_navigated()
+        .unwrap();
+    tab
 }
