@@ -1,7 +1,7 @@
 //! `capsule ui` over real HTTP: the token and Host guard, the timeline's
 //! data, browsing, versions and their text diff, downloads of a file and of
-//! a folder as tar, a diff between snapshots, crafted paths refused, and a
-//! restore that asks before replacing anything.
+//! a folder as tar, a diff between snapshots, crafted paths refused, a
+//! restore that asks before replacing anything, and a folder put back.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -397,4 +397,82 @@ fn names_that_are_not_utf8_are_listed_opened_and_restored() {
     let (code, _, body) = post(&format!("{at}/caf%E9.txt"));
     assert_eq!(code, 400);
     assert!(String::from_utf8_lossy(&body).contains("restore the folder"));
+}
+
+/// "Put back" of a folder: what differs is listed and nothing written
+/// until asked again; then the snapshot's files are back in place, a file
+/// where the snapshot had a folder is replaced, and what the folder gained
+/// since stays; no staging folder is left.
+#[test]
+fn put_back_of_a_folder_asks_then_merges_keeping_what_it_gained() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    let docs = src.join("docs");
+    std::fs::create_dir_all(docs.join("deep")).unwrap();
+    std::fs::write(docs.join("a.txt"), "a as backed up\n").unwrap();
+    std::fs::write(docs.join("same.txt"), "unchanged\n").unwrap();
+    std::fs::write(docs.join("deep/b.bin"), noise(100_000, 4)).unwrap();
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    // Since: a.txt edited, deep/ replaced by a file, b.bin gone with it, a
+    // new file added.
+    std::fs::write(docs.join("a.txt"), "a edited").unwrap();
+    std::fs::remove_dir_all(docs.join("deep")).unwrap();
+    std::fs::write(docs.join("deep"), "a file now").unwrap();
+    std::fs::write(docs.join("new.txt"), "added since").unwrap();
+    let s = serve(&repo);
+    let id = get_json(&s, "/api/snapshots")[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let put = |replace: bool| {
+        http(
+            &s,
+            "POST",
+            "/api/put-back",
+            &[
+                ("x-capsule-token", &s.token),
+                ("content-type", "application/json"),
+            ],
+            serde_json::json!({ "snapshot": id, "path": docs, "replace": replace })
+                .to_string()
+                .as_bytes(),
+        )
+    };
+    let (code, _, body) = put(false);
+    assert_eq!(code, 409, "{}", String::from_utf8_lossy(&body));
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["count"], 2, "a.txt and deep differ: {v}");
+    let listed = v["replace"].to_string();
+    assert!(
+        listed.contains("docs/a.txt") && listed.contains("docs/deep"),
+        "{listed}"
+    );
+    assert_eq!(std::fs::read(docs.join("a.txt")).unwrap(), b"a edited");
+
+    let (code, _, body) = put(true);
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        std::fs::read(docs.join("a.txt")).unwrap(),
+        b"a as backed up\n"
+    );
+    assert_eq!(
+        std::fs::read(docs.join("deep/b.bin")).unwrap(),
+        noise(100_000, 4)
+    );
+    assert_eq!(std::fs::read(docs.join("new.txt")).unwrap(), b"added since");
+    assert_eq!(
+        std::fs::read(docs.join("same.txt")).unwrap(),
+        b"unchanged\n"
+    );
+    let left: Vec<_> = std::fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        ["docs"],
+        "no staging folder left in {}",
+        src.display()
+    );
 }
