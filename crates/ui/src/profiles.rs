@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::Deserialize;
 
-use super::state::{bad, Failure, Shared};
+use super::state::{bad, blocking, Failure, Shared};
 
 /// Each profile's status (`capsule status --json`), with the one shown.
 pub(crate) async fn status(State(ui): State<Shared>) -> Json<serde_json::Value> {
@@ -41,10 +41,10 @@ pub(crate) async fn switch(
 ) -> Result<Json<serde_json::Value>, Failure> {
     let name = named(&q)?;
     let ui2 = ui.clone();
-    let shown = tokio::task::spawn_blocking(move || (ui2.open_profile)(&name))
-        .await
-        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| Failure(StatusCode::BAD_GATEWAY, e))?;
+    let shown = blocking(move || {
+        (ui2.open_profile)(&name).map_err(|e| Failure(StatusCode::BAD_GATEWAY, e))
+    })
+    .await?;
     let current = shown.profile.clone();
     *ui.shown.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(shown);
     Ok(Json(serde_json::json!({ "current": current })))
@@ -57,10 +57,9 @@ pub(crate) async fn backup(
     Json(q): Json<ProfileQ>,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let name = named(&q)?;
-    let ui2 = ui.clone();
-    let how = tokio::task::spawn_blocking(move || (ui2.backup_now)(&name))
-        .await
-        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    let how = blocking(move || {
+        (ui.backup_now)(&name).map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e))
+    })
+    .await?;
     Ok(Json(how))
 }
