@@ -17,7 +17,8 @@ use crate::exit;
 use crate::output::Output;
 use capsule_app::config::{self};
 use capsule_app::status::{
-    clock_problem, load_daemon_view, load_state, profile_row, refresh, stale_after, RunOutcome,
+    clock_problem, load_daemon_view, load_running, load_state, profile_row, refresh, stale_after,
+    RunOutcome,
 };
 use capsule_app::Settings;
 
@@ -128,6 +129,21 @@ pub fn status(settings: &Settings, out: &Output, a: StatusArgs) -> Result<u8> {
                         .unwrap_or_default()
                 )),
                 None => out.result("  no daemon runs this profile (`capsule daemon`)"),
+            }
+            // A backup running now, whoever started it (daemon, page, shell).
+            if let Some(r) = load_running(name) {
+                out.result(format!(
+                    "  backing up now (pid {}, for {}): {} files, {} so far{}",
+                    r.pid,
+                    span(now.saturating_sub(r.started_unix)),
+                    r.files_done,
+                    crate::output::bytes(r.bytes_done),
+                    if r.totals_final {
+                        format!(" of {} files", r.files_total)
+                    } else {
+                        String::new()
+                    }
+                ));
             }
             if let Some(r) = &st.last_run {
                 out.result(format!(
