@@ -368,12 +368,21 @@ impl Settings {
     pub fn for_other_profile(&self, name: &str, p: &Profile) -> Result<Settings> {
         let mut flags = self.flags.clone();
         flags.profile = Some(name.to_string());
-        // The first profile's repository, password file, cache were filled
-        // into the flags: only what the user gave stays.
+        // What the first profile filled into the flags goes; what the user
+        // gave (a flag, the environment) stays, as for any run. The
+        // repository is the other profile's by definition.
         flags.repo = None;
-        flags.password_file = None;
-        flags.cache_dir = None;
-        flags.connections = None;
+        if let Some(first) = &self.profile {
+            if flags.password_file == first.password_file {
+                flags.password_file = None;
+            }
+            if flags.cache_dir == first.cache_dir {
+                flags.cache_dir = None;
+            }
+            if flags.connections == first.connections {
+                flags.connections = None;
+            }
+        }
         let own = match &p.credentials {
             Some(c) => profile_env(c, name)?,
             None => Vec::new(),

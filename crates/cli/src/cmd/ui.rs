@@ -72,7 +72,7 @@ pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
     };
     let url = format!("http://{addr}/?t={token}{at}");
     let config = settings.flags.config.clone();
-    let (flags, config2, config3) = (settings.flags.clone(), config.clone(), config.clone());
+    let (opened_first, config2, config3) = (settings.clone(), config.clone(), config.clone());
     let ui = Arc::new(capsule_ui::Ui {
         shown: RwLock::new(Arc::new(capsule_ui::Shown {
             profile: settings.profile_name().map(str::to_string),
@@ -81,7 +81,7 @@ pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
             session,
         })),
         token,
-        open_profile: Box::new(move |name| show_profile(&flags, name)),
+        open_profile: Box::new(move |name| show_profile(&opened_first, name)),
         backup_now: Box::new(move |name| {
             capsule_app::now::backup_now(config2.as_deref(), name)
                 .map(|how| serde_json::json!({ "started": how }))
@@ -134,15 +134,12 @@ pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
 /// Profile `name`'s repository, opened as a run of the profile would open
 /// it (its own destination, credentials and password source), to be shown
 /// by the page instead of the one it shows.
-fn show_profile(
-    flags: &capsule_app::settings::Flags,
-    name: &str,
-) -> Result<capsule_ui::Shown, String> {
-    let cfg = capsule_app::settings::load_config(flags.config.as_deref())
+fn show_profile(first: &Settings, name: &str) -> Result<capsule_ui::Shown, String> {
+    let cfg = capsule_app::settings::load_config(first.flags.config.as_deref())
         .map_err(|e| e.to_string())?
         .ok_or_else(|| "no configuration file: no profiles".to_string())?;
     let p = cfg.profile(name).map_err(|e| e.to_string())?;
-    let s = Settings::without_profile(flags.clone())
+    let s = first
         .for_other_profile(name, p)
         .map_err(|e| format!("profile {name}: {e}"))?;
     let warn = |w: String| eprintln!("capsule ui: {name}: {w}");
