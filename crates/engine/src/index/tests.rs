@@ -331,6 +331,9 @@ fn run(ops: &[Op]) {
                 let Ok(mut bytes) = std::fs::read(path) else {
                     continue; // merged away meanwhile
                 };
+                if bytes.is_empty() {
+                    continue; // truncated to nothing by an earlier step
+                }
                 let at = usize::from(*at) % bytes.len();
                 if matches!(op, Op::Damage(..)) {
                     bytes[at] ^= 0x40;
