@@ -15,7 +15,6 @@ use capsule_format::index::{IndexFile, IndexPack};
 use capsule_format::pack::{decode_header, parse_trailer, PACK_TRAILER_LEN};
 use capsule_format::FileType;
 use capsule_format::{BlobType, ObjectId};
-use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
 use crate::index::save_index_file;
@@ -77,10 +76,10 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
         }
     }
     report.unindexed = todo.len() as u64;
-    let results: Vec<_> = todo
-        .par_iter()
-        .map(|(name, id, size)| (name, read_header(repo, name, *id, *size)))
-        .collect();
+    let width = crate::flight::reads_in_flight(&repo.backend().capabilities());
+    let results = crate::flight::map_in_flight(&todo, width, |(name, id, size)| {
+        (name.clone(), read_header(repo, name, *id, *size))
+    });
     let mut packs = Vec::new();
     for (name, r) in results {
         match r {
@@ -88,7 +87,7 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
             Err(EngineError::Backend(b)) if b.is_destination_failure() => {
                 return Err(EngineError::Backend(b))
             }
-            Err(e) => report.unreadable_packs.push((name.clone(), e.to_string())),
+            Err(e) => report.unreadable_packs.push((name, e.to_string())),
         }
     }
     report.reindexed = packs.len() as u64;

@@ -21,7 +21,6 @@ use capsule_crypto::Aad;
 use capsule_format::index::{decode_index, encode_index, IndexFile, IndexPack};
 use capsule_format::FileType;
 use capsule_format::{BlobId, BlobType, ObjectId};
-use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
 pub use table::TableError;
@@ -171,14 +170,16 @@ fn build_fresh(
         }
         out.in_memory.append(batch);
     };
-    // A few files at a time (one a core); a file larger than a build is
-    // built in parts, a run of its packs each, merged below (an older
-    // backup or prune could write one index file for every blob).
-    for chunk in ids.chunks(rayon::current_num_threads().max(1)) {
-        let loaded: Vec<Result<(ObjectId, IndexFile)>> = chunk
-            .par_iter()
-            .map(|id| load_index_file(store, id).map(|f| (*id, f)))
-            .collect();
+    // A few files at a time (as many as the destination serves at once);
+    // a file larger than a build is built in parts, a run of its packs
+    // each, merged below (an older backup or prune could write one index
+    // file for every blob).
+    let width = store.reads_in_flight();
+    for chunk in ids.chunks(width) {
+        let loaded: Vec<Result<(ObjectId, IndexFile)>> =
+            crate::flight::map_in_flight(chunk, width, |id| {
+                load_index_file(store, id).map(|f| (*id, f))
+            });
         for r in loaded {
             let (id, f) = match r {
                 Ok(x) => x,
@@ -829,6 +830,10 @@ pub trait SealedStore: Sync {
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>>;
     /// Seals `plain` with `aad`, stores it under its hash; returns the ID.
     fn write_sealed(&self, t: FileType, aad: Aad<'_>, plain: &[u8]) -> Result<ObjectId>;
+    /// Index files to read at once: the destination's concurrency.
+    fn reads_in_flight(&self) -> usize {
+        rayon::current_num_threads().max(1)
+    }
     /// Where this machine keeps the index's tables. Without one, they are
     /// made in a temporary directory for the process.
     fn index_home(&self) -> IndexHome {

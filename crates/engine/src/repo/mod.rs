@@ -15,7 +15,6 @@ use capsule_crypto::{Aad, KdfParams, MasterKey};
 use capsule_format::snapshot::{from_json, to_json, KeyFile, RepoConfig, Snapshot};
 use capsule_format::tree::{decode_tree, Node};
 use capsule_format::{compress, BlobId, BlobType, FileType, ObjectId, FORMAT_VERSION};
-use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
@@ -543,20 +542,21 @@ impl Repository {
             Err(e) if e.kind == ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(e.into()),
         };
-        let results: Vec<_> = objs
-            .par_iter()
-            .filter_map(|o| {
-                let Ok(id) = o.name.trim_start_matches(prefix).parse::<ObjectId>() else {
-                    return Some(Err(EngineError::corrupt(&o.name, "name is not an ID")));
-                };
-                match self.load_snapshot_object(&o.name, &id) {
-                    // Forgotten (or set back) between the listing and the
-                    // read: it was moved, not damaged.
-                    Err(EngineError::Backend(e)) if e.kind == ErrorKind::NotFound => None,
-                    r => Some(r.map(|s| (id, s))),
-                }
-            })
-            .collect();
+        let width = crate::flight::reads_in_flight(&self.backend.capabilities());
+        let results: Vec<_> = crate::flight::map_in_flight(&objs, width, |o| {
+            let Ok(id) = o.name.trim_start_matches(prefix).parse::<ObjectId>() else {
+                return Some(Err(EngineError::corrupt(&o.name, "name is not an ID")));
+            };
+            match self.load_snapshot_object(&o.name, &id) {
+                // Forgotten (or set back) between the listing and the
+                // read: it was moved, not damaged.
+                Err(EngineError::Backend(e)) if e.kind == ErrorKind::NotFound => None,
+                r => Some(r.map(|s| (id, s))),
+            }
+        })
+        .into_iter()
+        .flatten()
+        .collect();
         let (mut good, bad) = crate::flight::partition(results);
         good.sort_by_key(|(id, s)| (s.time_unix, s.time_nanos, *id));
         Ok((good, bad))

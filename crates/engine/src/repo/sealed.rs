@@ -52,6 +52,9 @@ impl crate::index::SealedStore for IndexSource {
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>> {
         read_sealed(&*self.backend, &self.key, t, id, aad)
     }
+    fn reads_in_flight(&self) -> usize {
+        crate::flight::reads_in_flight(&self.backend.capabilities())
+    }
     fn write_sealed(&self, t: FileType, _: Aad<'_>, _: &[u8]) -> Result<ObjectId> {
         Err(EngineError::corrupt(
             t.prefix(),
@@ -67,6 +70,10 @@ impl crate::index::SealedStore for Repository {
 
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>> {
         read_sealed(&*self.backend, &self.key, t, id, aad)
+    }
+
+    fn reads_in_flight(&self) -> usize {
+        crate::flight::reads_in_flight(&self.backend.capabilities())
     }
 
     fn index_home(&self) -> crate::index::IndexHome {
