@@ -10,7 +10,7 @@
 #
 #   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--dests "Local SMB SFTP S3"]
 #                     [--repeat N] [--cold] [--pin] [--output FILE] [--keep-json DIR]
-#                     [--trace-restore DIR]
+#                     [--trace-restore DIR] [--restore-repeat N]
 #
 # --repeat N runs the estimate N times in a row (each in a new scratch
 # directory) and reports the median prediction and the spread of the
@@ -19,7 +19,10 @@
 # the servers a core of their own, as a NAS has its own CPU; --keep-json
 # keeps every estimate's --json in DIR (SET-DEST-RTT-N.json);
 # --trace-restore writes the restore's request trace to DIR
-# (SET-DEST-RTT.trace, `--trace-requests`), which costs the restore a little.
+# (SET-DEST-RTT.trace, `--trace-requests`), which costs the restore a little;
+# --restore-repeat N restores N times (the cache dropped before each) and
+# reports the median and how far the restores lay from it: what this
+# machine itself varies, which no estimate can be closer than.
 #
 # Datasets:
 #   small      10,000 x 50 KiB random files
@@ -38,7 +41,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10" sets="small mixed docs" output="" keep_json="" trace_dir="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0
+rtts="2 10" sets="small mixed docs" output="" keep_json="" trace_dir="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0 rrepeat=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
@@ -50,6 +53,7 @@ while [ $# -gt 0 ]; do
     --output) output=$2; shift ;;
     --keep-json) keep_json=$2; mkdir -p "$keep_json"; shift ;;
     --trace-restore) trace_dir=$2; mkdir -p "$trace_dir"; shift ;;
+    --restore-repeat) rrepeat=$2; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -180,21 +184,27 @@ for set in $sets; do
       read -r _ c_hour _ _ _ < <(est corrected)
       a_hour2=$(hour 2)
       rm -rf "$data"/hourly-"$r"-*
-      out=$work/disk/restored-$r
-      drop_caches
-      trace=()
-      if [ -n "$trace_dir" ]; then trace=(--trace-requests "$trace_dir/$set-$dest-$rtt.trace"); fi
-      t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q --no-cache "${trace[@]}" restore latest --target "$out"; t1=$EPOCHREALTIME
-      a_rest=$(secs "$t0" "$t1")
-      # Without the journaled scratch file system, kept until the set is
-      # done: on ext4 without a journal, creating files just after deleting
-      # many is slow for minutes, which would land on the next row.
-      if [ "$scratch_journaled" = 1 ]; then rm -rf "$out"; fi
+      rests_a=()
+      for k in $(seq 1 "$rrepeat"); do
+        out=$work/disk/restored-$r-$k
+        drop_caches
+        trace=()
+        if [ -n "$trace_dir" ] && [ "$k" = 1 ]; then trace=(--trace-requests "$trace_dir/$set-$dest-$rtt.trace"); fi
+        t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q --no-cache "${trace[@]}" restore latest --target "$out"; t1=$EPOCHREALTIME
+        rests_a+=("$(secs "$t0" "$t1")")
+        # Without the journaled scratch file system, kept until the set is
+        # done: on ext4 without a journal, creating files just after
+        # deleting many is slow for minutes, which would land on the next
+        # row.
+        if [ "$scratch_journaled" = 1 ]; then rm -rf "$out"; fi
+      done
+      a_rest=$(med "${rests_a[@]}")
+      a_rspread=$(spread_of "$(IFS=,; echo "${rests_a[*]}")" "$a_rest")
       row=$(python3 -c "
 pi,ai,ph,ah,ch,ah2,pr,ar,pn,an=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest,$p_noch,$a_noch
-sp, rsp, unc = '$spread', '$r_spread', '±%.0f%%' % ($unc * 100)
+sp, rsp, arsp, unc = '$spread', '$r_spread', '$a_rspread', '±%.0f%%' % ($unc * 100)
 e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
-print('| $set ($files files) | $dest | $shown_rtt | %s | %.2f | %s | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %s | %.2f | %s |' % (unc, pi, sp, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, rsp, ar, e(pr,ar)))")
+print('| $set ($files files) | $dest | $shown_rtt | %s | %.2f | %s | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %s | %.2f | %s | %s |' % (unc, pi, sp, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, rsp, ar, arsp, e(pr,ar)))")
       rows+=("$row")
       echo "$row" >&2
       case $dest in
@@ -213,9 +223,9 @@ done
   echo "hourly = 100 new 50 KiB files; 2nd hourly = 100 more, predicted by the estimate re-run after the first two runs were recorded (corrected by history)."
   echo "Restores and the estimate's samples: $([ "$scratch_journaled" = 1 ] && echo "a journaled ext4 file system on a loop device (direct I/O)" || echo "this machine's disk")."
   echo
-  echo "uncertainty = the estimate's own ± (the median of the estimates'); spread = how far the estimates in a row lay from their median."
+  echo "uncertainty = the estimate's own ± (the median of the estimates'); spread = how far the estimates in a row lay from their median; actual spread = how far the $rrepeat restores of a row lay from their median."
   echo
-  echo "| dataset | destination | RTT | uncertainty | initial predicted s | spread | actual s | error | no-change predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | spread | actual s | error |"
-  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| dataset | destination | RTT | uncertainty | initial predicted s | spread | actual s | error | no-change predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | spread | actual s | actual spread | error |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
 } | tee "${output:-/dev/null}"
