@@ -26,8 +26,8 @@ pub(crate) const REQUESTS_IN_FLIGHT: usize = 8;
 /// a core. Not rayon's pool: that is one thread a core, so on a machine
 /// with one core (or a process pinned to one) every read waited for the
 /// one before it. A restore over S3 at 10 ms read its four snapshots and
-/// seven index files one after another that way, 0.15 s of round trips
-/// before its first tree (bench/RESULTS.md, Estimator accuracy).
+/// seven index files one after another that way: 0.19 s more before its
+/// first tree than at once (bench/RESULTS.md, Estimator accuracy).
 pub(crate) fn reads_in_flight(caps: &capsule_backend::Capabilities) -> usize {
     let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
     if caps.local {

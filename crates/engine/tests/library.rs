@@ -834,3 +834,75 @@ fn check_asks_for_a_pack_by_name_before_calling_it_missing() {
     assert!(r.listing_lagged > 0, "{r:?}");
     assert!(r.blobs_read > 0, "{r:?}");
 }
+
+/// A network destination at a round trip of 20 ms, counting the reads of
+/// small objects in flight.
+#[derive(Debug)]
+struct Far {
+    inner: Arc<MemoryBackend>,
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl capsule_backend::Layer for Far {
+    fn inner(&self) -> &dyn LabBackend {
+        &*self.inner
+    }
+    fn get(
+        &self,
+        name: &str,
+        range: Option<std::ops::Range<u64>>,
+    ) -> Result<Vec<u8>, capsule_backend::BackendError> {
+        if !(name.starts_with("snapshots/") || name.starts_with("index/")) {
+            return self.inner.get(name, range);
+        }
+        let n = self.now.fetch_add(1, Relaxed) + 1;
+        self.most.fetch_max(n, Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        self.now.fetch_sub(1, Relaxed);
+        self.inner.get(name, range)
+    }
+    fn capabilities(&self) -> capsule_backend::Capabilities {
+        capsule_backend::Capabilities {
+            concurrency: 8,
+            local: false,
+            ..self.inner.capabilities()
+        }
+    }
+}
+
+/// Opening a repository reads its snapshots and index files the
+/// destination's concurrency at once, also where the process has one core:
+/// on rayon's pool (a thread a core) a restore pinned to one core read
+/// them one after another, a round trip each (bench/RESULTS.md, Estimator
+/// accuracy).
+#[test]
+fn snapshots_and_index_files_are_read_at_once_on_one_core() {
+    let lab = Lab::new();
+    for i in 0..6 {
+        std::fs::write(lab.src.join(format!("f{i}")), noise(40_000, i)).unwrap();
+        lab.backup();
+    }
+    let far = Arc::new(Far {
+        inner: lab.store.clone(),
+        now: Default::default(),
+        most: Default::default(),
+    });
+    let one_core = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (snaps, index_files) = one_core.install(|| {
+        let repo = Repository::open(far.clone(), PW).unwrap();
+        let (snaps, bad) = repo.list_snapshots().unwrap();
+        assert!(bad.is_empty());
+        let snapshots_at_once = far.most.swap(0, Relaxed);
+        let (index, bad) = repo.load_index().unwrap();
+        assert!(bad.is_empty());
+        assert!(snapshots_at_once > 1, "snapshots read one at a time");
+        (snaps.len(), index.files().len())
+    });
+    assert_eq!(snaps, 6);
+    assert!(index_files > 1, "{index_files} index files");
+    assert!(far.most.load(Relaxed) > 1, "index files read one at a time");
+}

@@ -137,13 +137,44 @@ struct Fresh {
     failed: Vec<EngineError>,
 }
 
-/// Reads the index files `ids` and builds tables of them in `dir`, in
-/// batches of bounded size, merged into one when there are several.
+/// Stored bytes of index files read at once: a few large files (a prune
+/// writes them of up to 262,144 entries, about 10 MB) are held whole while
+/// they are decoded, so the reads in flight are bounded by their size as
+/// well as their number. Many small files (a backup's each) still go at
+/// the destination's concurrency.
+const INDEX_BYTES_AT_ONCE: u64 = 16 << 20;
+
+/// `ids` (with their stored sizes, 0 where unknown) in groups to read at
+/// once: up to `width` files and [`INDEX_BYTES_AT_ONCE`] bytes, at least
+/// one file.
+fn read_groups(ids: &[(ObjectId, u64)], width: usize) -> Vec<&[(ObjectId, u64)]> {
+    let mut out = Vec::new();
+    let mut rest = ids;
+    while !rest.is_empty() {
+        let mut n = 0;
+        let mut bytes = 0u64;
+        while n < rest.len() && n < width.max(1) {
+            bytes = bytes.saturating_add(rest[n].1);
+            if n > 0 && bytes > INDEX_BYTES_AT_ONCE {
+                break;
+            }
+            n += 1;
+        }
+        let (group, tail) = rest.split_at(n);
+        out.push(group);
+        rest = tail;
+    }
+    out
+}
+
+/// Reads the index files `ids` (with their stored sizes, 0 where unknown)
+/// and builds tables of them in `dir`, in batches of bounded size, merged
+/// into one when there are several.
 fn build_fresh(
     store: &dyn SealedStore,
     dir: &std::path::Path,
     key: &[u8; 32],
-    ids: Vec<ObjectId>,
+    ids: Vec<(ObjectId, u64)>,
     notes: &mut Vec<String>,
 ) -> Fresh {
     let mut out = Fresh {
@@ -170,14 +201,14 @@ fn build_fresh(
         }
         out.in_memory.append(batch);
     };
-    // A few files at a time (as many as the destination serves at once);
-    // a file larger than a build is built in parts, a run of its packs
-    // each, merged below (an older backup or prune could write one index
-    // file for every blob).
+    // A few files at a time (as many as the destination serves at once,
+    // up to a bound on their bytes); a file larger than a build is built
+    // in parts, a run of its packs each, merged below (an older backup or
+    // prune could write one index file for every blob).
     let width = store.reads_in_flight();
-    for chunk in ids.chunks(width) {
+    for group in read_groups(&ids, width) {
         let loaded: Vec<Result<(ObjectId, IndexFile)>> =
-            crate::flight::map_in_flight(chunk, width, |id| {
+            crate::flight::map_in_flight(group, width, |(id, _)| {
                 load_index_file(store, id).map(|f| (*id, f))
             });
         for r in loaded {
@@ -303,6 +334,7 @@ impl MasterIndex {
         let mut bad = Vec::new();
         let mut in_memory = Vec::new();
         let mut listed = HashSet::new();
+        let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
         // A prune deletes index files once the file superseding them is
         // stored. One read between the two finds a listed file gone; the
         // listing taken again then holds the file that replaced it.
@@ -311,10 +343,11 @@ impl MasterIndex {
         for attempt in 0..VANISHED_RETRIES {
             listed.clear();
             bad.clear();
-            for o in store.list(FileType::Index)? {
+            for (o, size) in store.list_sized(FileType::Index)? {
                 match o.trim_start_matches(FileType::Index.prefix()).parse() {
                     Ok(id) => {
                         listed.insert(id);
+                        sizes.insert(id, size);
                     }
                     Err(_) => bad.push(EngineError::corrupt(&o, "name is not an ID")),
                 }
@@ -328,6 +361,10 @@ impl MasterIndex {
                 .copied()
                 .collect();
             missing.sort();
+            let missing = missing
+                .into_iter()
+                .map(|id| (id, sizes.get(&id).copied().unwrap_or(0)))
+                .collect();
             let fresh = build_fresh(store, &dir, &home.key, missing, &mut notes);
             tables.extend(fresh.tables);
             in_memory.extend(fresh.in_memory);
@@ -575,12 +612,13 @@ impl MasterIndex {
         };
         // The damaged table is not trusted again, by this run or the next.
         let _ = std::fs::remove_file(&bad.table.path);
-        let ids: Vec<ObjectId> = bad
+        let ids: Vec<(ObjectId, u64)> = bad
             .table
             .files
             .iter()
             .map(|f| f.id)
             .filter(|id| self.live.contains(id))
+            .map(|id| (id, 0))
             .collect();
         let mut notes = Vec::new();
         let fresh = build_fresh(&**source, dir, &self.key, ids, &mut notes);
@@ -825,6 +863,11 @@ impl Iterator for Iter<'_> {
 pub trait SealedStore: Sync {
     /// Names of every object of kind `t`.
     fn list(&self, t: FileType) -> Result<Vec<String>>;
+    /// Names and stored sizes of every object of kind `t` (0 where the
+    /// store does not say).
+    fn list_sized(&self, t: FileType) -> Result<Vec<(String, u64)>> {
+        Ok(self.list(t)?.into_iter().map(|n| (n, 0)).collect())
+    }
     /// The plaintext of object `id` of kind `t`, after checking that its
     /// bytes hash to its name and authenticating them with `aad`.
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>>;

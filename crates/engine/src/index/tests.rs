@@ -612,3 +612,36 @@ fn two_loaders_at_once_build_and_merge_the_same_tables() {
         });
     }
 }
+
+/// Small index files (a backup's each) are read the destination's
+/// concurrency at once; large ones (a prune's, ~10 MB) a few at a time, so
+/// what is held while they decode stays bounded.
+#[test]
+fn index_files_are_read_many_small_or_a_few_large_at_once() {
+    let f = |i: u8, size: u64| (ObjectId::of(&[i]), size);
+    let small: Vec<_> = (0..20).map(|i| f(i, 300_000)).collect();
+    let sizes: Vec<usize> = super::read_groups(&small, 8)
+        .iter()
+        .map(|g| g.len())
+        .collect();
+    assert_eq!(sizes, [8, 8, 4]);
+    let large: Vec<_> = (0..5).map(|i| f(i, 10 << 20)).collect();
+    let sizes: Vec<usize> = super::read_groups(&large, 8)
+        .iter()
+        .map(|g| g.len())
+        .collect();
+    assert_eq!(sizes, [1, 1, 1, 1, 1], "16 MiB at once, at least one file");
+    let mixed = [f(0, 100), f(1, 12 << 20), f(2, 8 << 20), f(3, 100)];
+    let sizes: Vec<usize> = super::read_groups(&mixed, 8)
+        .iter()
+        .map(|g| g.len())
+        .collect();
+    assert_eq!(sizes, [2, 2]);
+    let unknown: Vec<_> = (0..9).map(|i| f(i, 0)).collect();
+    let sizes: Vec<usize> = super::read_groups(&unknown, 8)
+        .iter()
+        .map(|g| g.len())
+        .collect();
+    assert_eq!(sizes, [8, 1]);
+    assert!(super::read_groups(&[], 8).is_empty());
+}

@@ -19,6 +19,14 @@ fn list_names(backend: &dyn Backend, t: FileType) -> Result<Vec<String>> {
         .collect())
 }
 
+fn list_sized(backend: &dyn Backend, t: FileType) -> Result<Vec<(String, u64)>> {
+    Ok(backend
+        .list(t.prefix())?
+        .into_iter()
+        .map(|o| (o.name, o.size))
+        .collect())
+}
+
 fn read_sealed(
     backend: &dyn Backend,
     key: &MasterKey,
@@ -49,6 +57,9 @@ impl crate::index::SealedStore for IndexSource {
     fn list(&self, t: FileType) -> Result<Vec<String>> {
         list_names(&*self.backend, t)
     }
+    fn list_sized(&self, t: FileType) -> Result<Vec<(String, u64)>> {
+        list_sized(&*self.backend, t)
+    }
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>> {
         read_sealed(&*self.backend, &self.key, t, id, aad)
     }
@@ -66,6 +77,9 @@ impl crate::index::SealedStore for IndexSource {
 impl crate::index::SealedStore for Repository {
     fn list(&self, t: FileType) -> Result<Vec<String>> {
         list_names(&*self.backend, t)
+    }
+    fn list_sized(&self, t: FileType) -> Result<Vec<(String, u64)>> {
+        list_sized(&*self.backend, t)
     }
 
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>> {
