@@ -835,7 +835,8 @@ fn check_asks_for_a_pack_by_name_before_calling_it_missing() {
     assert!(r.blobs_read > 0, "{r:?}");
 }
 
-/// A network destination at a round trip of 20 ms, counting the reads of
+/// A network destination at a round trip of 100 ms (long beside a busy
+/// machine's scheduling delay), counting the reads of
 /// small objects in flight.
 #[derive(Debug)]
 struct Far {
@@ -858,7 +859,7 @@ impl capsule_backend::Layer for Far {
         }
         let n = self.now.fetch_add(1, Relaxed) + 1;
         self.most.fetch_max(n, Relaxed);
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(std::time::Duration::from_millis(100));
         self.now.fetch_sub(1, Relaxed);
         self.inner.get(name, range)
     }
