@@ -53,7 +53,8 @@ while [ $# -gt 0 ]; do
     --output) output=$2; shift ;;
     --keep-json) keep_json=$2; mkdir -p "$keep_json"; shift ;;
     --trace-restore) trace_dir=$2; mkdir -p "$trace_dir"; shift ;;
-    --restore-repeat) rrepeat=$2; shift ;;
+    --restore-repeat) rrepeat=$2; shift
+      [[ "$rrepeat" =~ ^[1-9][0-9]*$ ]] || { echo "--restore-repeat needs a whole number of restores, 1 or more (got $rrepeat)" >&2; exit 2; } ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift

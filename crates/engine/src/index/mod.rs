@@ -343,7 +343,7 @@ impl MasterIndex {
         for attempt in 0..VANISHED_RETRIES {
             listed.clear();
             bad.clear();
-            for (o, size) in store.list_sized(FileType::Index)? {
+            for (o, size) in store.list(FileType::Index)? {
                 match o.trim_start_matches(FileType::Index.prefix()).parse() {
                     Ok(id) => {
                         listed.insert(id);
@@ -861,13 +861,9 @@ impl Iterator for Iter<'_> {
 /// implements it over its backend and key; tests implement it in memory, so
 /// the index is loaded and saved without a whole repository.
 pub trait SealedStore: Sync {
-    /// Names of every object of kind `t`.
-    fn list(&self, t: FileType) -> Result<Vec<String>>;
-    /// Names and stored sizes of every object of kind `t` (0 where the
-    /// store does not say).
-    fn list_sized(&self, t: FileType) -> Result<Vec<(String, u64)>> {
-        Ok(self.list(t)?.into_iter().map(|n| (n, 0)).collect())
-    }
+    /// Names and stored sizes of every object of kind `t` (the sizes
+    /// bound how many index files are read at once).
+    fn list(&self, t: FileType) -> Result<Vec<(String, u64)>>;
     /// The plaintext of object `id` of kind `t`, after checking that its
     /// bytes hash to its name and authenticating them with `aad`.
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>>;

@@ -42,11 +42,11 @@ impl MemStore {
 }
 
 impl SealedStore for MemStore {
-    fn list(&self, t: FileType) -> Result<Vec<String>> {
+    fn list(&self, t: FileType) -> Result<Vec<(String, u64)>> {
         let m = self.objs.lock().unwrap();
-        Ok(m.keys()
-            .filter(|k| k.starts_with(t.prefix()))
-            .cloned()
+        Ok(m.iter()
+            .filter(|(k, _)| k.starts_with(t.prefix()))
+            .map(|(k, v)| (k.clone(), v.len() as u64))
             .collect())
     }
     fn read_sealed(&self, t: FileType, id: &ObjectId, _: Aad<'_>) -> Result<Vec<u8>> {
@@ -108,7 +108,7 @@ fn pack(seed: u64, blobs: &[u8]) -> IndexPack {
 /// readable file not superseded by another, in ID order.
 fn model_of(store: &MemStore) -> Model {
     let mut files: BTreeMap<ObjectId, IndexFile> = BTreeMap::new();
-    for name in store.list(FileType::Index).unwrap() {
+    for (name, _) in store.list(FileType::Index).unwrap() {
         let id: ObjectId = name
             .trim_start_matches(FileType::Index.prefix())
             .parse()

@@ -11,14 +11,6 @@ use capsule_format::{FileType, ObjectId};
 use super::{put_addressed, Repository};
 use crate::error::{EngineError, Result};
 
-fn list_names(backend: &dyn Backend, t: FileType) -> Result<Vec<String>> {
-    Ok(backend
-        .list(t.prefix())?
-        .into_iter()
-        .map(|o| o.name)
-        .collect())
-}
-
 fn list_sized(backend: &dyn Backend, t: FileType) -> Result<Vec<(String, u64)>> {
     Ok(backend
         .list(t.prefix())?
@@ -54,10 +46,7 @@ struct IndexSource {
 }
 
 impl crate::index::SealedStore for IndexSource {
-    fn list(&self, t: FileType) -> Result<Vec<String>> {
-        list_names(&*self.backend, t)
-    }
-    fn list_sized(&self, t: FileType) -> Result<Vec<(String, u64)>> {
+    fn list(&self, t: FileType) -> Result<Vec<(String, u64)>> {
         list_sized(&*self.backend, t)
     }
     fn read_sealed(&self, t: FileType, id: &ObjectId, aad: Aad<'_>) -> Result<Vec<u8>> {
@@ -75,10 +64,7 @@ impl crate::index::SealedStore for IndexSource {
 }
 
 impl crate::index::SealedStore for Repository {
-    fn list(&self, t: FileType) -> Result<Vec<String>> {
-        list_names(&*self.backend, t)
-    }
-    fn list_sized(&self, t: FileType) -> Result<Vec<(String, u64)>> {
+    fn list(&self, t: FileType) -> Result<Vec<(String, u64)>> {
         list_sized(&*self.backend, t)
     }
 
