@@ -10,7 +10,7 @@
 #
 #   bench/estimate.sh [--rtt "2 10"] [--sets "small mixed docs"] [--dests "Local SMB SFTP S3"]
 #                     [--repeat N] [--cold] [--pin] [--output FILE] [--keep-json DIR]
-#                     [--trace-restore DIR] [--restore-repeat N]
+#                     [--trace-restore DIR] [--restore-repeat N] [--initial-repeat N]
 #
 # --repeat N runs the estimate N times in a row (each in a new scratch
 # directory) and reports the median prediction and the spread of the
@@ -22,7 +22,9 @@
 # (SET-DEST-RTT.trace, `--trace-requests`), which costs the restore a little;
 # --restore-repeat N restores N times (the cache dropped before each) and
 # reports the median and how far the restores lay from it: what this
-# machine itself varies, which no estimate can be closer than.
+# machine itself varies, which no estimate can be closer than;
+# --initial-repeat N does the same for the initial backup (each further one
+# into a new repository of its own, after the row's restores).
 #
 # Datasets:
 #   small      10,000 x 50 KiB random files
@@ -41,7 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rtts="2 10" sets="small mixed docs" output="" keep_json="" trace_dir="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0 rrepeat=1
+rtts="2 10" sets="small mixed docs" output="" keep_json="" trace_dir="" dests="SMB SFTP S3" repeat=1 cold=0 pin_it=0 rrepeat=1 irepeat=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --rtt) rtts=$2; shift ;;
@@ -55,6 +57,8 @@ while [ $# -gt 0 ]; do
     --trace-restore) trace_dir=$2; mkdir -p "$trace_dir"; shift ;;
     --restore-repeat) rrepeat=$2; shift
       [[ "$rrepeat" =~ ^[1-9][0-9]*$ ]] || { echo "--restore-repeat needs a whole number of restores, 1 or more (got $rrepeat)" >&2; exit 2; } ;;
+    --initial-repeat) irepeat=$2; shift
+      [[ "$irepeat" =~ ^[1-9][0-9]*$ ]] || { echo "--initial-repeat needs a whole number of backups, 1 or more (got $irepeat)" >&2; exit 2; } ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -150,21 +154,21 @@ for set in $sets; do
       est() {
         TMPDIR=$work/disk "${pin[@]}" "$capsule" estimate "$data" --to "$url" --hourly-files 100 --hourly-bytes 5000K --json |
           tee ${keep_json:+"$keep_json/$set-$dest-$rtt-$1.json"} |
-          python3 -c 'import json,sys; j=json.load(sys.stdin); p=j["predicted"]; print(p["initial"], p["hourly"], p["restore"], p.get("no_change", 0), j.get("uncertainty", 0))'
+          python3 -c 'import json,sys; j=json.load(sys.stdin); p=j["predicted"]; print(p["initial"], p["hourly"], p["restore"], p.get("no_change", 0), j.get("uncertainty", 0), j.get("initial_uncertainty", 0))'
       }
-      inits=() hours=() rests=() nochs=() uncs=()
+      inits=() hours=() rests=() nochs=() uncs=() iuncs=()
       for ((k = 0; k < repeat; k++)); do
         drop_caches
-        read -r a b c d u < <(est "$k")
-        inits+=("$a") hours+=("$b") rests+=("$c") nochs+=("$d") uncs+=("$u")
+        read -r a b c d u iu < <(est "$k")
+        inits+=("$a") hours+=("$b") rests+=("$c") nochs+=("$d") uncs+=("$u") iuncs+=("$iu")
       done
       med() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
       p_init=$(med "${inits[@]}") p_hour=$(med "${hours[@]}") p_rest=$(med "${rests[@]}") p_noch=$(med "${nochs[@]}")
-      echo "estimates: initial ${inits[*]}; no-change ${nochs[*]}; restore ${rests[*]}; uncertainty ${uncs[*]}" >&2
+      echo "estimates: initial ${inits[*]}; no-change ${nochs[*]}; restore ${rests[*]}; uncertainty ${uncs[*]}; initial ${iuncs[*]}" >&2
       spread_of() { python3 -c "v=[$1]; m=$2; print('±%.0f%%' % (max(abs(x-m) for x in v)/m*100))"; }
       spread=$(spread_of "$(IFS=,; echo "${inits[*]}")" "$p_init")
       r_spread=$(spread_of "$(IFS=,; echo "${rests[*]}")" "$p_rest")
-      unc=$(med "${uncs[@]}")
+      unc=$(med "${uncs[@]}") iunc=$(med "${iuncs[@]}")
       "${pin[@]}" "$capsule" -r "$url" -q init
       drop_caches
       t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url" -q backup "$data"; t1=$EPOCHREALTIME
@@ -182,7 +186,7 @@ for set in $sets; do
         secs "$t0" "$t1"
       }
       a_hour=$(hour 1)
-      read -r _ c_hour _ _ _ < <(est corrected)
+      read -r _ c_hour _ _ _ _ < <(est corrected)
       a_hour2=$(hour 2)
       rm -rf "$data"/hourly-"$r"-*
       rests_a=()
@@ -199,19 +203,31 @@ for set in $sets; do
         # row.
         if [ "$scratch_journaled" = 1 ]; then rm -rf "$out"; fi
       done
+      # More initial backups, each into a new repository of its own.
+      inits_a=("$a_init")
+      for ((k = 2; k <= irepeat; k++)); do
+        "${pin[@]}" "$capsule" -r "$url-i$k" -q init
+        drop_caches
+        t0=$EPOCHREALTIME; "${pin[@]}" "$capsule" -r "$url-i$k" -q backup "$data"; t1=$EPOCHREALTIME
+        inits_a+=("$(secs "$t0" "$t1")")
+      done
+      echo "initial backups: ${inits_a[*]}" >&2
+      a_init=$(med "${inits_a[@]}")
+      a_ispread=$(spread_of "$(IFS=,; echo "${inits_a[*]}")" "$a_init")
       a_rest=$(med "${rests_a[@]}")
       a_rspread=$(spread_of "$(IFS=,; echo "${rests_a[*]}")" "$a_rest")
       row=$(python3 -c "
 pi,ai,ph,ah,ch,ah2,pr,ar,pn,an=$p_init,$a_init,$p_hour,$a_hour,$c_hour,$a_hour2,$p_rest,$a_rest,$p_noch,$a_noch
-sp, rsp, arsp, unc = '$spread', '$r_spread', '$a_rspread', '±%.0f%%' % ($unc * 100)
+sp, rsp, arsp, aisp = '$spread', '$r_spread', '$a_rspread', '$a_ispread'
+unc, iunc = '±%.0f%%' % ($unc * 100), '±%.0f%%' % ($iunc * 100)
 e=lambda p,a: '%+.0f%%' % ((p-a)/a*100)
-print('| $set ($files files) | $dest | $shown_rtt | %s | %.2f | %s | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %s | %.2f | %s | %s |' % (unc, pi, sp, ai, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, rsp, ar, arsp, e(pr,ar)))")
+print('| $set ($files files) | $dest | $shown_rtt | %s | %.2f | %s | %s | %.2f | %s | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %.2f | %s | %.2f | %s | %.2f | %s | %s |' % (unc, pi, iunc, sp, ai, aisp, e(pi,ai), pn, an, e(pn,an), ph, ah, e(ph,ah), ch, ah2, e(ch,ah2), pr, rsp, ar, arsp, e(pr,ar)))")
       rows+=("$row")
       echo "$row" >&2
       case $dest in
-        SMB) rm -rf "${CAPSULE_TEST_SMB_DIR:?}/$r" ;;
-        SFTP) rm -rf "${CAPSULE_TEST_SFTP_DIR:?}/$r" ;;
-        Local) rm -rf "$url" ;;
+        SMB) rm -rf "${CAPSULE_TEST_SMB_DIR:?}/$r" "${CAPSULE_TEST_SMB_DIR:?}/$r"-i* ;;
+        SFTP) rm -rf "${CAPSULE_TEST_SFTP_DIR:?}/$r" "${CAPSULE_TEST_SFTP_DIR:?}/$r"-i* ;;
+        Local) rm -rf "$url" "$url"-i* ;;
       esac
     done
   done
@@ -224,9 +240,9 @@ done
   echo "hourly = 100 new 50 KiB files; 2nd hourly = 100 more, predicted by the estimate re-run after the first two runs were recorded (corrected by history)."
   echo "Restores and the estimate's samples: $([ "$scratch_journaled" = 1 ] && echo "a journaled ext4 file system on a loop device (direct I/O)" || echo "this machine's disk")."
   echo
-  echo "uncertainty = the estimate's own ± (the median of the estimates'); spread = how far the estimates in a row lay from their median; actual spread = how far the $rrepeat restores of a row lay from their median."
+  echo "uncertainty = the estimate's own ± (the median of the estimates'), initial ± = the same for the initial backup (with the disk's cold read); spread = how far the estimates in a row lay from their median; actual = the median of $irepeat initial backups and of $rrepeat restores, actual spread = how far they lay from it."
   echo
-  echo "| dataset | destination | RTT | uncertainty | initial predicted s | spread | actual s | error | no-change predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | spread | actual s | actual spread | error |"
-  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| dataset | destination | RTT | uncertainty | initial predicted s | initial ± | spread | actual s | actual spread | error | no-change predicted s | actual s | error | hourly predicted s | actual s | error | 2nd hourly corrected s | actual s | error | restore predicted s | spread | actual s | actual spread | error |"
+  echo "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
 } | tee "${output:-/dev/null}"

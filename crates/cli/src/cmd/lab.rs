@@ -416,6 +416,12 @@ pub fn estimate(settings: &Settings, out: &Output, a: EstimateArgs) -> Result<u8
         "these figures are ± {:.0}%: how far this machine's and the destination's repeated measurements in this estimate lay from their medians",
         e.uncertainty * 100.0
     ));
+    if e.initial_uncertainty > e.uncertainty {
+        out.say(format!(
+            "the initial backup ± {:.0}%: this disk's cold read varied that much between samples read cold (the share of the source not in the page cache meets it)",
+            e.initial_uncertainty * 100.0
+        ));
+    }
     if e.history.is_empty() {
         out.say("no recorded backups to this destination yet: after real backups, estimates are checked against them and corrected");
     } else {

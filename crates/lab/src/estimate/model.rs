@@ -78,6 +78,12 @@ pub struct Calibration {
     /// measured.
     #[serde(default)]
     pub spread: f64,
+    /// How far the cold reads of three disjoint samples put the source's
+    /// cold read from their median, relative to it: how much this disk's
+    /// cold read varied while it was measured, which the initial backup
+    /// of a source not in the cache meets.
+    #[serde(default)]
+    pub cold_spread: f64,
     /// Cores this machine gives capsule (0 in records from before it was
     /// measured: then no CPU bound is applied).
     #[serde(default)]
@@ -243,6 +249,19 @@ pub struct Estimate {
     /// in this estimate. Estimates in a row differ by about this much.
     #[serde(default)]
     pub uncertainty: f64,
+    /// The same for the initial backup, which also meets the disk's cold
+    /// read where the source is not in the cache: the larger of
+    /// `uncertainty` and the calibration's `cold_spread` for the share of
+    /// the source not cached.
+    #[serde(default)]
+    pub initial_uncertainty: f64,
+}
+
+/// The initial backup's uncertainty: the estimate's own, or the disk's
+/// cold read's where that varied more, for the share of the source read
+/// cold.
+pub(crate) fn initial_uncertainty(uncertainty: f64, c: &Calibration) -> f64 {
+    uncertainty.max(c.cold_spread * (1.0 - c.cached_share.clamp(0.0, 1.0)))
 }
 
 /// What `capsule estimate` needs.
