@@ -157,8 +157,9 @@ pub struct ProbeRounds {
     pub run_changed: Vec<f64>,
     /// Whole runs with nothing new, seconds.
     pub run_unchanged: Vec<f64>,
-    /// The largest relative distance of a round from its median, over all
-    /// of the above (0.05: every round within 5%).
+    /// The largest relative distance of a whole run from its median, with
+    /// and without a change (0.05: every run within 5%); the round trips
+    /// are not counted, their cost is in the runs.
     pub spread: f64,
 }
 
