@@ -618,6 +618,17 @@ mod tests {
         r
     }
 
+    /// A sample's run: `files` files and `bytes` bytes read at these costs,
+    /// over a fixed 0.1 s.
+    fn run(files: u64, bytes: u64, per_file: f64, per_byte: f64) -> RunRecord {
+        RunRecord {
+            files_read: files,
+            bytes_read: bytes,
+            backup_secs: 0.1 + files as f64 * per_file + bytes as f64 * per_byte,
+            ..round(0.0, 0.0)
+        }
+    }
+
     /// Recorded sample rounds: a round disturbed by something else is
     /// discounted (the median stands), and a first round that read the
     /// source cold is recognised and stands for the backup, which will
@@ -673,12 +684,6 @@ mod tests {
     fn the_two_samples_tell_the_cost_per_file_from_the_cost_per_byte() {
         // 1,000 small files and 100 MB: 50 µs a file and 4 ns a byte cold,
         // 20 µs and 1 ns warm, over a fixed 0.1 s.
-        let run = |files: u64, bytes: u64, per_file: f64, per_byte: f64| RunRecord {
-            files_read: files,
-            bytes_read: bytes,
-            backup_secs: 0.1 + files as f64 * per_file + bytes as f64 * per_byte,
-            ..round(0.0, 0.0)
-        };
         let empty = round(0.1, 0.0);
         let (f, b) = fit(
             Some(&run(1000, 10_000_000, 50e-6, 4e-9)),
@@ -703,12 +708,6 @@ mod tests {
     /// median stands for the backup, their spread for its uncertainty.
     #[test]
     fn the_cold_read_is_the_median_of_three_samples_and_their_spread_is_told() {
-        let run = |files: u64, bytes: u64, per_file: f64, per_byte: f64| RunRecord {
-            files_read: files,
-            bytes_read: bytes,
-            backup_secs: 0.1 + files as f64 * per_file + bytes as f64 * per_byte,
-            ..round(0.0, 0.0)
-        };
         let empty = round(0.1, 0.0);
         // The disk read the second pair of samples at twice the cost per
         // file, the third at 1.2 times.
