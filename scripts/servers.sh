@@ -11,10 +11,13 @@
 # into DIR/env; where namespaces cannot be made it says why and goes on
 # without it.
 #
-# Ports (all on 127.0.0.1): Samba 4450, sshd 2222, MinIO 9000, Toxiproxy API
-# 8474; through the proxy: Samba 14450, sshd 12222, MinIO 19000.
+# Ports (all on 127.0.0.1): Samba 4450, sshd 2222, MinIO 9000 (its console
+# 9001), Toxiproxy API 8474; through the proxy: Samba 14450, sshd 12222,
+# MinIO 19000.
 # CAPSULE_SERVERS_PORT_OFFSET=N adds N to every port, so a second set (a
-# benchmark beside a test run) can run at once.
+# benchmark beside a test run) can run at once; its distributed store gets
+# names and a bridge of its own, or those CAPSULE_CLUSTER_TAG and
+# CAPSULE_CLUSTER_NET give.
 # Everything is idempotent; a second `start` on the same DIR is a no-op.
 set -euo pipefail
 
@@ -26,6 +29,7 @@ tools=${CAPSULE_TOOLS_DIR:-$HOME/.cache/capsule-servers/bin}
 
 off=${CAPSULE_SERVERS_PORT_OFFSET:-0}
 SMB_PORT=$((4450 + off)) SSH_PORT=$((2222 + off)) S3_PORT=$((9000 + off)) PROXY_API=$((8474 + off))
+S3_CONSOLE=$((9001 + off))
 SMB_PROXY=$((14450 + off)) SSH_PROXY=$((12222 + off)) S3_PROXY=$((19000 + off))
 USER_NAME=backup PASSWORD=capsule-test-pw
 # The append-only SFTP account and the requests its server refuses.
@@ -195,7 +199,7 @@ start_minio() {
   mkdir -p "$dir/minio/data"
   MINIO_ROOT_USER=$S3_KEY MINIO_ROOT_PASSWORD=$S3_SECRET MINIO_BROWSER=off \
     setsid "$tools/minio" server "$dir/minio/data" --address "127.0.0.1:$S3_PORT" \
-    --console-address 127.0.0.1:9001 >"$dir/minio/log" 2>&1 &
+    --console-address "127.0.0.1:$S3_CONSOLE" >"$dir/minio/log" 2>&1 &
   echo $! >"$dir/minio.pid"
   wait_port "$S3_PORT" 60
   local i
@@ -261,6 +265,8 @@ start_cluster() {
   # A second set of servers gets a cluster of its own names and addresses.
   local tag=capsule net=10.231.77
   if [ "$off" != 0 ]; then tag="capsule$((off % 1000))" net="10.231.$((78 + off % 150))"; fi
+  # Names given by the caller come first.
+  tag=${CAPSULE_CLUSTER_TAG:-$tag} net=${CAPSULE_CLUSTER_NET:-$net}
   if CAPSULE_CLUSTER_TAG=$tag CAPSULE_CLUSTER_NET=$net "$(dirname "$0")/cluster.sh" start "$dir"; then
     cat "$dir/cluster.env" >>"$dir/env"
   else

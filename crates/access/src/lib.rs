@@ -22,10 +22,12 @@
 
 pub mod backup;
 pub mod open;
+pub mod place;
 pub mod stack;
 
 pub use backup::{BackupRun, Notice, WhenFull};
 pub use open::{Access, CachePolicy, Opened};
+pub use place::state_dir;
 pub use stack::{Connect, Stack};
 
 /// The engine's result type, which this crate shares.

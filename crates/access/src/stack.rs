@@ -112,12 +112,24 @@ impl Stack {
                 if create {
                     Arc::new(LocalBackend::create(path, sync)?)
                 } else {
-                    Arc::new(LocalBackend::open(path, sync).map_err(|e| match e.kind {
-                        capsule_backend::ErrorKind::NotFound => EngineError::NotARepository {
-                            location: path.display().to_string(),
+                    let b = LocalBackend::open(path, sync).map_err(|e| match e.kind {
+                        capsule_backend::ErrorKind::NotFound => match crate::place::away(path) {
+                            // The mount point of a disk not plugged in.
+                            Some(why) => capsule_backend::BackendError::new(
+                                capsule_backend::ErrorKind::Unreachable,
+                                "open",
+                                &path.display().to_string(),
+                                why,
+                            )
+                            .into(),
+                            None => EngineError::NotARepository {
+                                location: path.display().to_string(),
+                            },
                         },
                         _ => e.into(),
-                    })?)
+                    })?;
+                    crate::place::remember(path);
+                    Arc::new(b)
                 }
             }
             remote => {

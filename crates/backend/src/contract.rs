@@ -8,87 +8,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-/// What went wrong, independent of transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// The object does not exist.
-    NotFound,
-    /// `put` found an object of that name already.
-    AlreadyExists,
-    /// Credentials or permissions refuse the operation.
-    PermissionDenied,
-    /// The destination is full.
-    NoSpace,
-    /// A name outside the allowed alphabet.
-    InvalidName,
-    /// Network or device error; may be transient.
-    Io,
-    /// The range asked for lies outside the object.
-    InvalidRange,
-    /// The destination cannot be reached or stopped answering (connection
-    /// refused or reset, timeout, server gone).
-    Unreachable,
-    /// The destination refused the credentials (wrong password, key or
-    /// secret), as opposed to a permission on one object.
-    AuthFailed,
-    /// The container itself is missing: the SMB share, the S3 bucket or the
-    /// SFTP base directory.
-    NoContainer,
-}
-
-/// A backend failure: kind, whether retrying may help, and what failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{op} {name}: {message}")]
-pub struct BackendError {
-    /// Category.
-    pub kind: ErrorKind,
-    /// True when the same call may succeed later (timeouts, resets).
-    pub transient: bool,
-    /// Operation (`put`, `get`...).
-    pub op: &'static str,
-    /// Object name or prefix.
-    pub name: String,
-    /// Human-readable cause.
-    pub message: String,
-}
-
-impl BackendError {
-    /// Builds an error.
-    pub fn new(kind: ErrorKind, op: &'static str, name: &str, message: impl Into<String>) -> Self {
-        BackendError {
-            kind,
-            transient: false,
-            op,
-            name: name.to_string(),
-            message: message.into(),
-        }
-    }
-
-    /// True when the destination itself failed (unreachable, credentials,
-    /// container gone, or a transient fault that outlived its retries), as
-    /// opposed to one object being missing or damaged. Callers that can
-    /// lose one object and carry on must still stop on these.
-    pub fn is_destination_failure(&self) -> bool {
-        self.transient
-            || matches!(
-                self.kind,
-                ErrorKind::Unreachable | ErrorKind::AuthFailed | ErrorKind::NoContainer
-            )
-    }
-
-    /// Builds an error that a retry may cure.
-    pub fn transient(
-        kind: ErrorKind,
-        op: &'static str,
-        name: &str,
-        message: impl Into<String>,
-    ) -> Self {
-        BackendError {
-            transient: true,
-            ..BackendError::new(kind, op, name, message)
-        }
-    }
-}
+pub use crate::error::{BackendError, ErrorKind};
 
 /// Size (and, where cheap, other facts) of a stored object.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -226,7 +146,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// The versioned store's own operations (old versions, retention),
     /// where the destination has them: S3 only.
-    fn history(&self) -> Option<&dyn crate::history::History> {
+    fn history(&self) -> Option<&dyn crate::versioned::History> {
         None
     }
 }
@@ -349,7 +269,7 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
         self.inner().location()
     }
     /// See [`Backend::history`].
-    fn history(&self) -> Option<&dyn crate::history::History> {
+    fn history(&self) -> Option<&dyn crate::versioned::History> {
         self.inner().history()
     }
     /// See [`LabBackend::probe_write`].
@@ -418,7 +338,7 @@ impl<L: Layer> Backend for L {
     fn location(&self) -> String {
         Layer::location(self)
     }
-    fn history(&self) -> Option<&dyn crate::history::History> {
+    fn history(&self) -> Option<&dyn crate::versioned::History> {
         Layer::history(self)
     }
 }
@@ -486,7 +406,7 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn location(&self) -> String {
         (**self).location()
     }
-    fn history(&self) -> Option<&dyn crate::history::History> {
+    fn history(&self) -> Option<&dyn crate::versioned::History> {
         (**self).history()
     }
 }

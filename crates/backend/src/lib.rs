@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod conformance;
 pub mod contract;
+pub mod error;
 pub mod history;
 pub mod local;
 pub mod metered;
@@ -16,6 +17,7 @@ pub mod ownfile;
 pub mod retry;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod versioned;
 
 pub use cache::{CacheStats, CachingBackend};
 /// Prefix of incomplete writes, which no backend lists (see the format's layout).
@@ -25,7 +27,7 @@ pub use contract::{
     write_out_error, Backend, BackendError, Capabilities, ErrorKind, LabBackend, Layer, ObjectInfo,
     ReadAt, Space,
 };
-pub use history::{AsOf, History, LockMode, LockState, ObjectVersion, Retention};
+pub use history::{AsOf, History, LifecycleRule, LockMode, LockState, ObjectVersion, Retention};
 pub use local::{LocalBackend, SyncPolicy};
 pub use metered::{MeteredBackend, RequestStats, TraceSink};
 pub use retry::{RetryBackend, RetryPolicy, QUICK_FAILURES, RIDE_OUT};

@@ -179,7 +179,8 @@ fn main() -> ExitCode {
     private_umask();
     let cli = Cli::parse();
     tune_allocator(&cli.command);
-    let out = output::Output::new(cli.global.json, cli.global.quiet);
+    let mut out = output::Output::new(cli.global.json, cli.global.quiet);
+    out.config = cli.global.config.clone();
     if let Some(why) = capsule_engine::timefmt::test_clock_error() {
         out.error(&anyhow::anyhow!(why));
         return ExitCode::from(exit::USAGE);

@@ -22,6 +22,9 @@ pub struct Output {
     /// the first [`NOTICES_KEPT`]), and how many more there were
     /// (`notices_omitted`).
     notices: std::sync::Mutex<(Vec<String>, u64)>,
+    /// The configuration file named (`--config`), whose profiles a hint
+    /// names.
+    pub config: Option<std::path::PathBuf>,
 }
 
 impl Output {
@@ -30,6 +33,7 @@ impl Output {
             json,
             quiet,
             notices: Default::default(),
+            config: None,
         }
     }
 
@@ -100,7 +104,7 @@ impl Output {
                 msg.push_str(&format!(": {c}"));
             }
         }
-        if let Some(h) = hint(e) {
+        if let Some(h) = hint(e, self.config.as_deref()) {
             msg.push_str(&format!("\n  hint: {h}"));
         }
         if self.json {
@@ -279,7 +283,8 @@ pub fn exit_code_for(e: &anyhow::Error) -> u8 {
         Some(
             EngineError::NoUsableKey { .. }
             | EngineError::DamagedConfig { .. }
-            | EngineError::MissingConfig { .. },
+            | EngineError::MissingConfig { .. }
+            | EngineError::HistoryLeft { .. },
         ) => exit::DAMAGED,
         Some(EngineError::NotARepository { .. } | EngineError::AlreadyInitialized { .. }) => {
             exit::REPOSITORY
@@ -318,11 +323,14 @@ fn destination_exit_code(b: &capsule_backend::BackendError) -> Option<u8> {
     }
 }
 
-fn hint(e: &anyhow::Error) -> Option<String> {
-    hint_static(e).map(|h| h.into_owned())
+fn hint(e: &anyhow::Error, config: Option<&std::path::Path>) -> Option<String> {
+    hint_static(e, config).map(|h| h.into_owned())
 }
 
-fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
+fn hint_static(
+    e: &anyhow::Error,
+    config: Option<&std::path::Path>,
+) -> Option<std::borrow::Cow<'static, str>> {
     if let Some(b) = backend_error(e) {
         use capsule_backend::ErrorKind as K;
         match b.kind {
@@ -349,7 +357,7 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
         }),
         EngineError::AppendOnly(_) => Some("run it with credentials that may delete (the repository's admin key or account); backups, listings and restores work with these".into()),
         EngineError::NotARepository { .. } => {
-            let names = capsule_app::settings::profile_names(None);
+            let names = capsule_app::settings::profile_names(config);
             Some(if names.is_empty() || std::env::var_os("CAPSULE_PROFILE").is_some() {
                 "check --repo / CAPSULE_REPO, or create a new repository there with `capsule init`".into()
             } else {
@@ -360,6 +368,7 @@ fn hint_static(e: &anyhow::Error) -> Option<std::borrow::Cow<'static, str>> {
                 .into()
             })
         }
+        EngineError::HistoryLeft { .. } => Some("read the repository as it was before with --as-of WHEN (`capsule --as-of '2026-12-01 12:00' snapshots`), then write it back with `capsule --as-of WHEN repair history`; do not run `capsule init` there, the history is the repository".into()),
         EngineError::NoUsableKey { .. } => Some("restore the key files under keys/ from a copy of the repository; do not run `capsule init` here, it cannot read the existing data".into()),
         EngineError::DamagedConfig { .. } | EngineError::MissingConfig { .. } => Some("restore the `config` object from a copy of the repository (any copy made after `init` will do; it never changes); do not run `capsule init` here, a new config cannot read the existing data".into()),
         EngineError::Corrupt { .. } | EngineError::MissingBlob(_) => Some("run `capsule check --read-data` to see what is damaged and which files it affects".into()),

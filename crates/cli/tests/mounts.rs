@@ -96,3 +96,69 @@ fn full_repository_disk_fails_cleanly_and_recovers() {
     );
     ok(&repo, &["check", "--read-data"]);
 }
+
+/// Issue 59, 5: `copy` into a repository whose disk fills up says so as
+/// `backup` does (exit 16, "the repository's disk is full"), not
+/// "interrupted" (130), with and without --json.
+#[test]
+fn copy_to_a_full_disk_reports_the_full_disk() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, a, disk) = (
+        t.path().join("src"),
+        t.path().join("a"),
+        t.path().join("bdisk"),
+    );
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big"), noise(40 << 20, 7)).unwrap();
+    let Some(_m) = Tmpfs::mount(&disk, "16m") else {
+        return;
+    };
+    init(&a);
+    ok(&a, &["backup", src.to_str().unwrap()]);
+    let b = disk.join("b");
+    init(&b);
+    for json in [false, true] {
+        let mut args = vec!["copy", "--to", b.to_str().unwrap()];
+        if json {
+            args.insert(0, "--json");
+        }
+        let o = capsule(&a, &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(16), "--json {json}: {err}");
+        assert!(err.contains("the repository's disk is full"), "{err}");
+    }
+}
+
+/// Issue 59, 5: the repository was the root of a disk now unplugged: its
+/// mount point is an empty directory. That is a destination away (exit
+/// 14, which the daemon waits out), told apart from an empty directory
+/// that never held one (exit 11) by the file system the repository was on
+/// when it last opened. The hint names the profiles of the configuration
+/// file `--config` named.
+#[test]
+fn an_empty_mount_point_where_the_repository_was_is_away_not_missing() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, disk) = (t.path().join("src"), t.path().join("disk"));
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), b"x").unwrap();
+    let Some(m) = Tmpfs::mount(&disk, "32m") else {
+        return;
+    };
+    init(&disk);
+    ok(&disk, &["backup", src.to_str().unwrap()]);
+    drop(m);
+    assert_eq!(std::fs::read_dir(&disk).unwrap().count(), 0, "unplugged");
+    let o = capsule(&disk, &["backup", src.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(14), "{}", said(&o));
+    assert!(said(&o).contains("a disk not plugged in"), "{}", said(&o));
+
+    let fresh = t.path().join("fresh");
+    std::fs::create_dir(&fresh).unwrap();
+    let o = capsule(&fresh, &["snapshots"]);
+    assert_eq!(o.status.code(), Some(11), "{}", said(&o));
+    let other = t.path().join("other.toml");
+    std::fs::write(&other, "[profiles.alpha]\n[profiles.beta]\n").unwrap();
+    let o = capsule(&fresh, &["--config", other.to_str().unwrap(), "snapshots"]);
+    assert_eq!(o.status.code(), Some(11), "{}", said(&o));
+    assert!(said(&o).contains("alpha, beta"), "{}", said(&o));
+}

@@ -167,6 +167,20 @@ fn config_mistakes_name_the_file_the_line_and_the_key() {
             );
         }
     }
+    // Issue 59, 5: a pattern every backup of the profile would refuse is
+    // refused by `config check` too, naming the profile and the key.
+    std::fs::write(
+        &config,
+        "[profiles.p]\nsources = [\"/x\"]\nexcludes = [\"[\"]\n",
+    )
+    .unwrap();
+    let o = run(&config, &["config", "check"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", err(&o));
+    assert!(
+        err(&o).contains("profile p: excludes") && err(&o).contains(&config.display().to_string()),
+        "{}",
+        err(&o)
+    );
     std::fs::write(&config, "[profiles.laptop]\n[profiles.nas]\n").unwrap();
     let o = run(&config, &["--profile", "lapton", "snapshots"], &[]);
     assert_eq!(o.status.code(), Some(2));

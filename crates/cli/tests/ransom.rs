@@ -406,6 +406,18 @@ fn drill(mode: &str, actions: &str) {
     // The repository as it is now is garbage…
     let o = boss.run(&["--no-cache", "snapshots"]);
     assert!(!o.status.success(), "{}", said(&o));
+    // Issue 59, 5: the history is named, and `init` is never suggested.
+    assert_eq!(o.status.code(), Some(12), "{}", said(&o));
+    assert!(
+        said(&o).contains("--as-of") && said(&o).contains("repair history"),
+        "{}",
+        said(&o)
+    );
+    assert!(
+        !said(&o).contains("create a new repository"),
+        "{}",
+        said(&o)
+    );
 
     // …and as it was before the attack, whole.
     let listed = boss.json(&["--no-cache", "--as-of", &as_of, "snapshots"]);
@@ -655,4 +667,55 @@ fn walk_all(d: &Path) -> Vec<PathBuf> {
         out.push(p);
     }
     out
+}
+
+/// Issue 59, 5: a key with more rights than the README's changes what no
+/// capsule command read before: a lifecycle rule that deletes older
+/// versions after a day, and the default retention loosened to governance
+/// and shortened. `check` and `prune` read the bucket's lifecycle and lock
+/// configuration and warn, naming the rule and the setting.
+#[test]
+fn check_and_prune_warn_of_settings_that_let_history_go_before_the_lock() {
+    let Some(admin) = admin() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let work = work.path();
+    let bucket = fresh_bucket("settings");
+    let url = format!("s3+http://{}/{bucket}/repo", admin.endpoint);
+    let boss = Machine::new(work, "admin", &url, &admin.creds);
+    boss.ok(&["init", "--object-lock", "3d", "--lock-mode", "compliance"]);
+    let src = work.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("f"), noise(10_000, 1)).unwrap();
+    boss.ok(&["backup", src.to_str().unwrap()]);
+    // As the bucket is now: nothing to warn of.
+    let v = boss.json(&["check"]);
+    assert_eq!(v["lock_warnings"], serde_json::json!([]), "{v}");
+
+    let put = |path: String, body: &str| {
+        let a = admin.request(
+            "s3",
+            "PUT",
+            &path,
+            &[content_md5(body.as_bytes())],
+            Some(body.as_bytes()),
+        );
+        assert!(a.ok(), "{path}: {a:?}");
+    };
+    put(
+        format!("{bucket}?lifecycle="),
+        "<LifecycleConfiguration><Rule><ID>expire-old</ID><Status>Enabled</Status><Filter><Prefix></Prefix></Filter><NoncurrentVersionExpiration><NoncurrentDays>1</NoncurrentDays></NoncurrentVersionExpiration></Rule></LifecycleConfiguration>",
+    );
+    put(
+        format!("{bucket}?object-lock="),
+        "<ObjectLockConfiguration><ObjectLockEnabled>Enabled</ObjectLockEnabled><Rule><DefaultRetention><Mode>GOVERNANCE</Mode><Days>1</Days></DefaultRetention></Rule></ObjectLockConfiguration>",
+    );
+    let o = boss.run(&["check"]);
+    assert!(o.status.success(), "{}", said(&o));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(err.contains("lifecycle rule \"expire-old\""), "{err}");
+    assert!(err.contains("loosened to governance"), "{err}");
+    assert!(err.contains("the retention was shortened"), "{err}");
+    let v = boss.json(&["prune"]);
+    let w = v["prune"]["object_lock"]["warnings"].to_string();
+    assert!(w.contains("expire-old") && w.contains("governance"), "{v}");
 }

@@ -346,6 +346,17 @@ fn paused_backup(
     mode: &str,
     work: &Path,
 ) -> (std::process::Child, PathBuf) {
+    paused_backup_at(repo, src, mode, work, "snapshot-taken")
+}
+
+/// Starts a backup that stops at pause point `point`.
+fn paused_backup_at(
+    repo: &Path,
+    src: &Path,
+    mode: &str,
+    work: &Path,
+    point: &str,
+) -> (std::process::Child, PathBuf) {
     let gate = work.join("gate");
     let child = capsule_at(repo)
         .args([
@@ -355,10 +366,7 @@ fn paused_backup(
             mode,
             src.to_str().unwrap(),
         ])
-        .env(
-            "CAPSULE_TEST_PAUSE",
-            format!("snapshot-taken:{}", gate.display()),
-        )
+        .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -372,11 +380,13 @@ fn paused_backup(
     (child, gate)
 }
 
+/// The subvolumes in a snapshot directory (not capsule's records).
 fn snapshots_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.ends_with(".uuid"))
                 .collect()
         })
         .unwrap_or_default();
@@ -718,4 +728,245 @@ fn under_the_journal_only_runs_that_read_take_a_snapshot_and_it_is_no_change() {
     assert_eq!(snapshots(&j), 1, "{j}");
     let q = backup();
     assert_eq!(q["scan"]["unchanged"], true, "{q}");
+}
+
+/// Runs `args` as the unprivileged user 65534 (the tester's "carol").
+fn as_carol(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Issue 59, 1: a user who owns a subvolume inside a source plants
+/// capsule-like names and links, and renames and re-plants in a tight
+/// loop while root backs up with snapshots. capsule never takes, reads
+/// through or removes a snapshot where that user can write (a nested
+/// subvolume's snapshot goes beside the top one, where only root writes),
+/// never follows a link to delete, and never deletes a subvolume it did
+/// not record as its own read-only snapshot: the unrelated subvolume and
+/// the planted writable `capsule-1000-99992` survive every run.
+#[test]
+fn a_planted_link_or_name_never_makes_a_root_backup_delete_a_subvolume() {
+    let Some(b) = btrfs() else { return };
+    if Command::new("setpriv").arg("--version").output().is_err() {
+        eprintln!("skipped: setpriv (util-linux) is not installed");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    init(&repo);
+    let victim = b.fs.dir.join("victim");
+    btrfs_cmd(&["subvolume", "create", victim.to_str().unwrap()]);
+    std::fs::write(victim.join("precious"), b"not capsule's").unwrap();
+    std::fs::write(b.data.join("f"), b"data").unwrap();
+    let carol = b.data.join("carol");
+    std::fs::create_dir(&carol).unwrap();
+    std::os::unix::fs::chown(&carol, Some(65534), Some(65534)).unwrap();
+    let mysub = carol.join("mysub");
+    let o = as_carol(&["btrfs", "subvolume", "create", mysub.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", said(&o));
+    let theirs = mysub.join(capsule_snap_dir());
+    let o = as_carol(&["mkdir", theirs.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", said(&o));
+    let o = as_carol(&[
+        "sh",
+        "-c",
+        &format!("echo carol > {}/note.txt", mysub.display()),
+    ]);
+    assert!(o.status.success(), "{}", said(&o));
+    // A writable subvolume with a capsule-like name of a dead run, in
+    // capsule's own directory; a link of that shape in carol's.
+    let ours = b.data.join(capsule_snap_dir());
+    std::fs::create_dir(&ours).unwrap();
+    let planted = ours.join("capsule-1000-99992");
+    btrfs_cmd(&["subvolume", "create", planted.to_str().unwrap()]);
+    std::os::unix::fs::symlink(&victim, theirs.join("capsule-1000-99993")).unwrap();
+
+    // The swapper: as carol, renames whatever capsule-* appears in either
+    // snapshot directory and puts a link to the victim in its place.
+    let script = format!(
+        "while :; do for d in {} {}; do for s in \"$d\"/capsule-*-*; do \
+           [ -L \"$s\" ] && continue; [ -e \"$s\" ] || continue; \
+           mv \"$s\" \"$s.moved\" 2>/dev/null && ln -s {} \"$s\" 2>/dev/null; done; done; done",
+        theirs.display(),
+        ours.display(),
+        victim.display()
+    );
+    let swapper = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        // Bounded: stopped below, and by `timeout` whatever happens.
+        .args(["timeout", "300", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut swapper = Reaped(swapper);
+    for mode in ["btrfs", "auto", "btrfs"] {
+        let o = capsule(
+            &repo,
+            &[
+                "--json",
+                "backup",
+                "--source-snapshot",
+                mode,
+                b.data.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{mode}: {}", said(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert!(
+            v["snapshot_notes"]
+                .to_string()
+                .contains("capsule-1000-99992"),
+            "the planted subvolume is named as left alone: {v}"
+        );
+        assert!(
+            victim.join("precious").exists(),
+            "{mode}: the victim survives"
+        );
+        assert!(planted.exists(), "{mode}: the planted subvolume survives");
+    }
+    // carol's subvolume was backed up, from a snapshot capsule made in its
+    // own directory, and nothing capsule made is left anywhere.
+    let ls = ok(&repo, &["ls", "latest", mysub.to_str().unwrap()]);
+    assert!(ls.contains("note.txt"), "{ls}");
+    let _ = swapper.0.kill();
+    let _ = swapper.0.wait();
+    assert_eq!(snapshots_in(&ours), vec!["capsule-1000-99992".to_string()]);
+    let in_theirs = snapshots_in(&theirs);
+    assert!(
+        in_theirs
+            .iter()
+            .all(|n| n.starts_with("capsule-1000-99993")),
+        "capsule made nothing in carol's directory: {in_theirs:?}"
+    );
+
+    // carol's own subvolume as a source: its snapshot directory is hers,
+    // so capsule takes none there: an error with `btrfs`, a note and live
+    // files with `auto`.
+    let o = capsule(
+        &repo,
+        &[
+            "backup",
+            "--source-snapshot",
+            "btrfs",
+            mysub.to_str().unwrap(),
+        ],
+    );
+    assert_ne!(o.status.code(), Some(0), "{}", said(&o));
+    assert!(said(&o).contains("another user can change"), "{}", said(&o));
+    let o = capsule(
+        &repo,
+        &[
+            "--json",
+            "backup",
+            "--source-snapshot",
+            "auto",
+            mysub.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["snapshot_notes"]
+            .to_string()
+            .contains("reading live files"),
+        "{v}"
+    );
+    assert_eq!(
+        snapshots_in(&theirs)
+            .iter()
+            .filter(|n| !n.starts_with("capsule-1000-99993"))
+            .count(),
+        0
+    );
+
+    // repair names what it leaves, and does not call that "none".
+    let o = capsule(
+        &repo,
+        &["repair", "source-snapshots", b.data.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", said(&o));
+    let out = said(&o);
+    assert!(
+        out.contains("capsule-1000-99992") && !out.contains("no source snapshot left"),
+        "{out}"
+    );
+    assert!(planted.exists() && victim.join("precious").exists());
+}
+
+/// Kills its child when dropped (a swapper must not outlive a failed test).
+struct Reaped(std::process::Child);
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Issue 59, 5: a killed run's snapshot of a nested subvolume is found
+/// and removed by `repair source-snapshots` and by the next run, and
+/// repair never says "none" while one is left.
+#[test]
+fn a_killed_runs_nested_snapshots_are_removed_too() {
+    let Some(b) = btrfs() else { return };
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    init(&repo);
+    let nested = b.data.join("vol/nested");
+    std::fs::create_dir(b.data.join("vol")).unwrap();
+    btrfs_cmd(&["subvolume", "create", nested.to_str().unwrap()]);
+    std::fs::write(nested.join("inside"), b"nested data").unwrap();
+    let dir = b.data.join(capsule_snap_dir());
+    let killed = |work: &Path| {
+        std::fs::create_dir_all(work).unwrap();
+        let (mut child, _gate) = paused_backup_at(&repo, &b.data, "btrfs", work, "walked");
+        let left = snapshots_in(&dir);
+        assert_eq!(left.len(), 2, "the volume's and the nested one's: {left:?}");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        left
+    };
+    let left = killed(&t.path().join("one"));
+    let o = capsule(
+        &repo,
+        &["repair", "source-snapshots", b.data.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    for n in &left {
+        assert!(said(&o).contains(n.as_str()), "{n}: {}", said(&o));
+    }
+    assert!(snapshots_in(&dir).is_empty(), "{:?}", snapshots_in(&dir));
+    let o = capsule(
+        &repo,
+        &["repair", "source-snapshots", b.data.to_str().unwrap()],
+    );
+    assert!(
+        said(&o).contains("no source snapshot left behind"),
+        "{}",
+        said(&o)
+    );
+
+    let left = killed(&t.path().join("two"));
+    let o = capsule(
+        &repo,
+        &[
+            "--json",
+            "backup",
+            "--source-snapshot",
+            "btrfs",
+            b.data.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let notes = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["snapshot_notes"]
+        .to_string();
+    for n in &left {
+        assert!(notes.contains(n.as_str()), "{n}: {notes}");
+    }
+    assert!(snapshots_in(&dir).is_empty(), "{:?}", snapshots_in(&dir));
+    let ls = ok(&repo, &["ls", "latest", nested.to_str().unwrap()]);
+    assert!(ls.contains("inside"), "{ls}");
 }

@@ -476,3 +476,120 @@ fn put_back_of_a_folder_asks_then_merges_keeping_what_it_gained() {
         src.display()
     );
 }
+
+/// Issue 59, 2: a user who owns a folder inside a source swaps a
+/// subfolder for a link to a place outside (a stand-in for
+/// `/etc/cron.d`). Put back refuses the link on its way and names it, a
+/// link in the item is listed and replaced, never followed; and with a
+/// swapper flipping the folder and the link in a tight loop while put
+/// back runs again and again, nothing is ever written outside.
+#[test]
+fn put_back_never_writes_through_a_link_planted_on_its_way() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    let sub = src.join("docs/sub");
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(sub.join("job"), "backed up\n").unwrap();
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let outside = t.path().join("cron.d");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("job"), "outside, not to be touched\n").unwrap();
+    let outside_as_it_was = || {
+        let names: Vec<_> = std::fs::read_dir(&outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["job"], "nothing new outside");
+        assert_eq!(
+            std::fs::read(outside.join("job")).unwrap(),
+            b"outside, not to be touched\n"
+        );
+    };
+    std::fs::remove_dir_all(&sub).unwrap();
+    std::os::unix::fs::symlink(&outside, &sub).unwrap();
+
+    let s = serve(&repo);
+    let id = get_json(&s, "/api/snapshots")[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let put = |path: &std::path::Path, replace: bool| {
+        let (code, _, body) = http(
+            &s,
+            "POST",
+            "/api/put-back",
+            &[
+                ("x-capsule-token", &s.token),
+                ("content-type", "application/json"),
+            ],
+            serde_json::json!({ "snapshot": id, "path": path, "replace": replace })
+                .to_string()
+                .as_bytes(),
+        );
+        (code, String::from_utf8_lossy(&body).into_owned())
+    };
+    // The file below the link: refused, the link named, whether asked or
+    // agreed to.
+    for replace in [false, true] {
+        let (code, body) = put(&sub.join("job"), replace);
+        assert_eq!(code, 409, "{body}");
+        assert!(
+            body.contains("symbolic link") && body.contains(sub.to_str().unwrap()),
+            "{body}"
+        );
+        outside_as_it_was();
+    }
+    // The folder holding the link: the link is listed as what is replaced,
+    // then replaced by the snapshot's folder, not followed.
+    let docs = src.join("docs");
+    let (code, body) = put(&docs, false);
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        body.contains("symbolic link: replaced, not followed"),
+        "{body}"
+    );
+    let (code, body) = put(&docs, true);
+    assert_eq!(code, 200, "{body}");
+    assert!(!sub.is_symlink());
+    assert_eq!(std::fs::read(sub.join("job")).unwrap(), b"backed up\n");
+    outside_as_it_was();
+
+    // The race: a swapper flips sub between a folder and the link while
+    // put back of the file (and of the folder) runs, a bounded number of
+    // times each.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let swapper = {
+        let (stop, sub, outside) = (stop.clone(), sub.clone(), outside.clone());
+        let aside = src.join("docs/aside");
+        std::thread::spawn(move || {
+            for _ in 0..2_000_000 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                if std::fs::rename(&sub, &aside).is_ok() {
+                    let _ = std::os::unix::fs::symlink(&outside, &sub);
+                    std::thread::yield_now();
+                    let _ = std::fs::remove_file(&sub);
+                    let _ = std::fs::rename(&aside, &sub);
+                }
+                std::thread::yield_now();
+            }
+        })
+    };
+    let mut answers = std::collections::BTreeMap::new();
+    for i in 0..40 {
+        let path = if i % 2 == 0 {
+            sub.join("job")
+        } else {
+            docs.clone()
+        };
+        let (code, _) = put(&path, true);
+        *answers.entry(code).or_insert(0) += 1;
+        outside_as_it_was();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    swapper.join().unwrap();
+    outside_as_it_was();
+    eprintln!("put back under the swapper: {answers:?}");
+}

@@ -286,16 +286,25 @@ fn back_up_now_goes_through_the_daemon_when_one_runs() {
         .unwrap();
 
     let s = serve_with(&env, &[]);
-    let (code, _, body) = http(
-        &s,
-        "POST",
-        "/api/backup",
-        &[
-            ("content-type", "application/json"),
-            ("x-capsule-token", &s.token),
-        ],
-        br#"{"profile":"laptop"}"#,
-    );
+    let post = |body: &[u8]| {
+        http(
+            &s,
+            "POST",
+            "/api/backup",
+            &[
+                ("content-type", "application/json"),
+                ("x-capsule-token", &s.token),
+            ],
+            body,
+        )
+    };
+    // Issue 59, 5: a profile that does not exist is refused, naming those
+    // that do; nothing is started.
+    let (code, _, body) = post(br#"{"profile":"lapton"}"#);
+    let said = String::from_utf8_lossy(&body);
+    assert_eq!(code, 404, "{said}");
+    assert!(said.contains("laptop, photos"), "{said}");
+    let (code, _, body) = post(br#"{"profile":"laptop"}"#);
     assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["started"], "daemon");

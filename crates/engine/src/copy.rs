@@ -129,9 +129,13 @@ pub fn copy(
                 .collect::<Vec<String>>()
         })
     };
-    let stats = saver.finish();
-    let roots = sent?;
-    report.bytes_stored = stats?.stored_bytes_added;
+    // Storage's own error (a full disk, a refused write) comes first: the
+    // readers only saw the pipeline stop ("interrupted") because of it.
+    let (roots, stats) = match (sent, saver.finish()) {
+        (_, Err(e)) | (Err(e), Ok(_)) => return Err(e),
+        (Ok(r), Ok(s)) => (r, s),
+    };
+    report.bytes_stored = stats.stored_bytes_added;
     crate::pause::test_pause("copy-sent");
 
     for ((_, snap), root) in todo.iter().zip(roots) {

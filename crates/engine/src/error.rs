@@ -39,6 +39,18 @@ pub enum EngineError {
         /// What was wrong.
         detail: String,
     },
+    /// The repository as it is now cannot be opened, but the versioned
+    /// store keeps older versions of it: read it as it was (`--as-of`),
+    /// write it back (`repair history`); never `init` over it.
+    #[error("{was}; the bucket is versioned and keeps {versions} older version(s) of the repository's config: its objects were deleted or overwritten since")]
+    HistoryLeft {
+        /// Repository location.
+        location: String,
+        /// Why it does not open as it is now.
+        was: String,
+        /// Versions of `config` the store keeps.
+        versions: usize,
+    },
     /// The location holds repository objects but no `config`.
     #[error(
         "{location} holds capsule data (keys, snapshots or packs) but its config object is missing"

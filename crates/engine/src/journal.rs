@@ -245,7 +245,7 @@ pub fn recover(repo: &Repository, index: &mut MasterIndex, path: &Path) -> Resul
                 if p.entries.is_empty() {
                     // A data pack recorded without its entries: its header
                     // lists them. One that does not open is uploaded again.
-                    match crate::repair::read_header(repo, &name, p.id, p.size) {
+                    match repo.read_pack_header(&name, p.id, p.size) {
                         Ok(read) => p.entries = read.entries,
                         Err(EngineError::Backend(e)) if e.is_destination_failure() => {
                             return Err(EngineError::Backend(e))

@@ -64,6 +64,69 @@ pub struct LockReport {
     /// Why nothing was done: the bucket's settings could not be read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unknown: Option<String>,
+    /// What in the bucket's settings would let history go before the
+    /// lock period ([`settings_warnings`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// What in a locked bucket's settings would let history go before the
+/// lock period, each naming what to change: versioning off, the default
+/// retention removed, loosened to governance or shortened below what the
+/// repository's own `config` is still locked for (a key with more rights
+/// than the README's can do that), and lifecycle rules that expire
+/// objects or older versions sooner. Nothing for a destination without
+/// versioning, or a bucket that never had object lock.
+pub fn settings_warnings(repo: &Repository) -> Vec<String> {
+    let Some(h) = repo.backend().history() else {
+        return Vec::new();
+    };
+    let Ok(state) = h.lock_state() else {
+        // `maintain` says so (`unknown`).
+        return Vec::new();
+    };
+    // The repository's own config was locked at init, and every prune
+    // extends it: what the lock was meant to be.
+    let config = h.retention("config", None).ok().flatten();
+    if !state.lock_enabled && config.is_none() {
+        return Vec::new();
+    }
+    let now = wall_clock();
+    let mut w = Vec::new();
+    if !state.versioned {
+        w.push("versioning is not enabled on the bucket: an overwrite or delete no longer keeps the old version, and `--as-of` cannot bring it back; enable it again with the bucket's admin credentials".to_string());
+    }
+    match (state.default_retention, config) {
+        (None, _) => w.push("the bucket has no default retention: new objects are written unlocked, and credentials that may delete can delete them; set it again with the bucket's admin credentials (`capsule init --object-lock` on a new bucket shows the setting)".to_string()),
+        (Some((mode, days)), Some(c)) => {
+            if c.mode == LockMode::Compliance && mode == LockMode::Governance {
+                w.push(format!("the bucket's default retention was loosened to governance mode ({days} days), while the repository's config is locked in compliance mode: credentials with s3:BypassGovernanceRetention can now delete new objects; set it back to compliance with the bucket's admin credentials"));
+            }
+            let left = (c.until - now) / 86_400;
+            if c.until > now + (i64::from(days) + 1) * 86_400 {
+                w.push(format!("the bucket's default retention is {days} day(s), but the repository's config is locked for {left} more days: the retention was shortened, and new objects are kept only {days} day(s); set it back with the bucket's admin credentials"));
+            }
+        }
+        (Some(_), None) => {}
+    }
+    let lock_days = state.default_retention.map_or(0, |(_, d)| d);
+    match h.lifecycle() {
+        Ok(rules) => {
+            for r in rules.iter().filter(|r| r.enabled) {
+                let id = if r.id.is_empty() { "(no ID)" } else { r.id.as_str() };
+                if let Some(n) = r.expire_noncurrent_days.filter(|n| lock_days == 0 || *n < lock_days) {
+                    w.push(format!("lifecycle rule {id:?} deletes older versions {n} day(s) after they stop being current, sooner than the lock's {lock_days} days: what an attacker deletes or overwrites is gone for good after {n} day(s); remove the rule, or give it {lock_days} days or more"));
+                }
+                if let Some(n) = r.expire_current_days.filter(|n| lock_days == 0 || *n < lock_days) {
+                    w.push(format!("lifecycle rule {id:?} expires current objects {n} day(s) after they are written, sooner than the lock's {lock_days} days: it would hide the repository's objects behind delete markers; remove the rule"));
+                }
+            }
+        }
+        Err(e) => w.push(format!(
+            "could not read the bucket's lifecycle rules ({e}): whether one expires history sooner than the lock is not known"
+        )),
+    }
+    w
 }
 
 fn wall_clock() -> i64 {
@@ -137,6 +200,7 @@ pub fn maintain(repo: &Repository, dry_run: bool, extend_all: bool) -> Result<Op
     }
 
     reclaim(history, now, dry_run, &mut report)?;
+    report.warnings = settings_warnings(repo);
     Ok(Some(report))
 }
 

@@ -85,7 +85,8 @@ pub(crate) fn repack_packs(
         }
         Ok(())
     });
-    let stats = saver.finish();
+    // Storage's own error first (see `copy`).
+    let stats = saver.finish()?;
     result?;
-    Ok(stats?.stored_bytes_added)
+    Ok(stats.stored_bytes_added)
 }

@@ -10,9 +10,7 @@
 
 use std::collections::HashSet;
 
-use capsule_crypto::Aad;
-use capsule_format::index::{IndexFile, IndexPack};
-use capsule_format::pack::{decode_header, parse_trailer, PACK_TRAILER_LEN};
+use capsule_format::index::IndexFile;
 use capsule_format::FileType;
 use capsule_format::{BlobType, ObjectId};
 
@@ -39,10 +37,6 @@ pub struct RepairReport {
     /// why: their blobs stay unavailable.
     pub unreadable_packs: Vec<(String, String)>,
 }
-
-/// Most header bytes read in the first request: the trailer and, for all
-/// but the largest packs, the whole header with it.
-const TAIL_GUESS: u64 = 64 * 1024;
 
 /// Rebuilds the index from pack headers. With `dry_run`, reads and reports
 /// but writes and deletes nothing.
@@ -78,7 +72,7 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
     report.unindexed = todo.len() as u64;
     let width = crate::flight::reads_in_flight(&repo.backend().capabilities());
     let results = crate::flight::map_in_flight(&todo, width, |(name, id, size)| {
-        (name.clone(), read_header(repo, name, *id, *size))
+        (name.clone(), repo.read_pack_header(name, *id, *size))
     });
     let mut packs = Vec::new();
     for (name, r) in results {
@@ -113,56 +107,6 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
         report.removed_index_files.push(f);
     }
     Ok(report)
-}
-
-/// Reads and authenticates one pack's header.
-pub(crate) fn read_header(
-    repo: &Repository,
-    name: &str,
-    id: ObjectId,
-    size: u64,
-) -> Result<IndexPack> {
-    if size < PACK_TRAILER_LEN as u64 {
-        return Err(EngineError::corrupt(name, "shorter than a pack trailer"));
-    }
-    let start = size.saturating_sub(TAIL_GUESS);
-    let mut tail = repo.backend().get(name, Some(start..size))?;
-    if tail.len() as u64 != size - start {
-        return Err(EngineError::corrupt(name, "short read of the pack's end"));
-    }
-    let t = &tail[tail.len() - PACK_TRAILER_LEN..];
-    let hlen = parse_trailer(t, size).map_err(|e| EngineError::corrupt(name, e))? as u64;
-    let hstart = size - PACK_TRAILER_LEN as u64 - hlen;
-    // A header longer than the first read: fetch it whole.
-    let base = if hstart < start {
-        tail = repo.backend().get(name, Some(hstart..size))?;
-        if tail.len() as u64 != size - hstart {
-            return Err(EngineError::corrupt(name, "short read of the pack header"));
-        }
-        hstart
-    } else {
-        start
-    };
-    let env = &tail[(hstart - base) as usize..tail.len() - PACK_TRAILER_LEN];
-    let plain = repo
-        .key()
-        .open(Aad::PackHeader, env)
-        .map_err(|e| EngineError::corrupt(name, format!("header: {e}")))?;
-    let entries = decode_header(&plain).map_err(|e| EngineError::corrupt(name, e))?;
-    let want = if FileType::of_name(name) == Some(FileType::TreePack) {
-        BlobType::Tree
-    } else {
-        BlobType::Data
-    };
-    for e in &entries {
-        if e.blob_type != want || u64::from(e.offset) + u64::from(e.length) > hstart {
-            return Err(EngineError::corrupt(
-                name,
-                "header lists a blob outside the pack or of the wrong type",
-            ));
-        }
-    }
-    Ok(IndexPack { id, size, entries })
 }
 
 /// What `repair snapshots` did to one snapshot.

@@ -19,18 +19,8 @@ use crate::{LabError, Result};
 /// Backup records kept per repository (about four weeks of hourly runs).
 pub const RUNS_KEPT: usize = 700;
 
-/// The state directory.
-pub fn state_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("CAPSULE_STATE_DIR").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(d));
-    }
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(d).join("capsule"));
-    }
-    std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(|h| PathBuf::from(h).join(".local/state/capsule"))
-}
+/// The state directory (where the access crate keeps it).
+pub use capsule_access::state_dir;
 
 fn write_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
     if let Some(d) = path.parent() {

@@ -28,6 +28,15 @@ pub enum SnapError {
         /// What to do, when the message says (no space, no privilege).
         hint: &'static str,
     },
+    /// A directory on the way to where a snapshot is taken, read or
+    /// removed is one another user can change: nothing is done there.
+    #[error("not taking or removing a source snapshot at {path}: it {why}; make it root's and not writable by others (chown root, chmod go-w), or set source-snapshot = \"off\"")]
+    Untrusted {
+        /// The directory (or link) in question.
+        path: String,
+        /// Why it cannot be trusted.
+        why: String,
+    },
     /// A system call failed.
     #[error("{doing} {path}: {source}")]
     Io {

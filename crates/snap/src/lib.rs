@@ -14,10 +14,12 @@
 //! that another tool made or that a running capsule still reads.
 
 mod btrfs;
+mod btrfs_ioctl;
 mod error;
 mod lvm;
 pub mod mounts;
 mod tool;
+mod trusted;
 mod zfs;
 
 use std::os::unix::fs::MetadataExt;
@@ -109,6 +111,19 @@ pub struct Taken {
     pub name: String,
     /// What its tool calls it (a path, `vg/lv`, `dataset@name`).
     pub handle: String,
+    /// For btrfs: the snapshot held open, with its recorded identity, by
+    /// which alone it is removed.
+    pin: Option<std::sync::Arc<btrfs::Pin>>,
+}
+
+/// What [`Snapshotter::leftovers`] found.
+#[derive(Debug, Default)]
+pub struct Leftovers {
+    /// capsule's own snapshots of runs that are gone: to remove.
+    pub found: Vec<Taken>,
+    /// What looks like one but capsule did not record as its own: left
+    /// as it is, and said.
+    pub kept: Vec<String>,
 }
 
 /// A kind of file-system snapshot.
@@ -123,7 +138,7 @@ pub trait Snapshotter: Send + Sync {
     /// Removes a snapshot this kind took.
     fn remove(&self, taken: &Taken) -> Result<(), SnapError>;
     /// capsule's snapshots of the volume at `root` whose run is gone.
-    fn leftovers(&self, root: &Path, mount: &Mount) -> Result<Vec<Taken>, SnapError>;
+    fn leftovers(&self, root: &Path, mount: &Mount) -> Result<Leftovers, SnapError>;
 }
 
 fn snapshotter(k: Kind) -> &'static dyn Snapshotter {
@@ -186,6 +201,8 @@ struct Held {
 pub struct Frozen {
     name: String,
     held: Mutex<Vec<Held>>,
+    /// Nested subvolumes snapshotted so far (their snapshots' names).
+    nested: std::sync::atomic::AtomicU32,
 }
 
 /// What [`freeze`] did.
@@ -262,37 +279,57 @@ fn volumes(
     Ok(out)
 }
 
-/// Removes capsule's snapshots of the sources' volumes that runs which
-/// are gone left behind; says which (and what could not be removed).
-pub fn clean(sources: &[PathBuf], one_file_system: bool) -> Vec<String> {
-    let Ok(vols) = volumes(Mode::Auto, sources, one_file_system) else {
-        return Vec::new();
-    };
-    clean_volumes(&vols)
+/// What [`clean`] did.
+#[derive(Debug, Default)]
+pub struct Cleaned {
+    /// Every leftover removed, and every one left (with why).
+    pub notes: Vec<String>,
+    /// How many are left, or could not be looked for.
+    pub left: usize,
 }
 
-fn clean_volumes(vols: &[(PathBuf, Mount, Kind)]) -> Vec<String> {
-    let mut notes = Vec::new();
+/// Removes capsule's snapshots of the sources' volumes that runs which
+/// are gone left behind (nested subvolumes' among them: they are kept
+/// beside their top volume's); says which, and what is left.
+pub fn clean(sources: &[PathBuf], one_file_system: bool) -> Cleaned {
+    match volumes(Mode::Auto, sources, one_file_system) {
+        Ok(vols) => clean_volumes(&vols),
+        Err(e) => Cleaned {
+            notes: vec![format!("looking for leftover source snapshots: {e}")],
+            left: 0,
+        },
+    }
+}
+
+fn clean_volumes(vols: &[(PathBuf, Mount, Kind)]) -> Cleaned {
+    let mut out = Cleaned::default();
     for (root, m, kind) in vols {
         let s = snapshotter(*kind);
         let found = match s.leftovers(root, m) {
             Ok(f) => f,
             Err(e) => {
-                notes.push(format!("looking for leftover source snapshots: {e}"));
+                out.notes
+                    .push(format!("looking for leftover source snapshots: {e}"));
+                out.left += 1;
                 continue;
             }
         };
-        for t in found {
-            notes.push(match s.remove(&t) {
+        out.left += found.kept.len();
+        out.notes.extend(found.kept);
+        for t in found.found {
+            out.notes.push(match s.remove(&t) {
                 Ok(()) => format!(
                     "removed the source snapshot {} that an interrupted run left behind",
                     t.handle
                 ),
-                Err(e) => format!("a source snapshot an interrupted run left behind: {e}"),
+                Err(e) => {
+                    out.left += 1;
+                    format!("a source snapshot an interrupted run left behind: {e}")
+                }
             });
         }
     }
-    notes
+    out
 }
 
 /// Takes the snapshots `mode` asks for, of the file systems holding
@@ -318,7 +355,7 @@ pub fn freeze(
         Ok(v) => v,
         Err(e) => return fallback(e),
     };
-    let mut notes = clean_volumes(&vols);
+    let mut notes = clean_volumes(&vols).notes;
     let frozen = Frozen {
         name: format!(
             "{PREFIX}{}-{}",
@@ -328,6 +365,7 @@ pub fn freeze(
             std::process::id()
         ),
         held: Mutex::new(Vec::new()),
+        nested: std::sync::atomic::AtomicU32::new(0),
     };
     for (root, m, kind) in &vols {
         if let Err(e) = frozen.take(*kind, root, m) {
@@ -350,11 +388,21 @@ impl Frozen {
     }
 
     fn take(&self, kind: Kind, root: &Path, m: &Mount) -> Result<PathBuf, SnapError> {
-        let s = snapshotter(kind);
-        let origin_dev = std::fs::metadata(root)
-            .map_err(|e| SnapError::io("read", root, e))?
-            .dev();
-        let taken = s.create(root, m, &self.name)?;
+        let taken = snapshotter(kind).create(root, m, &self.name)?;
+        self.hold(taken, (kind == Kind::Btrfs).then(|| dev_of(m)).flatten())
+    }
+
+    /// Keeps `taken` to read, and to remove when done.
+    fn hold(&self, taken: Taken, fs_dev: Option<u64>) -> Result<PathBuf, SnapError> {
+        let s = snapshotter(taken.kind);
+        let root = &taken.origin;
+        let origin_dev = match std::fs::metadata(root) {
+            Ok(m) => m.dev(),
+            Err(e) => {
+                let _ = s.remove(&taken);
+                return Err(SnapError::io("read", root, e));
+            }
+        };
         let view = taken.view.clone();
         let id = match std::fs::metadata(&view) {
             Ok(v) => (v.dev(), v.ino()),
@@ -367,7 +415,7 @@ impl Frozen {
             taken,
             view_id: id,
             origin_dev,
-            fs_dev: (kind == Kind::Btrfs).then(|| dev_of(m)).flatten(),
+            fs_dev,
         });
         Ok(view)
     }
@@ -416,22 +464,30 @@ impl Frozen {
 
     /// Snapshots the btrfs subvolume at `logical` (found as a placeholder
     /// in a snapshot of the one above it) and returns where it is read.
+    /// It goes into the snapshot directory of the volume above it (never
+    /// into the nested subvolume, which may be another user's), found
+    /// from there without following links.
     pub fn nested(&self, logical: &Path) -> Result<PathBuf, SnapError> {
-        let m = mounts::holding(logical, &mounts::table())
-            .cloned()
-            .ok_or_else(|| {
-                SnapError::Unsupported(format!("no mount holds {}", logical.display()))
-            })?;
-        let ino = std::fs::metadata(logical)
-            .map_err(|e| SnapError::io("read the nested subvolume", logical, e))?
-            .ino();
-        if ino != btrfs::SUBVOLUME_ROOT_INODE {
-            return Err(SnapError::Unsupported(format!(
-                "{} was a nested subvolume when the snapshot was taken, and is no longer one",
-                logical.display()
-            )));
-        }
-        self.take(Kind::Btrfs, logical, &m)
+        let (top, fs_dev) = {
+            let held = self.held();
+            let h = held
+                .iter()
+                .filter(|h| h.taken.kind == Kind::Btrfs && logical.starts_with(&h.taken.origin))
+                .max_by_key(|h| h.taken.origin.components().count())
+                .ok_or_else(|| {
+                    SnapError::Unsupported(format!(
+                        "no btrfs snapshot was taken above {}",
+                        logical.display()
+                    ))
+                })?;
+            (h.taken.clone(), h.fs_dev)
+        };
+        let k = self
+            .nested
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let taken = btrfs::nested(&top, logical, &format!("{}-n{k}", self.name))?;
+        self.hold(taken, fs_dev)
     }
 
     /// Fails when a snapshot was removed, or replaced, since it was taken:

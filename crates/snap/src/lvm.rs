@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::mounts::Mount;
 use crate::tool::Tool;
-use crate::{is_ours, Kind, SnapError, Snapshotter, Taken};
+use crate::{is_ours, Kind, Leftovers, SnapError, Snapshotter, Taken};
 
 const TAG: &str = "capsule-snapshot";
 const MOUNTS: &str = "/run/capsule/snapshots";
@@ -162,6 +162,7 @@ impl Snapshotter for Lvm {
             view: view_of(mount, &name),
             name: name.clone(),
             handle,
+            pin: None,
         };
         if let Err(e) = mount_ro(&taken, mount) {
             let _ = self.remove(&taken);
@@ -186,7 +187,7 @@ impl Snapshotter for Lvm {
         Ok(())
     }
 
-    fn leftovers(&self, root: &Path, mount: &Mount) -> Result<Vec<Taken>, SnapError> {
+    fn leftovers(&self, root: &Path, mount: &Mount) -> Result<Leftovers, SnapError> {
         let (vg, lv, _, _) = origin(mount)?;
         let out = LVS.run(
             &format!("listing the snapshots of {vg}/{lv}"),
@@ -199,7 +200,7 @@ impl Snapshotter for Lvm {
                 &format!("@{TAG}"),
             ],
         )?;
-        Ok(out
+        let found = out
             .lines()
             .filter_map(|l| {
                 let f: Vec<&str> = l.trim().split('|').map(str::trim).collect();
@@ -211,12 +212,17 @@ impl Snapshotter for Lvm {
                             view: view_of(mount, name),
                             name: name.to_string(),
                             handle: format!("{vg}/{name}"),
+                            pin: None,
                         })
                     }
                     _ => None,
                 }
             })
-            .collect())
+            .collect();
+        Ok(Leftovers {
+            found,
+            kept: Vec::new(),
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::mounts::Mount;
 use crate::tool::Tool;
-use crate::{is_ours, Kind, SnapError, Snapshotter, Taken};
+use crate::{is_ours, Kind, Leftovers, SnapError, Snapshotter, Taken};
 
 const ZFS: Tool = Tool {
     name: "zfs",
@@ -36,6 +36,7 @@ impl Snapshotter for Zfs {
             view: mount.point.join(".zfs/snapshot").join(name),
             name: name.to_string(),
             handle,
+            pin: None,
         })
     }
 
@@ -47,7 +48,7 @@ impl Snapshotter for Zfs {
         Ok(())
     }
 
-    fn leftovers(&self, root: &Path, mount: &Mount) -> Result<Vec<Taken>, SnapError> {
+    fn leftovers(&self, root: &Path, mount: &Mount) -> Result<Leftovers, SnapError> {
         let out = ZFS.run(
             &format!("listing the snapshots of {}", mount.source),
             &[
@@ -62,7 +63,7 @@ impl Snapshotter for Zfs {
                 &mount.source,
             ],
         )?;
-        Ok(out
+        let found = out
             .lines()
             .filter_map(|l| {
                 let (_, name) = l.trim().split_once('@')?;
@@ -72,8 +73,13 @@ impl Snapshotter for Zfs {
                     view: mount.point.join(".zfs/snapshot").join(name),
                     name: name.to_string(),
                     handle: l.trim().to_string(),
+                    pin: None,
                 })
             })
-            .collect())
+            .collect();
+        Ok(Leftovers {
+            found,
+            kept: Vec::new(),
+        })
     }
 }

@@ -57,9 +57,6 @@ pub(crate) async fn backup(
     Json(q): Json<ProfileQ>,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let name = named(&q)?;
-    let how = blocking(move || {
-        (ui.backup_now)(&name).map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e))
-    })
-    .await?;
+    let how = blocking(move || (ui.backup_now)(&name)).await?;
     Ok(Json(how))
 }

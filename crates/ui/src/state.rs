@@ -37,7 +37,9 @@ impl Shown {
 pub type OpenProfile = Box<dyn Fn(&str) -> Result<Shown, String> + Send + Sync>;
 
 /// Starts a backup of a profile now ("Back up now"): how it was started.
-pub type BackupNow = Box<dyn Fn(&str) -> Result<serde_json::Value, String> + Send + Sync>;
+/// A profile that does not exist is [`Failure::not_found`], naming those
+/// that do.
+pub type BackupNow = Box<dyn Fn(&str) -> Result<serde_json::Value, Failure> + Send + Sync>;
 
 /// What the page needs from the process serving it.
 pub struct Ui {
@@ -102,6 +104,17 @@ impl Jobs {
 /// A request refused or failed, as the page shows it.
 #[derive(Debug)]
 pub struct Failure(pub(crate) StatusCode, pub(crate) String);
+
+impl Failure {
+    /// 404: what was asked for is not there (the message says what is).
+    pub fn not_found(why: impl Into<String>) -> Self {
+        Failure(StatusCode::NOT_FOUND, why.into())
+    }
+    /// 500: it could not be done.
+    pub fn internal(why: impl Into<String>) -> Self {
+        Failure(StatusCode::INTERNAL_SERVER_ERROR, why.into())
+    }
+}
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {

@@ -51,9 +51,11 @@ const OUTSIDE_MASK: u64 = libc::FAN_CREATE
 /// The fanotify watcher.
 pub struct Fanotify {
     fd: OwnedFd,
-    /// Each marked file system's ID and a descriptor on it, for
-    /// `open_by_handle_at`.
-    filesystems: Vec<([u8; 8], OwnedFd)>,
+    /// Each marked file system's ID and where it was marked; a
+    /// descriptor on it, for `open_by_handle_at`, is held only within one
+    /// drain ([`Fanotify::on`]): held between drains it would keep the
+    /// file system busy, and its owner could not unmount it.
+    filesystems: Vec<([u8; 8], PathBuf, Option<OwnedFd>)>,
     sources: Vec<PathBuf>,
     ignore_file: Option<Vec<u8>>,
     skip: Vec<PathBuf>,
@@ -79,15 +81,35 @@ enum Place {
     Gone,
 }
 
+/// Where a file (found by its own handle) has its names.
+enum FileAt {
+    /// None: deleted, only descriptors hold it.
+    Deleted,
+    /// In the sources, in this directory.
+    Inside(PathBuf),
+    /// Its one name is outside the sources.
+    OnlyOutside,
+    /// Cannot be told for certain.
+    Unknown,
+}
+
 /// A file system's ID as `statfs` gives it, in the bytes events carry
 /// (`__kernel_fsid_t`: two 32-bit words in memory order; `statvfs` packs
 /// them low word first).
 fn fsid_of(path: &Path) -> Option<[u8; 8]> {
-    let id = rustix::fs::statvfs(path).ok()?.f_fsid;
+    Some(fsid_bytes(rustix::fs::statvfs(path).ok()?.f_fsid))
+}
+
+/// [`fsid_of`] for an open descriptor.
+fn fsid_of_fd(fd: &OwnedFd) -> [u8; 8] {
+    rustix::fs::fstatvfs(fd).map_or([0; 8], |v| fsid_bytes(v.f_fsid))
+}
+
+fn fsid_bytes(id: u64) -> [u8; 8] {
     let mut out = [0u8; 8];
     out[..4].copy_from_slice(&(id as u32).to_ne_bytes());
     out[4..].copy_from_slice(&((id >> 32) as u32).to_ne_bytes());
-    Some(out)
+    out
 }
 
 impl Fanotify {
@@ -98,7 +120,10 @@ impl Fanotify {
             | libc::FAN_NONBLOCK
             | libc::FAN_CLASS_NOTIF
             | libc::FAN_UNLIMITED_QUEUE
-            | libc::FAN_REPORT_DFID_NAME;
+            | libc::FAN_REPORT_DFID_NAME
+            // The file's own handle too: a write through a name removed
+            // since is placed by the file, not by the name (issue 59, 4).
+            | libc::FAN_REPORT_FID;
         #[allow(unsafe_code)]
         // SAFETY: fanotify_init takes two integer flag sets and returns a
         // new descriptor or -1; no memory is shared.
@@ -157,7 +182,7 @@ impl Fanotify {
         let Some(fsid) = fsid_of(dir) else {
             return Ok(());
         };
-        if self.filesystems.iter().any(|(id, _)| *id == fsid) {
+        if self.filesystems.iter().any(|(id, _, _)| *id == fsid) {
             return Ok(());
         }
         let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
@@ -181,16 +206,29 @@ impl Fanotify {
                 std::io::Error::last_os_error()
             )));
         }
-        let on = rustix::fs::open(
-            dir,
-            rustix::fs::OFlags::RDONLY
-                | rustix::fs::OFlags::DIRECTORY
-                | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| WatchError::io("open", dir, e.into()))?;
-        self.filesystems.push((fsid, on));
+        self.filesystems.push((fsid, dir.to_path_buf(), None));
         Ok(())
+    }
+
+    /// A descriptor on the marked file system `fsid`, opened on first
+    /// use within a drain (and checked to be that file system still).
+    fn on(&mut self, fsid: &[u8]) -> Option<std::os::fd::BorrowedFd<'_>> {
+        let (_, dir, fd) = self.filesystems.iter_mut().find(|(id, _, _)| id == fsid)?;
+        if fd.is_none() {
+            let opened = rustix::fs::open(
+                &*dir,
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .ok()?;
+            if fsid_of_fd(&opened).as_slice() != fsid {
+                return None;
+            }
+            *fd = Some(opened);
+        }
+        fd.as_ref().map(|f| f.as_fd())
     }
 
     /// Where the directory with this handle on the file system `fsid` is.
@@ -200,7 +238,7 @@ impl Fanotify {
         if let Some(p) = self.paths.get(&key) {
             return p.clone();
         }
-        let Some((_, on)) = self.filesystems.iter().find(|(id, _)| id == fsid) else {
+        let Some(on) = self.on(fsid).map(|f| f.as_raw_fd()) else {
             return Place::Gone;
         };
         // struct file_handle: handle_bytes (u32), handle_type (i32), then
@@ -218,7 +256,7 @@ impl Fanotify {
         // call; the kernel only reads it.
         let raw = unsafe {
             libc::open_by_handle_at(
-                on.as_raw_fd(),
+                on,
                 fh.as_mut_ptr().cast::<libc::file_handle>(),
                 libc::O_PATH | libc::O_CLOEXEC,
             )
@@ -256,6 +294,67 @@ impl Fanotify {
         place
     }
 
+    /// Where the file with this handle on the file system `fsid` has its
+    /// names, as far as can be told for certain.
+    fn file_at(&mut self, fsid: &[u8], handle: &[u8]) -> FileAt {
+        let Some(on) = self.on(fsid).map(|f| f.as_raw_fd()) else {
+            return FileAt::Unknown;
+        };
+        let mut fh: Vec<u32> = vec![0; handle.len().div_ceil(4) + 1];
+        for (i, chunk) in handle.chunks(4).enumerate() {
+            let mut w = [0u8; 4];
+            w[..chunk.len()].copy_from_slice(chunk);
+            fh[i] = u32::from_ne_bytes(w);
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: as in `resolve`.
+        let raw = unsafe {
+            libc::open_by_handle_at(
+                on,
+                fh.as_mut_ptr().cast::<libc::file_handle>(),
+                libc::O_PATH | libc::O_CLOEXEC,
+            )
+        };
+        if raw < 0 {
+            // ESTALE: the inode is gone, so no name holds it.
+            return match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::ESTALE) => FileAt::Deleted,
+                _ => FileAt::Unknown,
+            };
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: a descriptor open_by_handle_at just returned.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let Ok(st) = rustix::fs::fstat(&fd) else {
+            return FileAt::Unknown;
+        };
+        if st.st_nlink == 0 {
+            return FileAt::Deleted;
+        }
+        // One of its names, if the kernel knows one; believed only where
+        // that name is this very file now.
+        let Ok(link) = rustix::fs::readlinkat(
+            rustix::fs::CWD,
+            format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()),
+            Vec::new(),
+        ) else {
+            return FileAt::Unknown;
+        };
+        let p = PathBuf::from(OsStr::from_bytes(link.as_bytes()));
+        let same = std::fs::symlink_metadata(&p)
+            .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino);
+        if !same {
+            return FileAt::Unknown;
+        }
+        match p.parent() {
+            Some(d) if self.sources.iter().any(|s| p.starts_with(s)) => {
+                FileAt::Inside(d.to_path_buf())
+            }
+            _ if st.st_nlink == 1 => FileAt::OnlyOutside,
+            _ => FileAt::Unknown,
+        }
+    }
+
     /// Records one event: its mask, the directory's file system and
     /// handle, and the entry's name (none for an event on the directory
     /// itself).
@@ -265,6 +364,7 @@ impl Fanotify {
         fsid: &[u8],
         handle: &[u8],
         name: Option<&[u8]>,
+        file: Option<(&[u8], &[u8])>,
         journal: &mut Journal,
     ) -> Result<()> {
         let is_dir = mask & libc::FAN_ONDIR != 0;
@@ -284,12 +384,24 @@ impl Fanotify {
                     if write_only && self.written_once.contains(&entry) {
                         return Ok(());
                     }
-                    if std::fs::symlink_metadata(&entry).is_ok_and(|m| m.is_file() && m.nlink() > 1)
-                    {
+                    let found = std::fs::symlink_metadata(&entry);
+                    if found.as_ref().is_ok_and(|m| m.is_file() && m.nlink() > 1) {
                         journal.lose(format!(
                             "{}, a file with several names, changed outside the sources: its names in them cannot be placed",
                             entry.display()
                         ));
+                    } else if found.is_err() {
+                        // Written through a descriptor opened by a name
+                        // removed since: the file may still have a name
+                        // inside. Placed by its own handle, or a loss.
+                        match file.map_or(FileAt::Unknown, |(fs, h)| self.file_at(fs, h)) {
+                            FileAt::Deleted | FileAt::OnlyOutside => {}
+                            FileAt::Inside(d) => journal.dirty(&d),
+                            FileAt::Unknown => journal.lose(format!(
+                                "a file was changed through {}, a name outside the sources removed since, and where its other names are cannot be told",
+                                entry.display()
+                            )),
+                        }
                     } else if write_only {
                         self.written_once.insert(entry);
                     } else {
@@ -356,35 +468,49 @@ impl Fanotify {
             if mask & libc::FAN_Q_OVERFLOW != 0 {
                 journal.lose("the kernel's fanotify queue overflowed");
             }
-            // Info records.
+            // Info records: the directory's handle and the entry's name,
+            // and the file's own handle.
             let mut i = off + meta_len;
+            let mut dfid: Option<(usize, usize, usize, Option<(usize, usize)>)> = None;
+            let mut fid: Option<(usize, usize)> = None;
             while i + 4 <= off + event_len {
                 let info_type = buf[i];
                 let len = u16_at(&buf, i + 2) as usize;
                 if len < 4 || i + len > off + event_len {
                     break;
                 }
-                if info_type == libc::FAN_EVENT_INFO_TYPE_DFID_NAME
-                    || info_type == libc::FAN_EVENT_INFO_TYPE_DFID
-                {
-                    // header (4), fsid (8), handle_bytes (4), handle_type
-                    // (4), handle, then the NUL-terminated name.
-                    let fsid = &buf[i + 4..i + 12];
-                    let hbytes = u32_at(&buf, i + 12) as usize;
-                    let hend = i + 20 + hbytes;
-                    if hend <= i + len {
-                        let handle = &buf[i + 12..hend];
+                // header (4), fsid (8), handle_bytes (4), handle_type (4),
+                // handle, then (for DFID_NAME) the NUL-terminated name.
+                let hbytes = if i + 16 <= i + len {
+                    u32_at(&buf, i + 12) as usize
+                } else {
+                    usize::MAX
+                };
+                let hend = (i + 20).saturating_add(hbytes);
+                if hend <= i + len {
+                    if info_type == libc::FAN_EVENT_INFO_TYPE_DFID_NAME
+                        || info_type == libc::FAN_EVENT_INFO_TYPE_DFID
+                    {
                         let name = (info_type == libc::FAN_EVENT_INFO_TYPE_DFID_NAME).then(|| {
                             let rest = &buf[hend..i + len];
                             let end = rest.iter().position(|b| *b == 0).unwrap_or(rest.len());
-                            &rest[..end]
+                            (hend, hend + end)
                         });
-                        if let Err(e) = self.record(mask, fsid, handle, name, journal) {
-                            result = Err(e);
-                        }
+                        dfid = Some((i + 4, i + 12, hend, name));
+                    } else if info_type == libc::FAN_EVENT_INFO_TYPE_FID {
+                        fid = Some((i + 4, hend));
                     }
                 }
                 i += len;
+            }
+            if let Some((fs, h, hend, name)) = dfid {
+                let file = fid.map(|(f, e)| (&buf[f..f + 8], &buf[f + 8..e]));
+                let name = name.map(|(a, b)| &buf[a..b]);
+                if let Err(e) =
+                    self.record(mask, &buf[fs..fs + 8], &buf[h..hend], name, file, journal)
+                {
+                    result = Err(e);
+                }
             }
             off += event_len;
         }
@@ -424,6 +550,10 @@ impl Watcher for Fanotify {
                     ))
                 }
             }
+        }
+        // Nothing held between drains on the file systems watched.
+        for (_, _, fd) in &mut self.filesystems {
+            *fd = None;
         }
         if self.mounts.changed() {
             journal.lose("the mounts below the sources changed");

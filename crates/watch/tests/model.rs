@@ -144,6 +144,9 @@ struct Outside {
     aliases: Vec<PathBuf>,
     /// The other path of the directory bind-mounted at `src/bound`.
     bound: Option<PathBuf>,
+    /// Files opened through an outside name that was then removed: their
+    /// descriptors, written through later.
+    held: Vec<(std::fs::File, PathBuf)>,
 }
 
 /// Moves a tree, as `mv` does: renamed, or copied and deleted where the
@@ -230,7 +233,7 @@ fn mutate(
         let subs: Vec<&PathBuf> = ds.iter().filter(|p| *p != src).collect();
         (!subs.is_empty()).then(|| subs[rng.below(subs.len())].clone())
     };
-    let mut op = rng.below(19);
+    let mut op = rng.below(21);
     if op == 9 && !may_link {
         op = 0;
     }
@@ -380,6 +383,26 @@ fn mutate(
                     a.display()
                 )
             }
+        }
+        // Opened through its outside name, which is then removed (the file
+        // keeps its name inside); written through later (issue 59, 4).
+        19 if !reach.aliases.is_empty() => {
+            let a = reach.aliases.swap_remove(rng.below(reach.aliases.len()));
+            let h = std::fs::OpenOptions::new().append(true).open(&a).unwrap();
+            std::fs::remove_file(&a).unwrap();
+            reach.held.push((h, a.clone()));
+            format!(
+                "open {}, then remove that name, keeping the descriptor",
+                a.display()
+            )
+        }
+        20 if !reach.held.is_empty() => {
+            let (mut h, a) = reach.held.swap_remove(rng.below(reach.held.len()));
+            std::io::Write::write_all(&mut h, format!("PAYLOAD {n}").as_bytes()).unwrap();
+            format!(
+                "write through the descriptor opened as {}, a name removed since",
+                a.display()
+            )
         }
         17 | 18 if reach.bound.is_some() => {
             let other = reach.bound.clone().unwrap();

@@ -70,6 +70,11 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
     drop(bar);
     drop(session);
     let r = r?;
+    // A locked bucket whose settings would let history go sooner.
+    let lock_warnings = capsule_engine::locked::settings_warnings(&repo);
+    for w in &lock_warnings {
+        out.warn(w);
+    }
     // The next backup must not reuse what this check found lost.
     if let Some(dir) = cache_dir {
         if let Err(e) = capsule_access::open::write_damaged_packs(&dir, &r.damaged_packs) {
@@ -79,7 +84,7 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
             ));
         }
     }
-    out.json(&serde_json::json!({ "ok": r.ok(), "report": r, "destination": capsule_app::open::destination_json() }));
+    out.json(&serde_json::json!({ "ok": r.ok(), "report": r, "lock_warnings": lock_warnings, "destination": capsule_app::open::destination_json() }));
     out.say(format!(
         "checked {} snapshots, {} trees, {} packs{}",
         r.snapshots,
@@ -259,20 +264,25 @@ fn repair_source_snapshots(
         )
         .into());
     }
-    let notes = capsule_engine::backup::clean_source_snapshots(
+    let cleaned = capsule_engine::backup::clean_source_snapshots(
         &paths,
         profile.one_file_system.unwrap_or(false),
     );
     if out.json {
-        out.json(&serde_json::json!({ "notes": notes }));
+        out.json(&serde_json::json!({ "notes": cleaned.notes, "left": cleaned.left }));
     }
-    if notes.is_empty() {
+    if cleaned.notes.is_empty() {
         out.result("no source snapshot left behind");
     }
-    for n in &notes {
+    for n in &cleaned.notes {
         out.result(n);
     }
-    Ok(exit::OK)
+    // Something is left (or could not be looked at): not a success.
+    Ok(if cleaned.left > 0 {
+        exit::INCOMPLETE
+    } else {
+        exit::OK
+    })
 }
 
 fn repair_history(settings: &Settings, out: &Output, dry_run: bool) -> Result<u8> {

@@ -49,6 +49,20 @@ pub fn config(settings: &Settings, out: &Output, c: ConfigCommand) -> Result<u8>
             {
                 return Err(e.into());
             }
+            // What every run of a profile would refuse is a mistake now,
+            // not at 3 a.m.: exclude patterns are compiled as a backup
+            // compiles them.
+            for (name, p) in &cfg.file.profiles {
+                for pat in &p.excludes {
+                    if let Err(e) = capsule_engine::backup::check_pattern(pat) {
+                        return Err(capsule_app::UsageError(format!(
+                            "{}: profile {name}: excludes: {e}; every backup of this profile would refuse it",
+                            cfg.path.display()
+                        ))
+                        .into());
+                    }
+                }
+            }
             if let Some(why) = &cfg.insecure {
                 out.warn(format!(
                     "{}: {why}; another user could change what it backs up and where",

@@ -389,6 +389,9 @@ fn run_prune(
             bytes(r.bytes_temporaries)
         ));
     }
+    for w in r.object_lock.iter().flat_map(|l| &l.warnings) {
+        out.warn(w);
+    }
     if let Some(why) = r.object_lock.as_ref().and_then(|l| l.unknown.as_ref()) {
         out.warn(why);
     } else if let Some(l) = &r.object_lock {

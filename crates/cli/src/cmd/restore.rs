@@ -149,6 +149,7 @@ pub fn restore(settings: &Settings, out: &Output, a: RestoreArgs) -> Result<u8> 
     let bar = out.progress(&progress, "restore");
     let opts = RestoreOptions {
         target: a.target.clone(),
+        target_dir: None,
         includes,
         excludes: a.excludes,
         max_entries: treewalk::entry_budget(&snap),

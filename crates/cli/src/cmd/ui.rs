@@ -83,9 +83,26 @@ pub fn ui(settings: &Settings, out: &Output, a: UiArgs) -> Result<u8> {
         token,
         open_profile: Box::new(move |name| show_profile(&opened_first, name)),
         backup_now: Box::new(move |name| {
+            // A profile that is not there is refused, with those that are,
+            // before anything is started.
+            let cfg = capsule_app::settings::load_config(config2.as_deref())
+                .map_err(|e| capsule_ui::Failure::internal(e.to_string()))?;
+            match &cfg {
+                Some(c) => {
+                    c.profile(name)
+                        .map_err(|e| capsule_ui::Failure::not_found(e.to_string()))?;
+                }
+                None => {
+                    return Err(capsule_ui::Failure::not_found(format!(
+                        "no profile {name:?}: there is no configuration file"
+                    )))
+                }
+            }
             capsule_app::now::backup_now(config2.as_deref(), name)
                 .map(|how| serde_json::json!({ "started": how }))
-                .map_err(|e| format!("cannot start a backup of {name}: {e}"))
+                .map_err(|e| {
+                    capsule_ui::Failure::internal(format!("cannot start a backup of {name}: {e}"))
+                })
         }),
         status: Box::new(
             move || serde_json::json!({ "profiles": capsule_app::status::all_rows(config3.as_deref()) }),

@@ -519,6 +519,7 @@ pub fn backup(
         .as_ref()
         .map(|f| f.taken().into_iter().map(|t| t.handle).collect())
         .unwrap_or_default();
+    crate::pause::test_pause("walked");
     if let Some(f) = frozen {
         // Read from a snapshot someone removed meanwhile: entries that
         // could not be read would pass for vanished files.

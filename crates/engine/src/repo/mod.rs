@@ -6,6 +6,7 @@
 
 mod keys;
 mod names;
+mod packhead;
 mod sealed;
 
 use std::sync::Arc;
@@ -126,6 +127,39 @@ pub(crate) fn put_addressed_owned(
 
 /// Whether the location holds keys, snapshots or index files: the marks
 /// of a repository, with or without its config.
+/// A repository whose `config` is gone or damaged on a versioned store
+/// that still keeps older versions of it: deleted or overwritten since
+/// (an attack, or a mistake), and readable as it was with `--as-of`.
+fn history_left(backend: &dyn Backend, e: EngineError) -> EngineError {
+    let (location, was) = match &e {
+        EngineError::NotARepository { location }
+        | EngineError::MissingConfig { location }
+        | EngineError::DamagedConfig { location, .. } => (location.clone(), e.to_string()),
+        _ => return e,
+    };
+    let Some(h) = backend.history() else {
+        return e;
+    };
+    let kept = h
+        .versions("config")
+        .map(|v| v.iter().filter(|v| !v.delete_marker).count())
+        .unwrap_or(0);
+    // A damaged config keeps at least the version that was overwritten.
+    let enough = if matches!(e, EngineError::DamagedConfig { .. }) {
+        2
+    } else {
+        1
+    };
+    if kept < enough {
+        return e;
+    }
+    EngineError::HistoryLeft {
+        location,
+        was,
+        versions: kept,
+    }
+}
+
 fn holds_repository_objects(backend: &dyn Backend) -> Result<bool> {
     for prefix in [
         FileType::Key.prefix(),
@@ -240,6 +274,14 @@ impl Repository {
     /// [`open`](Self::open), using a key derivation already under way for
     /// the key file it was started for.
     pub fn open_with_early_key(
+        backend: Arc<dyn Backend>,
+        password: &[u8],
+        early: Option<EarlyKey>,
+    ) -> Result<Self> {
+        Self::open_inner(backend.clone(), password, early).map_err(|e| history_left(&*backend, e))
+    }
+
+    fn open_inner(
         backend: Arc<dyn Backend>,
         password: &[u8],
         early: Option<EarlyKey>,

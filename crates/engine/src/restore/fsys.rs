@@ -110,13 +110,18 @@ impl<'a, L: Layout> Target<'a, L> {
     /// by path once; everything below it by descriptor.
     pub(super) fn open(path: &Path, layout: &'a L) -> std::io::Result<Self> {
         let root = rustix::fs::open(path, dir_flags(), Mode::empty())?;
-        Ok(Target {
-            root: Arc::new(root),
+        Ok(Self::opened(Arc::new(root), path, layout))
+    }
+
+    /// The target directory, opened by the caller (`path` names it).
+    pub(super) fn opened(root: Arc<OwnedFd>, path: &Path, layout: &'a L) -> Self {
+        Target {
+            root,
             root_path: path.to_path_buf(),
             layout,
             dirs: Mutex::new(HashMap::new()),
             pid: std::process::id(),
-        })
+        }
     }
 
     /// Where entry `i` is, for messages (calls go through descriptors).
@@ -439,7 +444,12 @@ impl<'a, L: Layout> Target<'a, L> {
 /// tree would otherwise exhaust the stack).
 const MAX_REMOVE_DEPTH: usize = 512;
 
-fn remove_all_at(parent: &OwnedFd, name: &OsStr, depth: usize, dry: bool) -> std::io::Result<u64> {
+pub(super) fn remove_all_at(
+    parent: &OwnedFd,
+    name: &OsStr,
+    depth: usize,
+    dry: bool,
+) -> std::io::Result<u64> {
     let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
         if !dry {

@@ -19,6 +19,15 @@ mod trees;
 
 pub use fetch::{Bound, BoundKind, FetchStats, MAX_GAP, MAX_REQUEST};
 
+/// Removes `name` in directory `parent` and, for a directory, all it
+/// holds, through descriptors and never through a link; how many entries.
+pub fn remove_tree_at(
+    parent: &std::os::fd::OwnedFd,
+    name: &std::ffi::OsStr,
+) -> std::io::Result<u64> {
+    fsys::remove_all_at(parent, name, 0, false)
+}
+
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -43,6 +52,11 @@ use crate::repo::Repository;
 pub struct RestoreOptions {
     /// Directory to restore into (created if missing).
     pub target: PathBuf,
+    /// The target already opened (and checked) by the caller: everything
+    /// is restored below this descriptor, and `target` only names it in
+    /// messages. Put back reaches its staging folder without following
+    /// links and hands the restore that folder, not a path looked up again.
+    pub target_dir: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// Only entries matching these globs (and everything below them).
     pub includes: Vec<String>,
     /// Skip entries matching these globs (and everything below them).
@@ -224,12 +238,14 @@ pub fn restore(
         ));
     }
     // A dry run creates nothing, not even the target.
-    let target_exists = opts.target.exists();
-    if !opts.dry_run {
+    let target_exists = opts.target_dir.is_some() || opts.target.exists();
+    if !opts.dry_run && opts.target_dir.is_none() {
         std::fs::create_dir_all(&opts.target)
             .map_err(|e| EngineError::io("create target", &opts.target, e))?;
     }
-    let target = if target_exists || !opts.dry_run {
+    let target = if opts.target_dir.is_some() {
+        opts.target.clone()
+    } else if target_exists || !opts.dry_run {
         std::fs::canonicalize(&opts.target)
             .map_err(|e| EngineError::io("resolve target", &opts.target, e))?
     } else {
@@ -340,8 +356,11 @@ pub fn restore(
             message: m,
         })
     };
-    let fs = fsys::Target::open(&target, &entries)
-        .map_err(|e| EngineError::io("open target", &target, e))?;
+    let fs = match &opts.target_dir {
+        Some(fd) => fsys::Target::opened(fd.clone(), &target, &entries),
+        None => fsys::Target::open(&target, &entries)
+            .map_err(|e| EngineError::io("open target", &target, e))?,
+    };
     let all = &entries;
     let (entries, arena) = (&all.list, &all.arena);
     // Where an entry goes, for messages only (every file system call goes

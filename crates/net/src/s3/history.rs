@@ -6,7 +6,8 @@
 use std::ops::Range;
 
 use capsule_backend::{
-    validate_name, BackendError, ErrorKind, History, LockMode, LockState, ObjectVersion, Retention,
+    validate_name, BackendError, ErrorKind, History, LifecycleRule, LockMode, LockState,
+    ObjectVersion, Retention,
 };
 use md5::{Digest, Md5};
 use object_store::aws::AwsAuthorizer;
@@ -82,6 +83,50 @@ struct DefaultXml {
 struct RetentionXml {
     mode: String,
     retain_until_date: String,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
+struct LifecycleXml {
+    #[serde(rename = "Rule")]
+    rules: Vec<LifecycleRuleXml>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
+struct LifecycleRuleXml {
+    #[serde(rename = "ID")]
+    id: String,
+    status: String,
+    prefix: Option<String>,
+    filter: Option<FilterXml>,
+    expiration: Option<ExpirationXml>,
+    noncurrent_version_expiration: Option<NoncurrentXml>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
+struct FilterXml {
+    prefix: Option<String>,
+    and: Option<AndXml>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
+struct AndXml {
+    prefix: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
+struct ExpirationXml {
+    days: Option<u32>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
+struct NoncurrentXml {
+    noncurrent_days: Option<u32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -280,6 +325,59 @@ impl History for S3Backend {
             });
             Ok(state)
         })
+    }
+
+    fn lifecycle(&self) -> Result<Vec<LifecycleRule>, BackendError> {
+        let a = block_on(self.raw(
+            "lifecycle",
+            reqwest::Method::GET,
+            None,
+            "lifecycle=",
+            &[],
+            Vec::new(),
+        ));
+        let a = match a {
+            Ok(a) => a,
+            Err(e)
+                if e.kind == ErrorKind::NotFound
+                    || e.message.contains("NoSuchLifecycleConfiguration") =>
+            {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
+        let l: LifecycleXml = xml("lifecycle", "", &a)?;
+        let ours = if self.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.prefix)
+        };
+        Ok(l.rules
+            .into_iter()
+            .map(|r| {
+                let prefix = r
+                    .filter
+                    .as_ref()
+                    .and_then(|f| {
+                        f.prefix
+                            .clone()
+                            .or_else(|| f.and.as_ref().and_then(|a| a.prefix.clone()))
+                    })
+                    .or(r.prefix)
+                    .unwrap_or_default();
+                LifecycleRule {
+                    id: r.id,
+                    enabled: r.status == "Enabled",
+                    prefix,
+                    expire_current_days: r.expiration.and_then(|e| e.days),
+                    expire_noncurrent_days: r
+                        .noncurrent_version_expiration
+                        .and_then(|n| n.noncurrent_days),
+                }
+            })
+            // Rules whose prefix reaches the repository's objects.
+            .filter(|r| ours.starts_with(&r.prefix) || r.prefix.starts_with(&ours))
+            .collect())
     }
 
     fn set_default_retention(&self, mode: LockMode, days: u32) -> Result<(), BackendError> {
