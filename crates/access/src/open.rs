@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use capsule_backend::{CacheStats, CachingBackend, LabBackend};
 use capsule_engine::repo::InitOptions;
-use capsule_engine::{EarlyKey, KeyHint, Repository};
+use capsule_engine::{EarlyKey, EngineError, KeyHint, Repository};
 use capsule_format::ObjectId;
 use capsule_net::Destination;
 
@@ -139,6 +139,27 @@ impl Access {
         let _ = write_own_file(&path, text.as_bytes());
     }
 
+    /// A local directory that holds no repository, where one on a file
+    /// system of its own last opened: away (an unplugged disk's mount
+    /// point), not missing ([`crate::place`]).
+    fn away(&self, e: EngineError) -> EngineError {
+        match (&self.dest, &e) {
+            (Destination::Local(p), EngineError::NotARepository { .. }) => {
+                match crate::place::away(p) {
+                    Some(why) => capsule_backend::BackendError::new(
+                        capsule_backend::ErrorKind::Unreachable,
+                        "open",
+                        &p.display().to_string(),
+                        why,
+                    )
+                    .into(),
+                    None => e,
+                }
+            }
+            _ => e,
+        }
+    }
+
     fn finish_open(
         &self,
         stack: Stack,
@@ -146,6 +167,9 @@ impl Access {
         t: Instant,
         cached: bool,
     ) -> Result<Opened> {
+        if let Destination::Local(p) = &self.dest {
+            crate::place::remember(p);
+        }
         self.remember_key(&repo);
         let warnings = repo.open_warnings().iter().map(|w| w.to_string()).collect();
         let dir = self.cache_dir(&repo.config().id);
@@ -221,7 +245,8 @@ impl Stack {
     /// started for), and puts the cache on top when `access` keeps one.
     pub fn open(self, access: &Access, password: &[u8], early: Option<EarlyKey>) -> Result<Opened> {
         let t = Instant::now();
-        let repo = Repository::open_with_early_key(self.backend.clone(), password, early)?;
+        let repo = Repository::open_with_early_key(self.backend.clone(), password, early)
+            .map_err(|e| access.away(e))?;
         access.finish_open(self, repo, t, true)
     }
 
@@ -235,7 +260,8 @@ impl Stack {
         early: Option<EarlyKey>,
     ) -> Result<Opened> {
         let t = Instant::now();
-        let repo = Repository::open_with_early_key(self.backend.clone(), password, early)?;
+        let repo = Repository::open_with_early_key(self.backend.clone(), password, early)
+            .map_err(|e| access.away(e))?;
         access.finish_open(self, repo, t, false)
     }
 }

@@ -128,7 +128,6 @@ impl Stack {
                         },
                         _ => e.into(),
                     })?;
-                    crate::place::remember(path);
                     Arc::new(b)
                 }
             }

@@ -569,7 +569,7 @@ fn put_back_never_writes_through_a_link_planted_on_its_way() {
                 }
                 if std::fs::rename(&sub, &aside).is_ok() {
                     let _ = std::os::unix::fs::symlink(&outside, &sub);
-                    std::thread::yield_now();
+                    std::thread::sleep(std::time::Duration::from_millis(2));
                     let _ = std::fs::remove_file(&sub);
                     let _ = std::fs::rename(&aside, &sub);
                 }

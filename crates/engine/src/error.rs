@@ -42,13 +42,13 @@ pub enum EngineError {
     /// The repository as it is now cannot be opened, but the versioned
     /// store keeps older versions of it: read it as it was (`--as-of`),
     /// write it back (`repair history`); never `init` over it.
-    #[error("{was}; the bucket is versioned and keeps {versions} older version(s) of the repository's config: its objects were deleted or overwritten since")]
+    #[error("{was}; the bucket is versioned and keeps {versions} version(s) of those objects: the repository's objects were deleted or overwritten since")]
     HistoryLeft {
         /// Repository location.
         location: String,
         /// Why it does not open as it is now.
         was: String,
-        /// Versions of `config` the store keeps.
+        /// Versions the store keeps of the objects at fault.
         versions: usize,
     },
     /// The location holds repository objects but no `config`.

@@ -109,7 +109,15 @@ pub fn settings_warnings(repo: &Repository) -> Vec<String> {
         }
         (Some(_), None) => {}
     }
-    let lock_days = state.default_retention.map_or(0, |(_, d)| d);
+    // The lock meant: the default retention, or longer where the config
+    // is still locked for longer (the default was shortened since).
+    let config_days = config.map_or(0, |c| {
+        ((c.until - now).max(0) as u64).div_ceil(86_400) as u32
+    });
+    let lock_days = state
+        .default_retention
+        .map_or(0, |(_, d)| d)
+        .max(config_days);
     match h.lifecycle() {
         Ok(rules) => {
             for r in rules.iter().filter(|r| r.enabled) {

@@ -112,6 +112,17 @@ fn fsid_bytes(id: u64) -> [u8; 8] {
     out
 }
 
+/// The path the kernel gives for an open descriptor.
+fn link_of(fd: &OwnedFd) -> Option<PathBuf> {
+    rustix::fs::readlinkat(
+        rustix::fs::CWD,
+        format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()),
+        Vec::new(),
+    )
+    .ok()
+    .map(|p| PathBuf::from(OsStr::from_bytes(p.as_bytes())))
+}
+
 impl Fanotify {
     /// Marks the file system of every source (and, crossing file systems,
     /// of every mount below them).
@@ -238,44 +249,10 @@ impl Fanotify {
         if let Some(p) = self.paths.get(&key) {
             return p.clone();
         }
-        let Some(on) = self.on(fsid).map(|f| f.as_raw_fd()) else {
-            return Place::Gone;
-        };
-        // struct file_handle: handle_bytes (u32), handle_type (i32), then
-        // the handle; the event carries it in the same layout.
-        let mut fh: Vec<u32> = vec![0; handle.len().div_ceil(4) + 1];
-        let bytes: Vec<u8> = handle.to_vec();
-        for (i, chunk) in bytes.chunks(4).enumerate() {
-            let mut w = [0u8; 4];
-            w[..chunk.len()].copy_from_slice(chunk);
-            fh[i] = u32::from_ne_bytes(w);
-        }
-        #[allow(unsafe_code)]
-        // SAFETY: `fh` holds a whole struct file_handle (its header and
-        // `handle_bytes` bytes after it), aligned for it, alive for the
-        // call; the kernel only reads it.
-        let raw = unsafe {
-            libc::open_by_handle_at(
-                on,
-                fh.as_mut_ptr().cast::<libc::file_handle>(),
-                libc::O_PATH | libc::O_CLOEXEC,
-            )
-        };
-        let path = if raw < 0 {
+        let path = match self.open_handle(fsid, handle) {
             // Gone (ESTALE): its parent's event covers it.
-            None
-        } else {
-            #[allow(unsafe_code)]
-            // SAFETY: a descriptor open_by_handle_at just returned.
-            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-            rustix::fs::readlinkat(
-                rustix::fs::CWD,
-                format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()),
-                Vec::new(),
-            )
-            .ok()
-            .map(|p| PathBuf::from(OsStr::from_bytes(p.as_bytes())))
-            .filter(|p| !p.as_os_str().as_bytes().ends_with(b" (deleted)"))
+            Err(_) => None,
+            Ok(fd) => link_of(&fd).filter(|p| !p.as_os_str().as_bytes().ends_with(b" (deleted)")),
         };
         let place = match path {
             None => Place::Gone,
@@ -294,12 +271,16 @@ impl Fanotify {
         place
     }
 
-    /// Where the file with this handle on the file system `fsid` has its
-    /// names, as far as can be told for certain.
-    fn file_at(&mut self, fsid: &[u8], handle: &[u8]) -> FileAt {
-        let Some(on) = self.on(fsid).map(|f| f.as_raw_fd()) else {
-            return FileAt::Unknown;
-        };
+    /// Opens (`O_PATH`) what `handle` on the file system `fsid` names; the
+    /// error's `errno` when it does not open.
+    fn open_handle(
+        &mut self,
+        fsid: &[u8],
+        handle: &[u8],
+    ) -> std::result::Result<OwnedFd, Option<i32>> {
+        let on = self.on(fsid).map(|f| f.as_raw_fd()).ok_or(None)?;
+        // struct file_handle: handle_bytes (u32), handle_type (i32), then
+        // the handle; the event carries it in the same layout.
         let mut fh: Vec<u32> = vec![0; handle.len().div_ceil(4) + 1];
         for (i, chunk) in handle.chunks(4).enumerate() {
             let mut w = [0u8; 4];
@@ -307,7 +288,9 @@ impl Fanotify {
             fh[i] = u32::from_ne_bytes(w);
         }
         #[allow(unsafe_code)]
-        // SAFETY: as in `resolve`.
+        // SAFETY: `fh` holds a whole struct file_handle (its header and
+        // `handle_bytes` bytes after it), aligned for it, alive for the
+        // call; the kernel only reads it.
         let raw = unsafe {
             libc::open_by_handle_at(
                 on,
@@ -316,15 +299,31 @@ impl Fanotify {
             )
         };
         if raw < 0 {
-            // ESTALE: the inode is gone, so no name holds it.
-            return match std::io::Error::last_os_error().raw_os_error() {
-                Some(libc::ESTALE) => FileAt::Deleted,
-                _ => FileAt::Unknown,
-            };
+            return Err(std::io::Error::last_os_error().raw_os_error());
         }
         #[allow(unsafe_code)]
         // SAFETY: a descriptor open_by_handle_at just returned.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    }
+
+    /// Whether the file with this handle is the one with device `dev` and
+    /// inode `ino`.
+    fn is_file(&mut self, fsid: &[u8], handle: &[u8], dev: u64, ino: u64) -> bool {
+        self.open_handle(fsid, handle)
+            .ok()
+            .and_then(|fd| rustix::fs::fstat(&fd).ok())
+            .is_some_and(|st| st.st_dev == dev && st.st_ino == ino)
+    }
+
+    /// Where the file with this handle on the file system `fsid` has its
+    /// names, as far as can be told for certain.
+    fn file_at(&mut self, fsid: &[u8], handle: &[u8]) -> FileAt {
+        let fd = match self.open_handle(fsid, handle) {
+            Ok(fd) => fd,
+            // ESTALE: the inode is gone, so no name holds it.
+            Err(Some(libc::ESTALE)) => return FileAt::Deleted,
+            Err(_) => return FileAt::Unknown,
+        };
         let Ok(st) = rustix::fs::fstat(&fd) else {
             return FileAt::Unknown;
         };
@@ -333,25 +332,25 @@ impl Fanotify {
         }
         // One of its names, if the kernel knows one; believed only where
         // that name is this very file now.
-        let Ok(link) = rustix::fs::readlinkat(
-            rustix::fs::CWD,
-            format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()),
-            Vec::new(),
-        ) else {
+        // (The kernel gives the name the writer opened, "… (deleted)",
+        // while its descriptor holds it: then this is a loss.)
+        let Some(p) = link_of(&fd) else {
             return FileAt::Unknown;
         };
-        let p = PathBuf::from(OsStr::from_bytes(link.as_bytes()));
         let same = std::fs::symlink_metadata(&p)
             .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino);
         if !same {
+            return FileAt::Unknown;
+        }
+        // With several names, the others may lie in other directories.
+        if st.st_nlink != 1 {
             return FileAt::Unknown;
         }
         match p.parent() {
             Some(d) if self.sources.iter().any(|s| p.starts_with(s)) => {
                 FileAt::Inside(d.to_path_buf())
             }
-            _ if st.st_nlink == 1 => FileAt::OnlyOutside,
-            _ => FileAt::Unknown,
+            _ => FileAt::OnlyOutside,
         }
     }
 
@@ -378,35 +377,49 @@ impl Fanotify {
                 // A file with several names changed (or given one more)
                 // through a name outside the sources: its names inside
                 // them raised no event, and only a scan finds them.
-                if let Some(name) = name.filter(|_| !is_dir && mask & OUTSIDE_MASK != 0) {
-                    let entry = dir.join(OsStr::from_bytes(name));
-                    let write_only = mask & OUTSIDE_MASK & !libc::FAN_MODIFY == 0;
-                    if write_only && self.written_once.contains(&entry) {
-                        return Ok(());
-                    }
-                    let found = std::fs::symlink_metadata(&entry);
-                    if found.as_ref().is_ok_and(|m| m.is_file() && m.nlink() > 1) {
-                        journal.lose(format!(
-                            "{}, a file with several names, changed outside the sources: its names in them cannot be placed",
-                            entry.display()
-                        ));
-                    } else if found.is_err() {
-                        // Written through a descriptor opened by a name
-                        // removed since: the file may still have a name
-                        // inside. Placed by its own handle, or a loss.
-                        match file.map_or(FileAt::Unknown, |(fs, h)| self.file_at(fs, h)) {
-                            FileAt::Deleted | FileAt::OnlyOutside => {}
-                            FileAt::Inside(d) => journal.dirty(&d),
-                            FileAt::Unknown => journal.lose(format!(
-                                "a file was changed through {}, a name outside the sources removed since, and where its other names are cannot be told",
-                                entry.display()
-                            )),
+                if is_dir || mask & OUTSIDE_MASK == 0 {
+                    return Ok(());
+                }
+                let entry = name.map(|n| dir.join(OsStr::from_bytes(n)));
+                let write_only = mask & OUTSIDE_MASK & !libc::FAN_MODIFY == 0;
+                if write_only
+                    && entry
+                        .as_ref()
+                        .is_some_and(|e| self.written_once.contains(e))
+                {
+                    return Ok(());
+                }
+                let found = entry
+                    .as_ref()
+                    .and_then(|e| std::fs::symlink_metadata(e).ok());
+                let shown = entry
+                    .as_ref()
+                    .map_or_else(|| dir.display().to_string(), |e| e.display().to_string());
+                match (found, entry) {
+                    (Some(m), _) if m.is_file() && m.nlink() > 1 => journal.lose(format!(
+                        "{shown}, a file with several names, changed outside the sources: its names in them cannot be placed"
+                    )),
+                    // The name is that very file's only name: nothing of
+                    // the sources'.
+                    (Some(m), Some(e))
+                        if file.is_none_or(|(fs, h)| self.is_file(fs, h, m.dev(), m.ino())) =>
+                    {
+                        if write_only {
+                            self.written_once.insert(e);
+                        } else {
+                            self.written_once.remove(&e);
                         }
-                    } else if write_only {
-                        self.written_once.insert(entry);
-                    } else {
-                        self.written_once.remove(&entry);
                     }
+                    // Written through a descriptor opened by a name removed
+                    // (or reused) since: the file may still have a name
+                    // inside. Placed by its own handle, or a loss.
+                    _ => match file.map_or(FileAt::Unknown, |(fs, h)| self.file_at(fs, h)) {
+                        FileAt::Deleted | FileAt::OnlyOutside => {}
+                        FileAt::Inside(d) => journal.dirty(&d),
+                        FileAt::Unknown => journal.lose(format!(
+                            "a file was changed through {shown}, a name outside the sources that is gone or is another file now, and where its other names are cannot be told"
+                        )),
+                    },
                 }
                 return Ok(());
             }

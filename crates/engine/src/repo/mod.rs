@@ -127,30 +127,37 @@ pub(crate) fn put_addressed_owned(
 
 /// Whether the location holds keys, snapshots or index files: the marks
 /// of a repository, with or without its config.
-/// A repository whose `config` is gone or damaged on a versioned store
-/// that still keeps older versions of it: deleted or overwritten since
+/// A repository whose `config` (or every key file) is gone or damaged on
+/// a versioned store that still keeps older versions of it: deleted or overwritten since
 /// (an attack, or a mistake), and readable as it was with `--as-of`.
 fn history_left(backend: &dyn Backend, e: EngineError) -> EngineError {
-    let (location, was) = match &e {
+    let (location, what) = match &e {
         EngineError::NotARepository { location }
         | EngineError::MissingConfig { location }
-        | EngineError::DamagedConfig { location, .. } => (location.clone(), e.to_string()),
+        | EngineError::DamagedConfig { location, .. } => (location.clone(), "config"),
+        // Every key file damaged: overwritten, where older versions are kept.
+        EngineError::NoUsableKey { location, .. } => (location.clone(), "keys/"),
         _ => return e,
     };
+    let was = e.to_string();
     let Some(h) = backend.history() else {
         return e;
     };
-    let kept = h
-        .versions("config")
-        .map(|v| v.iter().filter(|v| !v.delete_marker).count())
-        .unwrap_or(0);
-    // A damaged config keeps at least the version that was overwritten.
-    let enough = if matches!(e, EngineError::DamagedConfig { .. }) {
-        2
-    } else {
-        1
+    let Ok(versions) = h.versions(what) else {
+        return e;
     };
-    if kept < enough {
+    let mut per_name: std::collections::BTreeMap<&str, usize> = Default::default();
+    for v in versions.iter().filter(|v| !v.delete_marker) {
+        *per_name.entry(v.name.as_str()).or_default() += 1;
+    }
+    let kept: usize = per_name.values().sum();
+    // Gone: any version kept is history. Damaged: an older version beside
+    // the current one, for some name.
+    let gone = matches!(
+        e,
+        EngineError::NotARepository { .. } | EngineError::MissingConfig { .. }
+    );
+    if !(gone && kept > 0 || per_name.values().any(|n| *n >= 2)) {
         return e;
     }
     EngineError::HistoryLeft {
