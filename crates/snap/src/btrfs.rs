@@ -148,7 +148,7 @@ impl Place {
     fn read_record(&self, name: &str) -> Option<(String, Option<String>)> {
         let fd = rustix::fs::openat(
             &self.dir,
-            &self.record(name),
+            self.record(name),
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )

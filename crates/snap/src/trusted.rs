@@ -147,7 +147,7 @@ mod tests {
         assert!(open_below(
             &top,
             Path::new("/"),
-            &t.join("link").strip_prefix("/").unwrap().to_path_buf()
+            t.join("link").strip_prefix("/").unwrap()
         )
         .is_err());
         let _ = std::fs::remove_dir_all(&t);

@@ -81,6 +81,10 @@ enum Place {
     Gone,
 }
 
+/// Where an event's directory record lies in the read buffer: its file
+/// system ID, its handle (from its header to its end), and its name.
+type DfidAt = (usize, usize, usize, Option<(usize, usize)>);
+
 /// Where a file (found by its own handle) has its names.
 enum FileAt {
     /// None: deleted, only descriptors hold it.
@@ -484,7 +488,7 @@ impl Fanotify {
             // Info records: the directory's handle and the entry's name,
             // and the file's own handle.
             let mut i = off + meta_len;
-            let mut dfid: Option<(usize, usize, usize, Option<(usize, usize)>)> = None;
+            let mut dfid: Option<DfidAt> = None;
             let mut fid: Option<(usize, usize)> = None;
             while i + 4 <= off + event_len {
                 let info_type = buf[i];
