@@ -8,6 +8,7 @@ mod keys;
 mod names;
 mod packhead;
 mod sealed;
+mod unopened;
 
 use std::sync::Arc;
 
@@ -127,61 +128,6 @@ pub(crate) fn put_addressed_owned(
 
 /// Whether the location holds keys, snapshots or index files: the marks
 /// of a repository, with or without its config.
-/// A repository whose `config` (or every key file) is gone or damaged on
-/// a versioned store that still keeps older versions of it: deleted or overwritten since
-/// (an attack, or a mistake), and readable as it was with `--as-of`.
-fn history_left(backend: &dyn Backend, e: EngineError) -> EngineError {
-    let (location, what) = match &e {
-        EngineError::NotARepository { location }
-        | EngineError::MissingConfig { location }
-        | EngineError::DamagedConfig { location, .. } => (location.clone(), "config"),
-        // Every key file damaged: overwritten, where older versions are kept.
-        EngineError::NoUsableKey { location, .. } => (location.clone(), "keys/"),
-        _ => return e,
-    };
-    let was = e.to_string();
-    let Some(h) = backend.history() else {
-        return e;
-    };
-    let Ok(versions) = h.versions(what) else {
-        return e;
-    };
-    let mut per_name: std::collections::BTreeMap<&str, usize> = Default::default();
-    for v in versions.iter().filter(|v| !v.delete_marker) {
-        *per_name.entry(v.name.as_str()).or_default() += 1;
-    }
-    let kept: usize = per_name.values().sum();
-    // Gone: any version kept is history. Damaged: an older version beside
-    // the current one, for some name.
-    let gone = matches!(
-        e,
-        EngineError::NotARepository { .. } | EngineError::MissingConfig { .. }
-    );
-    if !(gone && kept > 0 || per_name.values().any(|n| *n >= 2)) {
-        return e;
-    }
-    EngineError::HistoryLeft {
-        location,
-        was,
-        versions: kept,
-    }
-}
-
-fn holds_repository_objects(backend: &dyn Backend) -> Result<bool> {
-    for prefix in [
-        FileType::Key.prefix(),
-        FileType::Snapshot.prefix(),
-        FileType::Index.prefix(),
-    ] {
-        match backend.list(prefix) {
-            Ok(l) if !l.is_empty() => return Ok(true),
-            Ok(_) => {}
-            Err(e) if e.kind == ErrorKind::NotFound => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(false)
-}
 
 impl Repository {
     /// Creates a new repository on an empty backend and opens it.
@@ -228,7 +174,7 @@ impl Repository {
         }
         // A repository that lost its config still holds its data: a new
         // config (new key, new ID) beside it would orphan all of it.
-        if holds_repository_objects(&*backend)? {
+        if unopened::holds_repository_objects(&*backend)? {
             return Err(EngineError::MissingConfig {
                 location: backend.location(),
             });
@@ -285,7 +231,8 @@ impl Repository {
         password: &[u8],
         early: Option<EarlyKey>,
     ) -> Result<Self> {
-        Self::open_inner(backend.clone(), password, early).map_err(|e| history_left(&*backend, e))
+        Self::open_inner(backend.clone(), password, early)
+            .map_err(|e| unopened::history_left(&*backend, e))
     }
 
     fn open_inner(
@@ -307,7 +254,7 @@ impl Repository {
         let sealed_config = match config_got {
             Ok(b) => b,
             Err(e) if e.kind == ErrorKind::NotFound => {
-                if holds_repository_objects(&*backend)? {
+                if unopened::holds_repository_objects(&*backend)? {
                     return Err(EngineError::MissingConfig {
                         location: backend.location(),
                     });
