@@ -867,10 +867,10 @@ fn a_planted_link_or_name_never_makes_a_root_backup_delete_a_subvolume() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let notes = v["snapshot_notes"].to_string();
     assert!(
-        v["snapshot_notes"]
-            .to_string()
-            .contains("reading live files"),
+        notes.contains(&format!("reading {} live", mysub.display()))
+            && notes.contains("another user can change"),
         "{v}"
     );
     assert_eq!(

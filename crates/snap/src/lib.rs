@@ -368,12 +368,24 @@ pub fn freeze(
         nested: std::sync::atomic::AtomicU32::new(0),
     };
     for (root, m, kind) in &vols {
-        if let Err(e) = frozen.take(*kind, root, m) {
-            // Dropping `frozen` removes what was taken.
-            return fallback(e).map(|mut o| {
-                o.notes.append(&mut notes);
-                o
-            });
+        match frozen.take(*kind, root, m) {
+            Ok(_) => continue,
+            // With `auto`, a volume another user can change is read live
+            // and the others from their snapshots.
+            Err(e @ SnapError::Untrusted { .. }) if mode == Mode::Auto => {
+                notes.push(format!(
+                    "source-snapshot auto: reading {} live: {e}",
+                    root.display()
+                ));
+                continue;
+            }
+            Err(e) => {
+                // Dropping `frozen` removes what was taken.
+                return fallback(e).map(|mut o| {
+                    o.notes.append(&mut notes);
+                    o
+                });
+            }
         }
     }
     Ok(Outcome {
