@@ -618,8 +618,37 @@ fn an_lvm_snapshot_is_read_and_removed() {
     assert_eq!(lvs.trim(), "src", "the snapshot volume was removed");
 }
 
-/// A child killed when dropped (a daemon, a swapper), so a failing test
-/// leaves none running.
+/// A shell loop run as carol in a process group of its own: stopped by
+/// its stop file, and its whole group killed, when dropped (a failing
+/// test leaves none running).
+struct Swapper(std::process::Child, PathBuf);
+
+impl Swapper {
+    fn start(script: &str, stop: PathBuf) -> Swapper {
+        use std::os::unix::process::CommandExt;
+        let child = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(["sh", "-c", script])
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Swapper(child, stop)
+    }
+}
+
+impl Drop for Swapper {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.1, b"");
+        if let Some(pid) = rustix::process::Pid::from_raw(self.0.id() as i32) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// A daemon killed when dropped, so a failing test leaves none running.
 struct Daemon(std::process::Child);
 
 impl Drop for Daemon {
@@ -783,24 +812,19 @@ fn a_planted_link_or_name_never_makes_a_root_backup_delete_a_subvolume() {
     std::os::unix::fs::symlink(&victim, theirs.join("capsule-1000-99993")).unwrap();
 
     // The swapper: as carol, renames whatever capsule-* appears in either
-    // snapshot directory and puts a link to the victim in its place.
+    // snapshot directory and puts a link to the victim in its place, until
+    // told to stop (and at most 2,000,000 rounds).
+    let stop = t.path().join("stop-swapping");
     let script = format!(
-        "while :; do for d in {} {}; do for s in \"$d\"/capsule-*-*; do \
+        "i=0; while [ $i -lt 2000000 ] && [ ! -e {} ]; do i=$((i+1)); for d in {} {}; do for s in \"$d\"/capsule-*-*; do \
            [ -L \"$s\" ] && continue; [ -e \"$s\" ] || continue; \
            mv \"$s\" \"$s.moved\" 2>/dev/null && ln -s {} \"$s\" 2>/dev/null; done; done; done",
+        stop.display(),
         theirs.display(),
         ours.display(),
         victim.display()
     );
-    let swapper = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        // Bounded: stopped below, and by `timeout` whatever happens.
-        .args(["timeout", "300", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut swapper = Daemon(swapper);
+    let swapper = Swapper::start(&script, stop);
     for mode in ["btrfs", "auto", "btrfs"] {
         let o = capsule(
             &repo,
@@ -830,8 +854,7 @@ fn a_planted_link_or_name_never_makes_a_root_backup_delete_a_subvolume() {
     // own directory, and nothing capsule made is left anywhere.
     let ls = ok(&repo, &["ls", "latest", mysub.to_str().unwrap()]);
     assert!(ls.contains("note.txt"), "{ls}");
-    let _ = swapper.0.kill();
-    let _ = swapper.0.wait();
+    drop(swapper);
     assert_eq!(snapshots_in(&ours), vec!["capsule-1000-99992".to_string()]);
     let in_theirs = snapshots_in(&theirs);
     assert!(
