@@ -251,12 +251,14 @@ fn back_up_now_goes_through_the_daemon_when_one_runs() {
     )
     .unwrap();
     std::fs::write(docs.join("notes.txt"), "changed for the daemon's run\n").unwrap();
-    let mut daemon = capsule_cmd(&env)
-        .arg("daemon")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let daemon = Stopped(
+        capsule_cmd(&env)
+            .arg("daemon")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let status = || {
         let o = capsule_cmd(&env)
             .args(["--json", "status"])
@@ -319,8 +321,17 @@ fn back_up_now_goes_through_the_daemon_when_one_runs() {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    drop(daemon);
     assert!(ran, "the daemon's backup ran");
     assert_eq!(snapshots(&env, "laptop"), 2);
+}
+
+/// A daemon stopped when dropped, also when an assertion fails first.
+struct Stopped(std::process::Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

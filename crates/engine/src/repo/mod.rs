@@ -126,9 +126,6 @@ pub(crate) fn put_addressed_owned(
     }
 }
 
-/// Whether the location holds keys, snapshots or index files: the marks
-/// of a repository, with or without its config.
-
 impl Repository {
     /// Creates a new repository on an empty backend and opens it.
     pub fn init(backend: Arc<dyn Backend>, password: &[u8], opts: &InitOptions) -> Result<Self> {

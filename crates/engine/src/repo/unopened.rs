@@ -8,8 +8,9 @@ use capsule_format::FileType;
 use crate::error::{EngineError, Result};
 
 /// A repository whose `config` (or every key file) is gone or damaged on
-/// a versioned store that still keeps older versions of it: deleted or overwritten since
-/// (an attack, or a mistake), and readable as it was with `--as-of`.
+/// a versioned store that still keeps older versions of it: deleted or
+/// overwritten since (an attack, or a mistake), and readable as it was
+/// with `--as-of`.
 pub(super) fn history_left(backend: &dyn Backend, e: EngineError) -> EngineError {
     let (location, what) = match &e {
         EngineError::NotARepository { location }
@@ -47,6 +48,8 @@ pub(super) fn history_left(backend: &dyn Backend, e: EngineError) -> EngineError
     }
 }
 
+/// Whether the location holds keys, snapshots or index files: the marks
+/// of a repository, with or without its config.
 pub(super) fn holds_repository_objects(backend: &dyn Backend) -> Result<bool> {
     for prefix in [
         FileType::Key.prefix(),
