@@ -328,24 +328,31 @@ impl Fanotify {
             Err(Some(libc::ESTALE)) => return FileAt::Deleted,
             Err(_) => return FileAt::Unknown,
         };
-        let Ok(st) = rustix::fs::fstat(&fd) else {
-            return FileAt::Unknown;
-        };
-        if st.st_nlink == 0 {
-            return FileAt::Deleted;
-        }
         // One of its names, if the kernel knows one; believed only where
-        // that name is this very file now.
-        // (The kernel gives the name the writer opened, "… (deleted)",
-        // while its descriptor holds it: then this is a loss.)
-        let Some(p) = link_of(&fd) else {
+        // that name is this very file now. A file renamed meanwhile (a
+        // temporary moved into place) settles within a look or two.
+        // (While a writer's descriptor holds a removed name, the kernel
+        // gives that name, "… (deleted)": then this is a loss.)
+        let mut placed = None;
+        for _ in 0..3 {
+            let Ok(st) = rustix::fs::fstat(&fd) else {
+                return FileAt::Unknown;
+            };
+            if st.st_nlink == 0 {
+                return FileAt::Deleted;
+            }
+            let same = link_of(&fd).filter(|p| {
+                std::fs::symlink_metadata(p)
+                    .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino)
+            });
+            if let Some(p) = same {
+                placed = Some((p, st));
+                break;
+            }
+        }
+        let Some((p, st)) = placed else {
             return FileAt::Unknown;
         };
-        let same = std::fs::symlink_metadata(&p)
-            .is_ok_and(|m| m.dev() == st.st_dev && m.ino() == st.st_ino);
-        if !same {
-            return FileAt::Unknown;
-        }
         // With several names, the others may lie in other directories.
         if st.st_nlink != 1 {
             return FileAt::Unknown;
@@ -381,7 +388,9 @@ impl Fanotify {
                 // A file with several names changed (or given one more)
                 // through a name outside the sources: its names inside
                 // them raised no event, and only a scan finds them.
-                if is_dir || mask & OUTSIDE_MASK == 0 {
+                // capsule's own state and cache (written often, by rename)
+                // hold no name of a source's file.
+                if is_dir || mask & OUTSIDE_MASK == 0 || crate::watcher::skipped(&self.skip, &dir) {
                     return Ok(());
                 }
                 let entry = name.map(|n| dir.join(OsStr::from_bytes(n)));
@@ -414,6 +423,11 @@ impl Fanotify {
                             self.written_once.remove(&e);
                         }
                     }
+                    // A directory-entry event (a create, a move in) carries
+                    // no file handle: a name that came and went changed no
+                    // content, and a write through it has an event of its
+                    // own, with the file's handle.
+                    _ if file.is_none() => {}
                     // Written through a descriptor opened by a name removed
                     // (or reused) since: the file may still have a name
                     // inside. Placed by its own handle, or a loss.

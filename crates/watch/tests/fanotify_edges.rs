@@ -96,9 +96,14 @@ fn a_write_through_a_removed_outside_name_marks_the_file_inside() {
     // The kernel names the file by the name the writer opened ("…
     // (deleted)") while the descriptor holds it, so the file cannot be
     // placed for certain: a loss, and the next run scans.
+    // (Compared by what the loss names: other programs write on this
+    // file system too.)
     let marked = j.dirty.get(&sub).is_some_and(|s| *s > seq);
+    let named = |l: &Option<capsule_watch::Lost>, what: &str| {
+        l.as_ref().is_some_and(|l| l.reason.contains(what))
+    };
     assert!(
-        marked || j.lost != lost,
+        marked || (j.lost != lost && named(&j.lost, "outside/alias")),
         "the write went unseen: dirty {:?}, lost {:?}",
         j.dirty,
         j.lost
@@ -112,7 +117,11 @@ fn a_write_through_a_removed_outside_name_marks_the_file_inside() {
     let lost = j.lost.clone();
     fd.write_all(b"scratch").unwrap();
     settle(&mut w, &mut j);
-    assert_eq!(j.lost, lost, "a deleted temporary file is no loss");
+    assert!(
+        j.lost == lost || !named(&j.lost, "outside/tmp"),
+        "a deleted temporary file is no loss: {:?}",
+        j.lost
+    );
 }
 
 /// A source `src` holding `sub/f` under a fresh directory, watched by
