@@ -377,6 +377,25 @@ fn paused_backup_at(
     (child, gate)
 }
 
+/// A `--source-snapshot btrfs` backup of `data` that must succeed: its
+/// output, and its snapshot notes as text.
+fn btrfs_backup_notes(repo: &Path, data: &Path) -> (std::process::Output, String) {
+    let o = capsule(
+        repo,
+        &[
+            "--json",
+            "backup",
+            "--source-snapshot",
+            "btrfs",
+            data.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let notes = v["snapshot_notes"].to_string();
+    (o, notes)
+}
+
 /// The subvolumes in a snapshot directory (not capsule's records).
 fn snapshots_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
@@ -440,19 +459,7 @@ fn a_killed_runs_snapshot_is_removed_by_the_next_run_and_no_other() {
     // Killed again: the next run removes it, and says so.
     let ours = killed(t.path());
 
-    let o = capsule(
-        &repo,
-        &[
-            "--json",
-            "backup",
-            "--source-snapshot",
-            "btrfs",
-            b.data.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let notes = v["snapshot_notes"].to_string();
+    let (o, notes) = btrfs_backup_notes(&repo, &b.data);
     assert!(
         notes.contains(&ours) && notes.contains("interrupted run left behind"),
         "{notes}"
@@ -962,19 +969,7 @@ fn a_killed_runs_nested_snapshots_are_removed_too() {
     );
 
     let left = killed(&t.path().join("two"));
-    let o = capsule(
-        &repo,
-        &[
-            "--json",
-            "backup",
-            "--source-snapshot",
-            "btrfs",
-            b.data.to_str().unwrap(),
-        ],
-    );
-    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
-    let notes = serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["snapshot_notes"]
-        .to_string();
+    let (_, notes) = btrfs_backup_notes(&repo, &b.data);
     for n in &left {
         assert!(notes.contains(n.as_str()), "{n}: {notes}");
     }
