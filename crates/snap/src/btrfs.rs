@@ -204,6 +204,7 @@ impl Place {
             handle: view.to_string_lossy().into_owned(),
             view,
             name: name.to_string(),
+            ident: None,
             pin: Some(Arc::new(Pin {
                 place: self.clone(),
                 snap,
@@ -353,6 +354,7 @@ impl Snapshotter for Btrfs {
                     view,
                     name: name.to_string(),
                     pin: Some(Arc::new(pin)),
+                    ident: None,
                 }),
                 None => out.kept.push(format!(
                     "left {} as it is: capsule did not record it as a read-only snapshot of its own (remove it by hand with `btrfs subvolume delete` if it is not needed)",

@@ -114,6 +114,11 @@ pub struct Taken {
     /// For btrfs: the snapshot held open, with its recorded identity, by
     /// which alone it is removed.
     pin: Option<std::sync::Arc<btrfs::Pin>>,
+    /// For LVM and ZFS: the identity the volume manager gave it when it
+    /// was made or found (the LV's UUID, the snapshot's GUID). Names in
+    /// those namespaces can be reused; the identity cannot, and only a
+    /// snapshot that still carries it is removed.
+    ident: Option<String>,
 }
 
 /// What [`Snapshotter::leftovers`] found.

@@ -2,6 +2,10 @@
 //! the volume is thin, classic otherwise), mounted read-only under
 //! `/run/capsule/snapshots`. Every snapshot capsule makes carries the LV
 //! tag `capsule-snapshot`, and a name that starts with `capsule-`.
+//!
+//! A snapshot is removed by the LV UUID read when it was made (or found
+//! as a leftover), selected by `lvremove --select`, never by its name
+//! looked up again: a volume renamed into its name is not removed.
 
 use std::path::{Path, PathBuf};
 
@@ -156,6 +160,24 @@ impl Snapshotter for Lvm {
             )?;
         }
         let handle = format!("{vg}/{name}");
+        let uuid = LVS.run(
+            &format!("reading the identity of the snapshot {handle} just taken"),
+            &["--noheadings", "-o", "lv_uuid,lv_tags", &handle],
+        );
+        let ident = match uuid.as_deref().map(uuid_tagged) {
+            Ok(Some(u)) => u,
+            Ok(None) | Err(_) => {
+                // Not knowing which volume it made, capsule removes none:
+                // the name alone could by now be another's.
+                return Err(SnapError::Unsupported(format!(
+                    "the LVM snapshot {handle} was made but its identity could not be read ({}); remove it with `lvremove {handle}` once you have checked it is capsule's",
+                    match &uuid {
+                        Ok(o) => o.trim().to_string(),
+                        Err(e) => e.to_string(),
+                    }
+                )));
+            }
+        };
         let taken = Taken {
             kind: Kind::Lvm,
             origin: root.to_path_buf(),
@@ -163,6 +185,7 @@ impl Snapshotter for Lvm {
             name: name.clone(),
             handle,
             pin: None,
+            ident: Some(ident),
         };
         if let Err(e) = mount_ro(&taken, mount) {
             let _ = self.remove(&taken);
@@ -180,9 +203,15 @@ impl Snapshotter for Lvm {
             )?;
         }
         let _ = std::fs::remove_dir(&at);
+        let Some(uuid) = &t.ident else {
+            return Err(SnapError::Unsupported(format!(
+                "the LVM snapshot {} has no recorded identity; it is left as it is",
+                t.handle
+            )));
+        };
         LVREMOVE.run(
             &format!("removing the source snapshot {}", t.handle),
-            &["--yes", &t.handle],
+            &["--yes", "--select", &select(uuid)],
         )?;
         Ok(())
     }
@@ -196,7 +225,7 @@ impl Snapshotter for Lvm {
                 "--separator",
                 "|",
                 "-o",
-                "vg_name,lv_name,origin",
+                "vg_name,lv_name,origin,lv_uuid",
                 &format!("@{TAG}"),
             ],
         )?;
@@ -205,7 +234,7 @@ impl Snapshotter for Lvm {
             .filter_map(|l| {
                 let f: Vec<&str> = l.trim().split('|').map(str::trim).collect();
                 match f.as_slice() {
-                    [g, name, o] if *g == vg && *o == lv && is_ours(name) == Some(false) => {
+                    [g, name, o, uuid] if *g == vg && *o == lv && is_ours(name) == Some(false) => {
                         Some(Taken {
                             kind: Kind::Lvm,
                             origin: root.to_path_buf(),
@@ -213,6 +242,7 @@ impl Snapshotter for Lvm {
                             name: name.to_string(),
                             handle: format!("{vg}/{name}"),
                             pin: None,
+                            ident: Some(uuid.to_string()),
                         })
                     }
                     _ => None,
@@ -224,6 +254,21 @@ impl Snapshotter for Lvm {
             kept: Vec::new(),
         })
     }
+}
+
+/// The LV UUID in `lvs -o lv_uuid,lv_tags` output, if the volume carries
+/// capsule's tag (only root can tag a volume).
+fn uuid_tagged(out: &str) -> Option<String> {
+    let mut f = out.split_whitespace();
+    let uuid = f.next()?;
+    let tags = f.next().unwrap_or("");
+    (tags.split(',').any(|t| t == TAG) && !uuid.is_empty()).then(|| uuid.to_string())
+}
+
+/// `lvremove --select` for exactly the volume with this UUID and
+/// capsule's tag (LVM quotes values with double quotes).
+fn select(uuid: &str) -> String {
+    format!("lv_uuid=\"{uuid}\" && lv_tags={{{TAG}}}")
 }
 
 fn is_mounted(at: &Path) -> bool {
@@ -252,4 +297,24 @@ fn mount_ro(t: &Taken, origin: &Mount) -> Result<(), SnapError> {
         ],
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_tagged_volume_has_an_identity() {
+        assert_eq!(
+            uuid_tagged("  fKj1Lf-1X2y-AbCd-eFgH-iJkL-mNoP-qRsTuV capsule-snapshot,x\n"),
+            Some("fKj1Lf-1X2y-AbCd-eFgH-iJkL-mNoP-qRsTuV".into())
+        );
+        assert_eq!(uuid_tagged("  fKj1Lf-1X2y other\n"), None);
+        assert_eq!(uuid_tagged("  fKj1Lf-1X2y\n"), None);
+        assert_eq!(uuid_tagged(""), None);
+        assert_eq!(
+            select("a-b"),
+            "lv_uuid=\"a-b\" && lv_tags={capsule-snapshot}"
+        );
+    }
 }
