@@ -66,7 +66,7 @@ pub struct Profile {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_file_system: Option<bool>,
     /// Read the sources from a snapshot of their file systems: "auto",
-    /// "btrfs", "lvm", "zfs" or "off" (the default), as
+    /// "apfs" (macOS), "btrfs", "lvm", "zfs" or "off" (the default), as
     /// `--source-snapshot`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_snapshot: Option<String>,

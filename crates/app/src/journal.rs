@@ -61,6 +61,7 @@ pub fn watch_options(p: &Profile) -> WatchOptions {
                     }),
             )
             .collect(),
+        journal: None,
     }
 }
 

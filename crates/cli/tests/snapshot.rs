@@ -544,7 +544,7 @@ fn a_kind_that_cannot_be_had_is_an_error_and_auto_reads_live_files_saying_why() 
         "{v}"
     );
     // A bad value is a usage error, in a flag and in a profile.
-    let o = capsule(&repo, &["backup", "--source-snapshot", "apfs", src]);
+    let o = capsule(&repo, &["backup", "--source-snapshot", "vss", src]);
     assert_eq!(o.status.code(), Some(2), "{}", said(&o));
 }
 

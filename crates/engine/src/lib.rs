@@ -17,6 +17,7 @@ mod mem;
 mod meta;
 pub mod packer;
 mod pause;
+mod platform;
 pub mod progress;
 pub mod prune;
 pub mod quota;

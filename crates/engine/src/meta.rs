@@ -151,6 +151,8 @@ pub fn read_xattrs_from(src: XattrSource<'_>) -> std::io::Result<Vec<(Vec<u8>, V
 /// symlink) result: [`node_from_metadata`] for the walk's `*at` calls.
 pub fn node_from_stat(name: &OsStr, st: &rustix::fs::Stat) -> Node {
     use rustix::fs::FileType;
+    let (st_mode, st_dev, st_nlink, st_rdev) = crate::platform::widths(st);
+    let (btime, file_flags) = crate::platform::mac_meta(st);
     let kind = match FileType::from_raw_mode(st.st_mode) {
         FileType::RegularFile => NodeKind::File,
         FileType::Directory => NodeKind::Dir,
@@ -164,7 +166,7 @@ pub fn node_from_stat(name: &OsStr, st: &rustix::fs::Stat) -> Node {
     Node {
         name: name.as_bytes().to_vec(),
         kind: Some(kind),
-        mode: st.st_mode & 0o7777,
+        mode: st_mode & 0o7777,
         uid: st.st_uid,
         gid: st.st_gid,
         mtime: Timestamp {
@@ -180,15 +182,17 @@ pub fn node_from_stat(name: &OsStr, st: &rustix::fs::Stat) -> Node {
             nanos: st.st_ctime_nsec as u32,
         },
         size: if kind == NodeKind::Dir { 0 } else { size },
-        device: st.st_dev,
+        device: st_dev,
         inode: st.st_ino,
-        nlink: st.st_nlink,
+        nlink: st_nlink,
         rdev: if matches!(kind, NodeKind::CharDev | NodeKind::BlockDev) {
-            st.st_rdev
+            st_rdev
         } else {
             0
         },
         sparse: kind == NodeKind::File && (st.st_blocks as u64) * 512 + 4096 <= size,
+        btime,
+        file_flags,
         ..Node::default()
     }
 }

@@ -8,7 +8,12 @@
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::id::{BlobId, Id};
 
+/// Version 1: no node carries a birth time or file flags. Version 2: a
+/// node may (flag bits 1 and 2). A tree is written as version 1 whenever
+/// it can be, so trees made where neither exists (Linux) are the same
+/// bytes, and the same blobs, as before, and older readers read them.
 const TREE_VERSION: u8 = 1;
+const TREE_VERSION_MAC: u8 = 2;
 
 /// Seconds and nanoseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord, Hash)]
@@ -121,6 +126,11 @@ pub struct Node {
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     /// The source file had holes; restore keeps zero blocks as holes.
     pub sparse: bool,
+    /// When the file was created (macOS `st_birthtime`); restored there.
+    pub btime: Option<Timestamp>,
+    /// BSD file flags (macOS `st_flags`: `UF_HIDDEN`, `UF_NODUMP`,
+    /// `UF_IMMUTABLE`…), where any is set; restored there.
+    pub file_flags: Option<u32>,
 }
 
 impl Node {
@@ -143,11 +153,16 @@ pub fn validate_name(name: &[u8]) -> Result<(), DecodeError> {
 }
 
 const FLAG_SPARSE: u8 = 1;
+const FLAG_BTIME: u8 = 2;
+const FLAG_FILE_FLAGS: u8 = 4;
 
 /// Encodes a directory. `nodes` must already be sorted by name.
 pub fn encode_tree(nodes: &[Node]) -> Vec<u8> {
     let mut w = Writer::with_capacity(64 + nodes.len() * 96);
-    w.u8(TREE_VERSION);
+    let mac = nodes
+        .iter()
+        .any(|n| n.btime.is_some() || n.file_flags.is_some());
+    w.u8(if mac { TREE_VERSION_MAC } else { TREE_VERSION });
     w.varint(nodes.len() as u64);
     for n in nodes {
         encode_node(&mut w, n);
@@ -164,7 +179,17 @@ fn encode_node(w: &mut Writer, n: &Node) {
     let kind = n.kind();
     w.bytes(&n.name);
     w.u8(kind.to_byte());
-    w.u8(if n.sparse { FLAG_SPARSE } else { 0 });
+    let mut flags = 0;
+    for (set, bit) in [
+        (n.sparse, FLAG_SPARSE),
+        (n.btime.is_some(), FLAG_BTIME),
+        (n.file_flags.is_some(), FLAG_FILE_FLAGS),
+    ] {
+        if set {
+            flags |= bit;
+        }
+    }
+    w.u8(flags);
     w.varint(n.mode as u64);
     w.varint(n.uid as u64);
     w.varint(n.gid as u64);
@@ -192,6 +217,12 @@ fn encode_node(w: &mut Writer, n: &Node) {
         w.bytes(k);
         w.bytes(v);
     }
+    if let Some(t) = n.btime {
+        ts(w, t);
+    }
+    if let Some(f) = n.file_flags {
+        w.varint(u64::from(f));
+    }
 }
 
 fn read_ts(r: &mut Reader<'_>, what: &'static str) -> Result<Timestamp, DecodeError> {
@@ -209,14 +240,15 @@ fn read_ts(r: &mut Reader<'_>, what: &'static str) -> Result<Timestamp, DecodeEr
 /// Decodes and validates a directory tree.
 pub fn decode_tree(bytes: &[u8]) -> Result<Vec<Node>, DecodeError> {
     let mut r = Reader::new(bytes);
-    if r.u8("tree version")? != TREE_VERSION {
+    let version = r.u8("tree version")?;
+    if version != TREE_VERSION && version != TREE_VERSION_MAC {
         return Err(DecodeError::BadHeader("unknown tree version"));
     }
     // The smallest node encodes in well over 16 bytes.
     let count = r.count("tree entry count", 16)?;
     let mut nodes: Vec<Node> = Vec::with_capacity(count);
     for _ in 0..count {
-        let n = decode_node(&mut r)?;
+        let n = decode_node(&mut r, version)?;
         if let Some(prev) = nodes.last() {
             if prev.name >= n.name {
                 return Err(DecodeError::Invalid(format!(
@@ -231,12 +263,17 @@ pub fn decode_tree(bytes: &[u8]) -> Result<Vec<Node>, DecodeError> {
     Ok(nodes)
 }
 
-fn decode_node(r: &mut Reader<'_>) -> Result<Node, DecodeError> {
+fn decode_node(r: &mut Reader<'_>, version: u8) -> Result<Node, DecodeError> {
     let name = r.bytes("entry name")?.to_vec();
     validate_name(&name)?;
     let kind = NodeKind::from_byte(r.u8("node kind")?)?;
     let flags = r.u8("node flags")?;
-    if flags & !FLAG_SPARSE != 0 {
+    let known = if version == TREE_VERSION {
+        FLAG_SPARSE
+    } else {
+        FLAG_SPARSE | FLAG_BTIME | FLAG_FILE_FLAGS
+    };
+    if flags & !known != 0 {
         return Err(DecodeError::BadValue {
             what: "node flags",
             value: flags as u64,
@@ -276,6 +313,12 @@ fn decode_node(r: &mut Reader<'_>) -> Result<Node, DecodeError> {
         let k = r.bytes("xattr name")?.to_vec();
         let v = r.bytes("xattr value")?.to_vec();
         n.xattrs.push((k, v));
+    }
+    if flags & FLAG_BTIME != 0 {
+        n.btime = Some(read_ts(r, "btime")?);
+    }
+    if flags & FLAG_FILE_FLAGS != 0 {
+        n.file_flags = Some(r.varint_u32("file flags")?);
     }
     Ok(n)
 }
@@ -354,6 +397,36 @@ mod tests {
             hex::encode(encode_tree(&nodes)),
             "01010268690200ff03000002020000000001000001017800"
         );
+    }
+
+    /// Test vector from docs/FORMAT.md: the same node with a birth time
+    /// and file flags (a version 2 tree); and a version 1 tree still reads.
+    #[test]
+    fn tree_vector_with_birth_time_and_flags() {
+        let mut node = Node {
+            name: b"hi".to_vec(),
+            kind: Some(NodeKind::Symlink),
+            mode: 0o777,
+            mtime: Timestamp { secs: 1, nanos: 2 },
+            size: 1,
+            nlink: 1,
+            target: b"x".to_vec(),
+            ..Node::default()
+        };
+        let v1 = hex::decode("01010268690200ff03000002020000000001000001017800").unwrap();
+        assert_eq!(decode_tree(&v1).unwrap(), vec![node.clone()]);
+        node.btime = Some(Timestamp { secs: -1, nanos: 5 });
+        node.file_flags = Some(0x8000); // UF_HIDDEN
+        let enc = encode_tree(std::slice::from_ref(&node));
+        assert_eq!(
+            hex::encode(&enc),
+            "02010268690206ff030000020200000000010000010178000105808002"
+        );
+        assert_eq!(decode_tree(&enc).unwrap(), vec![node]);
+        // A version 1 tree may not carry the new bits.
+        let mut bad = v1.clone();
+        bad[6] = 0x02;
+        assert!(decode_tree(&bad).is_err());
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub enum MountError {
         /// What is wrong with it, and what to do.
         why: String,
     },
+    /// This build cannot mount (macOS without macFUSE).
+    #[error("capsule mount is not available in this build: {0}")]
+    Unavailable(&'static str),
     /// The kernel or the mount helper refused.
     #[error("mounting {path}: {source} (is FUSE available? `/dev/fuse` must exist, and without root `fusermount3` or `fusermount`)")]
     Mount {

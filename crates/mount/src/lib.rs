@@ -51,12 +51,7 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountError> {
         return Err(bad("not a directory".into()));
     }
     let abs = std::fs::canonicalize(path).map_err(|e| bad(e.to_string()))?;
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let busy = mounts.lines().any(|l| {
-        l.split(' ')
-            .nth(4)
-            .is_some_and(|p| Path::new(&unescape_mountinfo(p)) == abs)
-    });
+    let busy = is_mount_point(&abs);
     if busy {
         return Err(bad(
             "something is mounted there already (unmount it first: `fusermount -u` or `umount`)"
@@ -66,7 +61,30 @@ pub fn check_mount_point(path: &Path) -> Result<(), MountError> {
     Ok(())
 }
 
+/// Whether something is mounted at `abs`.
+#[cfg(not(target_os = "macos"))]
+fn is_mount_point(abs: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mounts.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|p| Path::new(&unescape_mountinfo(p)) == abs)
+    })
+}
+
+/// Whether something is mounted at `abs`: its `statfs` names it.
+#[cfg(target_os = "macos")]
+#[allow(unsafe_code)]
+fn is_mount_point(abs: &Path) -> bool {
+    rustix::fs::statfs(abs).is_ok_and(|st| {
+        // SAFETY: NUL-terminated within its array.
+        let on = unsafe { std::ffi::CStr::from_ptr(st.f_mntonname.as_ptr()) };
+        on.to_bytes() == abs.as_os_str().as_encoded_bytes()
+    })
+}
+
 /// mountinfo escapes space, tab, newline and backslash as octal.
+#[cfg(not(target_os = "macos"))]
 fn unescape_mountinfo(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -107,15 +125,31 @@ impl Mounted {
         match s.umount_and_join() {
             Ok(()) => Ok(false),
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH)?;
-                Ok(true)
+                #[cfg(target_os = "linux")]
+                {
+                    rustix::mount::unmount(&self.path, rustix::mount::UnmountFlags::DETACH)?;
+                    Ok(true)
+                }
+                // No session is ever made where there is no FUSE.
+                #[cfg(not(target_os = "linux"))]
+                Err(e)
             }
             Err(e) => Err(e),
         }
     }
 }
 
+/// On macOS: no mount (this build is made without macFUSE).
+#[cfg(target_os = "macos")]
+pub fn mount(_fs: CapsuleFs, path: &Path, _threads: usize) -> Result<Mounted, MountError> {
+    check_mount_point(path)?;
+    Err(MountError::Unavailable(
+        "on macOS it needs macFUSE, and this build was made without it; browse snapshots with `capsule ls`, `capsule find` or the page (`capsule ui`), and take files back with `capsule restore`",
+    ))
+}
+
 /// Mounts `fs` read-only on `path`, served by `threads` threads.
+#[cfg(not(target_os = "macos"))]
 pub fn mount(fs: CapsuleFs, path: &Path, threads: usize) -> Result<Mounted, MountError> {
     check_mount_point(path)?;
     let mut config = fuser::Config::default();

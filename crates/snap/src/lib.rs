@@ -5,20 +5,25 @@
 //! and records every path, device number and hard link as the original's.
 //!
 //! Kinds here: btrfs (a read-only subvolume snapshot), LVM (a thin or
-//! classic snapshot, mounted read-only), ZFS. macOS APFS and Windows VSS
-//! would implement [`Snapshotter`] the same way.
+//! classic snapshot, mounted read-only), ZFS, and APFS on macOS (a local
+//! snapshot, as Time Machine's, mounted read-only). Windows VSS would
+//! implement [`Snapshotter`] the same way.
 //!
 //! Names: every snapshot capsule makes is named `capsule-<unix>-<pid>`
 //! (LVM adds the origin's name), so a later run, or `capsule repair`,
 //! removes those a killed run left behind ([`is_ours`]), and never one
 //! that another tool made or that a running capsule still reads.
 
+mod apfs;
+#[cfg(target_os = "linux")]
 mod btrfs;
+#[cfg(target_os = "linux")]
 mod btrfs_ioctl;
 mod error;
 mod lvm;
 pub mod mounts;
 mod tool;
+#[cfg(target_os = "linux")]
 mod trusted;
 mod zfs;
 
@@ -49,6 +54,13 @@ pub enum Mode {
     Kind(Kind),
 }
 
+#[cfg(target_os = "linux")]
+use btrfs::Pin;
+/// No btrfs here: nothing is pinned.
+#[cfg(not(target_os = "linux"))]
+#[derive(Debug)]
+struct Pin;
+
 /// A kind of snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -58,6 +70,8 @@ pub enum Kind {
     Lvm,
     /// A ZFS snapshot.
     Zfs,
+    /// An APFS local snapshot (macOS), mounted read-only.
+    Apfs,
 }
 
 impl std::fmt::Display for Kind {
@@ -66,6 +80,7 @@ impl std::fmt::Display for Kind {
             Kind::Btrfs => "btrfs",
             Kind::Lvm => "lvm",
             Kind::Zfs => "zfs",
+            Kind::Apfs => "apfs",
         })
     }
 }
@@ -89,9 +104,10 @@ impl std::str::FromStr for Mode {
             "btrfs" => Mode::Kind(Kind::Btrfs),
             "lvm" => Mode::Kind(Kind::Lvm),
             "zfs" => Mode::Kind(Kind::Zfs),
+            "apfs" => Mode::Kind(Kind::Apfs),
             _ => {
                 return Err(format!(
-                    "source-snapshot {s:?}: expected auto, btrfs, lvm, zfs or off"
+                    "source-snapshot {s:?}: expected auto, apfs, btrfs, lvm, zfs or off"
                 ))
             }
         })
@@ -113,7 +129,7 @@ pub struct Taken {
     pub handle: String,
     /// For btrfs: the snapshot held open, with its recorded identity, by
     /// which alone it is removed.
-    pin: Option<std::sync::Arc<btrfs::Pin>>,
+    pin: Option<std::sync::Arc<Pin>>,
     /// For LVM and ZFS: the identity the volume manager gave it when it
     /// was made or found (the LV's UUID, the snapshot's GUID). Names in
     /// those namespaces can be reused; the identity cannot, and only a
@@ -148,9 +164,48 @@ pub trait Snapshotter: Send + Sync {
 
 fn snapshotter(k: Kind) -> &'static dyn Snapshotter {
     match k {
+        #[cfg(target_os = "linux")]
         Kind::Btrfs => &btrfs::Btrfs,
+        #[cfg(not(target_os = "linux"))]
+        Kind::Btrfs => &Unavailable(Kind::Btrfs),
         Kind::Lvm => &lvm::Lvm,
         Kind::Zfs => &zfs::Zfs,
+        Kind::Apfs => &apfs::Apfs,
+    }
+}
+
+/// A kind this system does not have (btrfs off Linux): never chosen by
+/// `auto` (no file system here is of that kind), and named clearly when
+/// asked for.
+#[cfg(not(target_os = "linux"))]
+struct Unavailable(Kind);
+
+#[cfg(not(target_os = "linux"))]
+impl Unavailable {
+    fn no(&self) -> SnapError {
+        SnapError::Unsupported(format!(
+            "{} snapshots are not available on this system",
+            self.0
+        ))
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+impl Snapshotter for Unavailable {
+    fn kind(&self) -> Kind {
+        self.0
+    }
+    fn volume(&self, _: &Path, _: &Mount) -> Result<PathBuf, SnapError> {
+        Err(self.no())
+    }
+    fn create(&self, _: &Path, _: &Mount, _: &str) -> Result<Taken, SnapError> {
+        Err(self.no())
+    }
+    fn remove(&self, _: &Taken) -> Result<(), SnapError> {
+        Err(self.no())
+    }
+    fn leftovers(&self, _: &Path, _: &Mount) -> Result<Leftovers, SnapError> {
+        Err(self.no())
     }
 }
 
@@ -159,6 +214,7 @@ pub fn kind_of(mount: &Mount) -> Option<Kind> {
     match mount.fstype.as_str() {
         "btrfs" => Some(Kind::Btrfs),
         "zfs" => Some(Kind::Zfs),
+        "apfs" => Some(Kind::Apfs),
         _ if lvm::is_lv(mount) => Some(Kind::Lvm),
         _ => None,
     }
@@ -175,6 +231,28 @@ pub fn is_ours(name: &str) -> Option<bool> {
 }
 
 /// When process `pid` started (Unix seconds), if it runs.
+#[allow(unsafe_code)]
+#[cfg(target_os = "macos")]
+fn running_since(pid: u32) -> Option<i64> {
+    let mut info = std::mem::MaybeUninit::<libc::proc_bsdinfo>::zeroed();
+    let size = std::mem::size_of::<libc::proc_bsdinfo>() as libc::c_int;
+    // SAFETY: a buffer of the size given, for the struct this flavour
+    // writes.
+    let n = unsafe {
+        libc::proc_pidinfo(
+            pid as libc::c_int,
+            libc::PROC_PIDTBSDINFO,
+            0,
+            info.as_mut_ptr().cast(),
+            size,
+        )
+    };
+    // SAFETY: written whole when the call returned its size.
+    (n == size).then(|| unsafe { info.assume_init() }.pbi_start_tvsec as i64)
+}
+
+/// When process `pid` started (Unix seconds), if it runs.
+#[cfg(not(target_os = "macos"))]
 fn running_since(pid: u32) -> Option<i64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name (which may hold spaces), from the
@@ -222,7 +300,8 @@ pub struct Outcome {
 
 fn dev_of(m: &Mount) -> Option<u64> {
     let (a, b) = m.dev.split_once(':')?;
-    Some(rustix::fs::makedev(a.parse().ok()?, b.parse().ok()?))
+    #[allow(clippy::unnecessary_cast)] // a u64 on Linux, an i32 on macOS
+    Some(rustix::fs::makedev(a.parse().ok()?, b.parse().ok()?) as u64)
 }
 
 /// The volumes the sources lie on (with what lies mounted below them,
@@ -406,13 +485,25 @@ impl Frozen {
 
     fn take(&self, kind: Kind, root: &Path, m: &Mount) -> Result<PathBuf, SnapError> {
         let taken = snapshotter(kind).create(root, m, &self.name)?;
-        self.hold(taken, (kind == Kind::Btrfs).then(|| dev_of(m)).flatten())
+        // APFS's data volume stands at `/` through firmlinks, where the
+        // system volume's device shows: its device is its mount point's.
+        let dev_at = (kind == Kind::Apfs).then(|| m.point.clone());
+        self.hold(
+            taken,
+            (kind == Kind::Btrfs).then(|| dev_of(m)).flatten(),
+            dev_at,
+        )
     }
 
     /// Keeps `taken` to read, and to remove when done.
-    fn hold(&self, taken: Taken, fs_dev: Option<u64>) -> Result<PathBuf, SnapError> {
+    fn hold(
+        &self,
+        taken: Taken,
+        fs_dev: Option<u64>,
+        dev_at: Option<PathBuf>,
+    ) -> Result<PathBuf, SnapError> {
         let s = snapshotter(taken.kind);
-        let root = &taken.origin;
+        let root = dev_at.as_deref().unwrap_or(&taken.origin);
         let origin_dev = match std::fs::metadata(root) {
             Ok(m) => m.dev(),
             Err(e) => {
@@ -475,8 +566,15 @@ impl Frozen {
     /// Whether an entry with this device and inode is the empty directory
     /// a btrfs snapshot shows for a subvolume of its own below the one
     /// snapshotted ([`Frozen::nested`] snapshots it).
+    #[cfg(target_os = "linux")]
     pub fn is_nested_placeholder(&self, dev: u64, ino: u64) -> bool {
         ino == btrfs::NESTED_PLACEHOLDER_INODE && self.held().iter().any(|h| h.fs_dev == Some(dev))
+    }
+
+    /// No btrfs here: no placeholders.
+    #[cfg(not(target_os = "linux"))]
+    pub fn is_nested_placeholder(&self, _dev: u64, _ino: u64) -> bool {
+        false
     }
 
     /// Snapshots the btrfs subvolume at `logical` (found as a placeholder
@@ -484,6 +582,17 @@ impl Frozen {
     /// It goes into the snapshot directory of the volume above it (never
     /// into the nested subvolume, which may be another user's), found
     /// from there without following links.
+    #[cfg(not(target_os = "linux"))]
+    pub fn nested(&self, logical: &Path) -> Result<PathBuf, SnapError> {
+        Err(SnapError::Unsupported(format!(
+            "no btrfs snapshot was taken above {}",
+            logical.display()
+        )))
+    }
+
+    /// Snapshots the btrfs subvolume at `logical` (found as a placeholder
+    /// in a snapshot of the one above it) and returns where it is read.
+    #[cfg(target_os = "linux")]
     pub fn nested(&self, logical: &Path) -> Result<PathBuf, SnapError> {
         let (top, fs_dev) = {
             let held = self.held();
@@ -504,7 +613,7 @@ impl Frozen {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
         let taken = btrfs::nested(&top, logical, &format!("{}-n{k}", self.name))?;
-        self.hold(taken, fs_dev)
+        self.hold(taken, fs_dev, None)
     }
 
     /// Fails when a snapshot was removed, or replaced, since it was taken:
@@ -553,13 +662,10 @@ mod tests {
 
     #[test]
     fn modes_read_and_print_alike() {
-        for s in ["auto", "btrfs", "lvm", "zfs", "off"] {
+        for s in ["auto", "apfs", "btrfs", "lvm", "zfs", "off"] {
             assert_eq!(s.parse::<Mode>().unwrap().to_string(), s);
         }
-        assert!("apfs"
-            .parse::<Mode>()
-            .unwrap_err()
-            .contains("expected auto"));
+        assert!("vss".parse::<Mode>().unwrap_err().contains("expected auto"));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The mount table: which file system holds a path, what kind it is, and
 //! what is mounted below a path.
 
+#[cfg(target_os = "macos")]
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 /// One line of `/proc/self/mountinfo`.
@@ -19,7 +21,49 @@ pub struct Mount {
     pub source: String,
 }
 
+/// The mount table (`getmntinfo`; empty when it cannot be read). APFS
+/// shows the data volume at `/` through firmlinks: a path's volume is
+/// found by [`holding`] from its own `statfs`, not by its prefix.
+#[allow(unsafe_code)]
+#[cfg(target_os = "macos")]
+pub fn table() -> Vec<Mount> {
+    use std::os::unix::fs::MetadataExt;
+    let mut list: *mut libc::statfs = std::ptr::null_mut();
+    // SAFETY: getmntinfo points `list` at a buffer it owns (valid until
+    // the next call in this thread) and returns how many it holds.
+    let n = unsafe { libc::getmntinfo(&mut list, libc::MNT_NOWAIT) };
+    if n <= 0 || list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: `n` entries, as getmntinfo said.
+    let all = unsafe { std::slice::from_raw_parts(list, n as usize) };
+    let text = |c: &[libc::c_char]| {
+        // SAFETY: the fields are NUL-terminated within their arrays.
+        unsafe { std::ffi::CStr::from_ptr(c.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    all.iter()
+        .map(|f| {
+            let point = PathBuf::from(text(&f.f_mntonname));
+            let dev = std::fs::metadata(&point).map_or(0, |m| m.dev());
+            Mount {
+                dev: format!(
+                    "{}:{}",
+                    rustix::fs::major(dev as _),
+                    rustix::fs::minor(dev as _)
+                ),
+                root: PathBuf::from("/"),
+                point,
+                fstype: text(&f.f_fstypename),
+                source: text(&f.f_mntfromname),
+            }
+        })
+        .collect()
+}
+
 /// The mount table of this process (empty when it cannot be read).
+#[cfg(not(target_os = "macos"))]
 pub fn table() -> Vec<Mount> {
     std::fs::read_to_string("/proc/self/mountinfo")
         .map(|t| parse(&t))
@@ -49,8 +93,20 @@ pub fn parse(text: &str) -> Vec<Mount> {
         .collect()
 }
 
+/// The mount that `path` lies on: the one `statfs` names for it.
+#[allow(unsafe_code)]
+#[cfg(target_os = "macos")]
+pub fn holding<'t>(path: &Path, table: &'t [Mount]) -> Option<&'t Mount> {
+    let st = rustix::fs::statfs(path).ok()?;
+    // SAFETY: NUL-terminated within its array.
+    let on = unsafe { std::ffi::CStr::from_ptr(st.f_mntonname.as_ptr()) };
+    let on = Path::new(std::ffi::OsStr::from_bytes(on.to_bytes()));
+    table.iter().rev().find(|m| m.point == on)
+}
+
 /// The mount that `path` lies on (the last mounted of the longest mount
 /// points above it).
+#[cfg(not(target_os = "macos"))]
 pub fn holding<'t>(path: &Path, table: &'t [Mount]) -> Option<&'t Mount> {
     table
         .iter()
@@ -102,6 +158,7 @@ mod tests {
 ";
 
     #[test]
+    #[cfg(not(target_os = "macos"))]
     fn the_mount_holding_a_path_and_those_below() {
         let t = parse(TABLE);
         assert_eq!(t.len(), 4);

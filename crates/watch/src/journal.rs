@@ -115,6 +115,10 @@ pub struct Journal {
     /// records a loss instead (its memory bound; `CAPSULE_JOURNAL_MAX_DIRS`
     /// sets a small one in tests to force overflows).
     pub max_dirs: usize,
+    /// Kept by FSEvents: where a later watcher resumes
+    /// ([`crate::fsevents::resume`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsevents: Option<crate::fsevents::Mark>,
 }
 
 /// The bound on recorded directories when none is set: about 20 MB of
@@ -141,7 +145,22 @@ impl Journal {
             deep: BTreeMap::new(),
             unwatchable: BTreeSet::new(),
             max_dirs,
+            fsevents: None,
         }
+    }
+
+    /// An earlier watcher's journal, going on in this process: this boot
+    /// and this daemon (the epoch stays: the records are continuous).
+    pub fn resumed(mut self) -> Journal {
+        self.identity.boot = Identity::of_this_machine().1;
+        self.pid = std::process::id();
+        self
+    }
+
+    /// Whether the journal spans restarts (FSEvents' persistent IDs):
+    /// another boot, then, is not a gap.
+    fn spans_restarts(&self) -> bool {
+        self.fsevents.is_some()
     }
 
     pub(crate) fn next(&mut self) -> u64 {
@@ -215,13 +234,14 @@ impl Journal {
         if id.machine != here.0 {
             return Err("the journal was written on another machine".into());
         }
-        if id.boot != here.1 {
+        if id.boot != here.1 && !self.spans_restarts() {
             return Err("the journal is from before the machine last started".into());
         }
         if let Some(why) = &self.degraded {
             return Err(why.clone());
         }
-        if base.identity.machine != id.machine || base.identity.boot != id.boot {
+        let rebooted = base.identity.boot != id.boot;
+        if base.identity.machine != id.machine || (rebooted && !self.spans_restarts()) {
             return Err(
                 "the machine restarted since the parent snapshot: changes made while no watcher ran cannot be known"
                     .into(),
@@ -244,8 +264,9 @@ impl Journal {
         }
         // The wall clock moved by more than the time that passed: a run's
         // rules about settled files assume it did not.
+        // Across a reboot the boot clock started again: nothing to compare.
         let drift = (now.wall - base.cut.wall) - (now.boot - base.cut.boot);
-        if drift.abs() > 5 {
+        if drift.abs() > 5 && !rebooted {
             return Err(format!(
                 "the clock moved by {drift} s since the parent snapshot"
             ));
@@ -314,6 +335,7 @@ impl Identity {
     }
 
     /// This machine's ID and this boot's.
+    #[cfg(not(target_os = "macos"))]
     fn of_this_machine() -> (String, String) {
         let read = |p: &str| {
             std::fs::read_to_string(p)
@@ -324,6 +346,44 @@ impl Identity {
             read("/etc/machine-id"),
             read("/proc/sys/kernel/random/boot_id"),
         )
+    }
+
+    /// The Mac's hardware UUID (`gethostuuid`) and this boot's session
+    /// UUID (`kern.bootsessionuuid`).
+    #[cfg(target_os = "macos")]
+    #[allow(unsafe_code)]
+    fn of_this_machine() -> (String, String) {
+        let mut host = [0u8; 16];
+        let wait = libc::timespec {
+            tv_sec: 1,
+            tv_nsec: 0,
+        };
+        // SAFETY: a 16-byte buffer, as gethostuuid writes.
+        let machine = if unsafe { libc::gethostuuid(host.as_mut_ptr(), &wait) } == 0 {
+            hex::encode(host)
+        } else {
+            String::new()
+        };
+        let mut buf = [0u8; 64];
+        let mut len = buf.len();
+        // SAFETY: a NUL-terminated name, and the buffer with its length.
+        let ok = unsafe {
+            libc::sysctlbyname(
+                c"kern.bootsessionuuid".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                &mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        } == 0;
+        let boot = if ok {
+            String::from_utf8_lossy(&buf[..len])
+                .trim_end_matches('\0')
+                .to_string()
+        } else {
+            String::new()
+        };
+        (machine, boot)
     }
 }
 
@@ -348,7 +408,13 @@ fn now_unix() -> i64 {
 
 /// Seconds since boot, counting suspend.
 pub fn boot_secs() -> i64 {
-    rustix::time::clock_gettime(rustix::time::ClockId::Boottime).tv_sec
+    #[cfg(not(target_os = "macos"))]
+    let clock = rustix::time::ClockId::Boottime;
+    // macOS's monotonic clock goes on while the Mac sleeps, as Linux's
+    // boot time does.
+    #[cfg(target_os = "macos")]
+    let clock = rustix::time::ClockId::Monotonic;
+    rustix::time::clock_gettime(clock).tv_sec
 }
 
 /// The most a state file may hold: a journal at its bound of directories

@@ -25,9 +25,15 @@
 //! so names that are not UTF-8 survive.
 
 mod error;
+#[cfg(target_os = "linux")]
 pub mod fanotify;
+pub mod fsevents;
+#[cfg(target_os = "macos")]
+mod fsevents_stream;
+#[cfg(target_os = "linux")]
 pub mod inotify;
 mod journal;
+#[cfg(target_os = "linux")]
 mod mounts;
 mod watcher;
 
@@ -42,6 +48,7 @@ pub use watcher::{scope, walked_sources, WatchOptions, Watcher};
 /// Starts the best watcher this process may run for `opts`, with a new
 /// journal. Where none can run, the journal says why (`degraded`) and no
 /// watcher is returned: the profile's runs scan in full.
+#[cfg(target_os = "linux")]
 pub fn start(opts: &WatchOptions) -> (Journal, Option<Box<dyn Watcher>>) {
     let sources = walked_sources(&opts.sources);
     // fanotify where this process may (root, or CAP_SYS_ADMIN), unless
@@ -59,6 +66,38 @@ pub fn start(opts: &WatchOptions) -> (Journal, Option<Box<dyn Watcher>>) {
             journal.watched = w.watches();
             (journal, Some(Box::new(w)))
         }
+        Err(e) => {
+            journal.degraded = Some(e.to_string());
+            (journal, None)
+        }
+    }
+}
+
+/// Starts an FSEvents watcher for `opts`: it goes on with the journal an
+/// earlier watcher left (`opts.journal`) where [`fsevents::resume`] allows,
+/// and asks for the events after its last; otherwise it starts a new
+/// journal (the next run scans in full).
+#[cfg(target_os = "macos")]
+pub fn start(opts: &WatchOptions) -> (Journal, Option<Box<dyn Watcher>>) {
+    use fsevents::{resume, Mark, Resume};
+    let sources = walked_sources(&opts.sources);
+    let scope = opts.scope();
+    let volumes = fsevents_stream::volumes(&sources);
+    let current = fsevents_stream::current_id();
+    let saved = opts.journal.as_deref().and_then(|p| Journal::load(p).ok());
+    let (mut journal, since) = match (resume(saved.as_ref(), &scope, &volumes, current), saved) {
+        (Resume::From(id), Some(j)) => (j.resumed(), id),
+        _ => {
+            let mut j = Journal::new(Identity::new("fsevents", scope, &sources));
+            j.fsevents = Some(Mark {
+                last_id: current,
+                volumes,
+            });
+            (j, current)
+        }
+    };
+    match fsevents_stream::FsEvents::start(&sources, &opts.skip, since, since != current) {
+        Ok(w) => (journal, Some(Box::new(w))),
         Err(e) => {
             journal.degraded = Some(e.to_string());
             (journal, None)

@@ -89,6 +89,9 @@ pub struct WatchOptions {
     /// backups skip too. Watching them would make the watcher record its
     /// own writes of the journal, and write it again, forever.
     pub skip: Vec<PathBuf>,
+    /// The journal file an earlier watcher wrote: FSEvents resumes from
+    /// its last event (the Linux watchers start new ones).
+    pub journal: Option<PathBuf>,
 }
 
 impl WatchOptions {

@@ -12,7 +12,7 @@ use crate::config::Profile;
 /// asks (`sync`) and at most once a second otherwise. Stopped when
 /// dropped.
 pub(super) struct Watching {
-    wake: std::sync::Arc<OwnedFd>,
+    wake: std::sync::Arc<Bell>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -27,15 +27,11 @@ impl Watching {
         }
         let path = crate::journal::journal_path(name)?;
         let base = crate::journal::base_path(name)?;
-        let opts = crate::journal::watch_options(p);
+        let mut opts = crate::journal::watch_options(p);
+        // FSEvents goes on from what the last daemon recorded.
+        opts.journal = Some(path.clone());
         // Written to ask for the journal (and to stop): wakes the thread.
-        let wake = std::sync::Arc::new(
-            rustix::event::eventfd(
-                0,
-                rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
-            )
-            .ok()?,
-        );
+        let wake = std::sync::Arc::new(Bell::new()?);
         let woken = wake.clone();
         let (ready, started) = std::sync::mpsc::channel::<()>();
         let stop = std::sync::Arc::new(AtomicBool::new(false));
@@ -98,7 +94,7 @@ impl Watching {
                     // change of the mounts).
                     {
                         use rustix::event::{PollFd, PollFlags};
-                        let mut fds = vec![PollFd::new(&*woken, PollFlags::IN)];
+                        let mut fds = vec![PollFd::new(&woken.read, PollFlags::IN)];
                         if let Some(w) = &watcher {
                             fds.push(PollFd::from_borrowed_fd(w.as_fd(), PollFlags::IN));
                         }
@@ -108,7 +104,7 @@ impl Watching {
                         };
                         let _ = rustix::event::poll(&mut fds, Some(&second));
                     }
-                    let asked = rustix::io::read(&*woken, &mut [0u8; 8]).is_ok_and(|n| n == 8);
+                    let asked = woken.answer();
                     // Read after the request arrived: everything the kernel
                     // queued before it is in.
                     if let Some(w) = watcher.as_mut() {
@@ -149,7 +145,60 @@ impl Watching {
 
     /// Asks for the journal as of now.
     pub(super) fn sync(&self) {
-        let _ = rustix::io::write(&*self.wake, &1u64.to_ne_bytes());
+        self.wake.ring();
+    }
+}
+
+/// What wakes the watching thread: an eventfd on Linux, a pipe elsewhere.
+struct Bell {
+    read: OwnedFd,
+    /// The pipe's other end (none for an eventfd, which is both).
+    write: Option<OwnedFd>,
+}
+
+impl Bell {
+    #[cfg(target_os = "linux")]
+    fn new() -> Option<Bell> {
+        use rustix::event::EventfdFlags;
+        let fd = rustix::event::eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).ok()?;
+        Some(Bell {
+            read: fd,
+            write: None,
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn new() -> Option<Bell> {
+        let (r, w) = rustix::pipe::pipe().ok()?;
+        for fd in [&r, &w] {
+            let fl = rustix::fs::fcntl_getfl(fd).ok()?;
+            rustix::fs::fcntl_setfl(fd, fl | rustix::fs::OFlags::NONBLOCK).ok()?;
+            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC).ok()?;
+        }
+        Some(Bell {
+            read: r,
+            write: Some(w),
+        })
+    }
+
+    fn ring(&self) {
+        let _ = rustix::io::write(
+            self.write.as_ref().unwrap_or(&self.read),
+            &1u64.to_ne_bytes(),
+        );
+    }
+
+    /// Whether it was rung since last asked (and quiet again).
+    fn answer(&self) -> bool {
+        let mut buf = [0u8; 64];
+        let mut rung = false;
+        while matches!(rustix::io::read(&self.read, &mut buf), Ok(n) if n > 0) {
+            rung = true;
+            if self.write.is_none() {
+                break;
+            }
+        }
+        rung
     }
 }
 

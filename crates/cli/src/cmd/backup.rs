@@ -59,7 +59,7 @@ pub struct BackupArgs {
     no_journal: bool,
     /// Read the sources from a snapshot of their file systems, so every
     /// file is stored as it was at one instant: auto (what the file system
-    /// offers, else live files with a warning), btrfs, lvm, zfs (required:
+    /// offers, else live files with a warning), apfs (macOS), btrfs, lvm, zfs (required:
     /// an error where not possible) or off (default: the profile's
     /// `source-snapshot`, else off).
     #[arg(long, env = "CAPSULE_SOURCE_SNAPSHOT", value_name = "KIND", value_parser = parse_mode)]

@@ -19,7 +19,14 @@ pub struct Excludes {
     skip_dirs: Arc<Vec<std::path::PathBuf>>,
     file_name: Option<String>,
     stack: Vec<Arc<Gitignore>>,
+    /// Patterns match names whatever their case, as the file system names
+    /// files: macOS volumes are case-insensitive unless made otherwise
+    /// (`*.JPG` there excludes `photo.jpg`, the same file to Finder).
+    fold_case: bool,
 }
+
+/// Whether names on this system's usual volumes are case-insensitive.
+pub const FOLD_CASE: bool = cfg!(target_os = "macos");
 
 impl std::fmt::Debug for Excludes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -46,7 +53,19 @@ impl Excludes {
         file_name: Option<String>,
         skip_dirs: Vec<std::path::PathBuf>,
     ) -> Result<Self> {
+        Self::with_case(patterns, file_name, skip_dirs, FOLD_CASE)
+    }
+
+    /// [`Excludes::new`], matching names whatever their case or not.
+    pub fn with_case(
+        patterns: &[String],
+        file_name: Option<String>,
+        skip_dirs: Vec<std::path::PathBuf>,
+        fold_case: bool,
+    ) -> Result<Self> {
         let mut b = GitignoreBuilder::new("/");
+        b.case_insensitive(fold_case)
+            .map_err(|e| EngineError::Invalid(format!("exclude patterns: {e}")))?;
         for p in patterns {
             check_pattern(p)?;
             b.add_line(None, p)
@@ -60,6 +79,7 @@ impl Excludes {
             skip_dirs: Arc::new(skip_dirs),
             file_name,
             stack: Vec::new(),
+            fold_case,
         })
     }
 
@@ -76,6 +96,7 @@ impl Excludes {
             return (self.clone(), None);
         }
         let mut b = GitignoreBuilder::new(dir);
+        let _ = b.case_insensitive(self.fold_case);
         let err = b.add(&f).map(|e| e.to_string());
         let mut next = self.clone();
         match b.build() {
@@ -106,5 +127,27 @@ impl Excludes {
             }
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// On a case-insensitive volume (macOS's usual), `*.JPG` and
+    /// `/Users/ann/Caches` name what Finder shows as `x.jpg` and
+    /// `caches`; elsewhere case counts.
+    #[test]
+    fn case_folds_where_the_volume_does() {
+        let pats = vec!["*.JPG".to_string(), "/Users/ann/Caches".to_string()];
+        let fold = Excludes::with_case(&pats, None, Vec::new(), true).unwrap();
+        assert!(fold.is_excluded(Path::new("/Users/ann/x.jpg"), false));
+        assert!(fold.is_excluded(Path::new("/Users/ann/caches"), true));
+        assert!(!fold.is_excluded(Path::new("/Users/ann/x.png"), false));
+        let exact = Excludes::with_case(&pats, None, Vec::new(), false).unwrap();
+        assert!(!exact.is_excluded(Path::new("/Users/ann/x.jpg"), false));
+        assert!(exact.is_excluded(Path::new("/Users/ann/x.JPG"), false));
+        assert_eq!(FOLD_CASE, cfg!(target_os = "macos"));
     }
 }

@@ -96,7 +96,7 @@ impl Loc<'_> {
     pub(crate) fn open(&self, flags: OFlags) -> std::io::Result<OwnedFd> {
         let (dir, name) = self.parts();
         let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+        match rustix::fs::openat(dir, name, flags | crate::platform::NOATIME, Mode::empty()) {
             Err(e) if e == rustix::io::Errno::PERM => {
                 Ok(rustix::fs::openat(dir, name, flags, Mode::empty())?)
             }
@@ -113,7 +113,7 @@ impl Loc<'_> {
     /// a symlink or special file, which cannot be opened to read them):
     /// `/proc/self/fd/<n>/<name>` reaches the entry through its directory's
     /// descriptor; without procfs, the full `path`.
-    fn sys_path(&self, path: &Path) -> PathBuf {
+    pub(crate) fn sys_path(&self, path: &Path) -> PathBuf {
         match self {
             Loc::At(fd, name) => {
                 through_fd(fd).map_or_else(|| path.to_path_buf(), |d| d.join(name))

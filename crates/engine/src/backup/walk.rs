@@ -488,7 +488,10 @@ fn save_entry(
     // An excluded nested subvolume is not snapshotted (a machine may hold
     // thousands: container images).
     let view = match ctx.frozen {
-        Some(f) if f.is_nested_placeholder(st.st_dev, st.st_ino) && !ex.is_excluded(path, true) => {
+        Some(f)
+            if f.is_nested_placeholder(crate::platform::widths(&st).1, st.st_ino)
+                && !ex.is_excluded(path, true) =>
+        {
             match nested(ctx, f, path) {
                 Ok((nested, view)) => {
                     st = nested;
@@ -506,7 +509,9 @@ fn save_entry(
     Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
     let mut node = node_from_stat(name, &st);
     node.device = ctx.device(node.device);
-    if ex.is_excluded(path, node.kind() == NodeKind::Dir) {
+    if ex.is_excluded(path, node.kind() == NodeKind::Dir)
+        || crate::platform::excluded_by_system(&st, || loc.sys_path(path))
+    {
         return Ok(None);
     }
     let c = &ctx.counters;

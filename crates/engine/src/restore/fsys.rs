@@ -376,13 +376,9 @@ impl<'a, L: Layout> Target<'a, L> {
         let (p, name) = self.at(i)?;
         match ft {
             None => rustix::fs::symlinkat(OsStr::from_bytes(node.target()), &*p, name)?,
-            Some(ft) => rustix::fs::mknodat(
-                &*p,
-                name,
-                ft,
-                Mode::from_raw_mode(0o600),
-                node.rdev() as rustix::fs::Dev,
-            )?,
+            Some(ft) => {
+                crate::platform::mknodat(&*p, name, ft, Mode::from_raw_mode(0o600), node.rdev())?
+            }
         }
         self.meta_at(i, node)?;
         Ok(true)
@@ -394,20 +390,7 @@ impl<'a, L: Layout> Target<'a, L> {
     fn meta_at(&self, i: usize, node: &Item) -> std::io::Result<()> {
         let (p, name) = self.at(i)?;
         let mut first = None;
-        // An O_PATH descriptor of the entry itself: the kernel's
-        // /proc/self/fd link to it names exactly that inode.
-        let fd = rustix::fs::openat(
-            &*p,
-            name,
-            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )?;
-        let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-        for (k, v) in node.xattrs() {
-            if let Err(e) = rustix::fs::lsetxattr(&proc, &k[..], v, XattrFlags::empty()) {
-                first.get_or_insert(e.into());
-            }
-        }
+        // The owner first: a chown clears setuid bits the mode then sets.
         if crate::meta::is_root() {
             let r = rustix::fs::chownat(
                 &*p,
@@ -420,12 +403,8 @@ impl<'a, L: Layout> Target<'a, L> {
                 first.get_or_insert(e.into());
             }
         }
-        if node.kind() != NodeKind::Symlink {
-            // chmod through the O_PATH descriptor's /proc link acts on the
-            // special file itself (fchmod refuses O_PATH descriptors).
-            if let Err(e) = rustix::fs::chmod(&proc, Mode::from_raw_mode(node.mode & 0o7777)) {
-                first.get_or_insert(e.into());
-            }
+        if let Err(e) = special_meta(&p, name, node) {
+            first.get_or_insert(e);
         }
         if let Err(e) = rustix::fs::utimensat(&*p, name, &times(node), AtFlags::SYMLINK_NOFOLLOW) {
             first.get_or_insert(e.into());
@@ -513,6 +492,64 @@ fn times(node: &Item) -> Timestamps {
     }
 }
 
+/// A special file's or symlink's extended attributes and (not for a
+/// symlink) permissions, never following a link. Linux: through an
+/// `O_PATH` descriptor of the entry and its `/proc/self/fd` link, which
+/// names exactly that inode (`fchmod` refuses `O_PATH` descriptors).
+#[cfg(target_os = "linux")]
+fn special_meta(dir: &OwnedFd, name: &OsStr, node: &Item) -> std::io::Result<()> {
+    let mut first: Option<std::io::Error> = None;
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    for (k, v) in node.xattrs() {
+        if let Err(e) = rustix::fs::lsetxattr(&proc, &k[..], v, XattrFlags::empty()) {
+            first.get_or_insert(e.into());
+        }
+    }
+    if node.kind() != NodeKind::Symlink {
+        if let Err(e) = rustix::fs::chmod(&proc, mode_of(node)) {
+            first.get_or_insert(e.into());
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// macOS: permissions by `fchmodat(AT_SYMLINK_NOFOLLOW)`, which it
+/// honours; extended attributes by the restore directory's own path
+/// (`F_GETPATH`) with `XATTR_NOFOLLOW`: a directory capsule made for the
+/// restore, so no other user's link is on the way.
+#[cfg(not(target_os = "linux"))]
+fn special_meta(dir: &OwnedFd, name: &OsStr, node: &Item) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut first: Option<std::io::Error> = None;
+    if !node.xattrs().is_empty() {
+        let d = rustix::fs::getpath(dir)?;
+        let path =
+            std::path::PathBuf::from(std::ffi::OsString::from_vec(d.into_bytes())).join(name);
+        for (k, v) in node.xattrs() {
+            if let Err(e) = rustix::fs::lsetxattr(&path, &k[..], v, XattrFlags::empty()) {
+                first.get_or_insert(e.into());
+            }
+        }
+    }
+    if node.kind() != NodeKind::Symlink {
+        if let Err(e) = rustix::fs::chmodat(dir, name, mode_of(node), AtFlags::SYMLINK_NOFOLLOW) {
+            first.get_or_insert(e.into());
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// The node's permission bits as the system's mode type.
+fn mode_of(node: &Item) -> Mode {
+    Mode::from_raw_mode((node.mode & 0o7777) as rustix::fs::RawMode)
+}
+
 /// Applies xattrs, owner (as root), mode and times to an open file or
 /// directory. Times go last: the others would change ctime only, but
 /// writing xattrs can touch mtime on some file systems.
@@ -531,11 +568,14 @@ pub(super) fn apply_fd_meta(fd: impl AsFd, node: &Item) -> std::io::Result<()> {
             first.get_or_insert(e.into());
         }
     }
-    if let Err(e) = rustix::fs::fchmod(fd, Mode::from_raw_mode(node.mode & 0o7777)) {
+    if let Err(e) = rustix::fs::fchmod(fd, mode_of(node)) {
         first.get_or_insert(e.into());
     }
     if let Err(e) = rustix::fs::futimens(fd, &times(node)) {
         first.get_or_insert(e.into());
+    }
+    if let Err(e) = crate::platform::set_mac_meta(fd, node.btime(), node.file_flags()) {
+        first.get_or_insert(e);
     }
     first.map_or(Ok(()), Err)
 }

@@ -110,6 +110,9 @@ struct Rare {
     rdev: u64,
     /// `(device, inode)` of a file with more than one link at the source.
     link: Option<(u64, u64)>,
+    /// macOS: birth time and file flags.
+    btime: Option<Timestamp>,
+    file_flags: Option<u32>,
 }
 
 impl Item {
@@ -121,13 +124,17 @@ impl Item {
         let rare = (!node.target.is_empty()
             || !node.xattrs.is_empty()
             || node.rdev != 0
-            || link.is_some())
+            || link.is_some()
+            || node.btime.is_some()
+            || node.file_flags.is_some())
         .then(|| {
             Box::new(Rare {
                 target: node.target,
                 xattrs: node.xattrs,
                 rdev: node.rdev,
                 link,
+                btime: node.btime,
+                file_flags: node.file_flags,
             })
         });
         let item = Item {
@@ -179,6 +186,16 @@ impl Item {
     /// Device number of a character or block device.
     pub fn rdev(&self) -> u64 {
         self.rare.as_ref().map_or(0, |r| r.rdev)
+    }
+
+    /// When the file was created at the source (macOS).
+    pub fn btime(&self) -> Option<Timestamp> {
+        self.rare.as_ref().and_then(|r| r.btime)
+    }
+
+    /// BSD file flags at the source (macOS).
+    pub fn file_flags(&self) -> Option<u32> {
+        self.rare.as_ref().and_then(|r| r.file_flags)
     }
 
     /// `(device, inode)` at the source of a file with several links, which

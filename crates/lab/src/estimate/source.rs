@@ -257,9 +257,14 @@ pub(crate) fn small_dirs(files: &[(PathBuf, u64)], want: u64, seed: u64) -> Vec<
 /// far as the kernel agrees: this is advice (`POSIX_FADV_DONTNEED`).
 pub(crate) fn evict(paths: &[PathBuf]) {
     fn one(p: &Path) {
+        // macOS has no such advice: its caches are dropped by `purge`
+        // alone, for the whole machine, which a measurement must not do.
+        #[cfg(target_os = "linux")]
         if let Ok(f) = std::fs::File::open(p) {
             let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
         }
+        #[cfg(not(target_os = "linux"))]
+        let _ = p;
     }
     for p in paths {
         match std::fs::read_dir(p) {
@@ -269,6 +274,26 @@ pub(crate) fn evict(paths: &[PathBuf]) {
                 .for_each(|e| one(&e.path())),
             Err(_) => one(p),
         }
+    }
+}
+
+/// Whether `f`'s first page is in the page cache: a read with
+/// `RWF_NOWAIT` succeeds only from it. `None` where that cannot be told
+/// (an older kernel; macOS has no such read).
+fn in_cache(f: &std::fs::File, buf: &mut [u8]) -> Option<bool> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut bufs = [std::io::IoSliceMut::new(buf)];
+        match rustix::io::preadv2(f, &mut bufs, 0, rustix::io::ReadWriteFlags::NOWAIT) {
+            Ok(_) => Some(true),
+            Err(rustix::io::Errno::AGAIN) => Some(false),
+            Err(_) => None,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (f, buf);
+        None
     }
 }
 
@@ -295,15 +320,14 @@ pub(crate) fn cached_share(files: &[(PathBuf, u64)], mut seed: u64) -> f64 {
         let Ok(f) = std::fs::File::open(p) else {
             continue;
         };
-        let mut bufs = [std::io::IoSliceMut::new(&mut buf)];
-        match rustix::io::preadv2(&f, &mut bufs, 0, rustix::io::ReadWriteFlags::NOWAIT) {
-            Ok(_) => {
+        match in_cache(&f, &mut buf) {
+            Some(true) => {
                 cached += 1;
                 asked += 1;
             }
-            Err(rustix::io::Errno::AGAIN) => asked += 1,
+            Some(false) => asked += 1,
             // No RWF_NOWAIT here: say nothing is cached, the cautious side.
-            Err(_) => return 0.0,
+            None => return 0.0,
         }
     }
     if asked == 0 {
