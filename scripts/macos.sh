@@ -90,6 +90,8 @@ env_for() {
     t=$(echo "$1" | tr - _)
     T=$(echo "$t" | tr a-z A-Z)
     export RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1
+    # Debian's cargo-clippy and clippy-driver before rustup's.
+    export PATH="/usr/bin:$PATH"
     export "CC_$t=$tools/cc-$arch" "CXX_$t=$tools/c++-$arch" "AR_$t=$tools/ar"
     export "CARGO_TARGET_${T}_LINKER=$tools/ld-$arch"
     # aws-lc and ring look for a macOS SDK only to find headers zig has.

@@ -6,6 +6,10 @@
 //! wiped, and forget + prune running beside them. Nothing may be lost.
 //!
 //! The 32-client version with its figures is `bench/cluster.sh`.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

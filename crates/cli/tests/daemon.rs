@@ -1,6 +1,10 @@
 //! `capsule daemon` with real processes and the test clock
 //! (`CAPSULE_TEST_NOW=@FILE`, moved by the test): every wait is bounded,
 //! and nothing is asserted on elapsed time.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

@@ -4,6 +4,10 @@
 //! a file, a damaged pack fails one file only, and a backup or forget
 //! made while mounted shows. Skipped, saying why, where there is no
 //! `/dev/fuse`.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

@@ -1,5 +1,9 @@
 //! A backup killed with SIGKILL leaves a valid repository: `check` passes,
 //! earlier snapshots restore, and the next backup reuses what was uploaded.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

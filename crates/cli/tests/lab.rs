@@ -11,6 +11,10 @@
 //! Servers come from `scripts/servers.sh`; without them these tests skip,
 //! unless `CAPSULE_REQUIRE_SERVERS=1` (the README's test command) makes
 //! that a failure.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

@@ -1,5 +1,9 @@
 //! Tests that need real mounts (tmpfs), so they run as root: file-system
 //! boundaries and a repository disk that fills up.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

@@ -2,6 +2,10 @@
 //! given back in one pass, shared packs repacked, and prune beside
 //! backups that reuse what it marks, pause past their lease or hold
 //! sessions, and prunes killed at every step.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

@@ -6,6 +6,10 @@
 //!
 //! Servers come from `scripts/servers.sh` (see crates/net/tests/servers.rs
 //! for the switch that makes their absence a failure in the test command).
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

@@ -1,5 +1,9 @@
 //! Restoring again: into a target that already holds the snapshot, after
 //! an interrupted restore, with `--overwrite`, `--delete` and `--verify`.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

@@ -1,6 +1,10 @@
 //! Regression tests for the third hostile test (issue "Trust, round
 //! three"): history lost or misreported. Each test fails on the code before
 //! its fix. (`restore --delete` and killed restores: restore.rs.)
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

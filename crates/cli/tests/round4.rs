@@ -2,6 +2,10 @@
 //! found in the daemon, its status, the configuration file and the
 //! snapshot names (the journal's blind spots are in
 //! `crates/watch/tests/model.rs`). Every wait is bounded.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

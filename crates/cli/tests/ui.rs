@@ -2,6 +2,10 @@
 //! data, browsing, versions and their text diff, downloads of a file and of
 //! a folder as tar, a diff between snapshots, crafted paths refused, a
 //! restore that asks before replacing anything, and a folder put back.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

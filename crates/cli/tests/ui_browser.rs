@@ -2,6 +2,10 @@
 //! browsing, versions, diffs and a restore as a user would; and the
 //! page's latency on a 10,000-entry directory, the benchmark behind
 //! `bench/page.sh`.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

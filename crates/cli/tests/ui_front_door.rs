@@ -4,6 +4,10 @@
 //! of a changed file, asked first, then restored byte for byte in place;
 //! a quick look at an image version; another profile's repository shown
 //! with its own password; and every new action refused without the token.
+
+// The command-line suite runs on Linux, against real servers, btrfs,
+// fanotify and network namespaces; the macOS build checks the libraries.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;

@@ -105,6 +105,7 @@ fn unescape_mountinfo(s: &str) -> String {
 /// A mounted file system; dropping it unmounts.
 pub struct Mounted {
     session: Option<fuser::BackgroundSession>,
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // a forced detach
     path: PathBuf,
 }
 

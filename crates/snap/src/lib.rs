@@ -129,6 +129,7 @@ pub struct Taken {
     pub handle: String,
     /// For btrfs: the snapshot held open, with its recorded identity, by
     /// which alone it is removed.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // btrfs only
     pin: Option<std::sync::Arc<Pin>>,
     /// For LVM and ZFS: the identity the volume manager gave it when it
     /// was made or found (the LV's UUID, the snapshot's GUID). Names in
@@ -277,6 +278,7 @@ struct Held {
     origin_dev: u64,
     /// For btrfs, the file system's own device: what the empty
     /// directories standing for nested subvolumes show.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // btrfs only
     fs_dev: Option<u64>,
 }
 
@@ -285,6 +287,7 @@ pub struct Frozen {
     name: String,
     held: Mutex<Vec<Held>>,
     /// Nested subvolumes snapshotted so far (their snapshots' names).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // btrfs only
     nested: std::sync::atomic::AtomicU32,
 }
 

@@ -5,6 +5,10 @@
 //! - a write through a descriptor opened by an outside name of a source's
 //!   file, that name removed since, was dropped: now the file is placed by
 //!   its own handle.
+
+// The Linux watchers (inotify, fanotify); FSEvents' rules are tested in
+// the library.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::io::Write;

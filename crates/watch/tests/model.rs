@@ -4,6 +4,10 @@
 //! ID for tree ID, and the same counts, as a full scan of the same state.
 //! Watcher restarts and forced overflows are mixed in; the seed is printed
 //! (`CAPSULE_MODEL_SEED` replays one, `CAPSULE_MODEL_STEPS` runs longer).
+
+// The Linux watchers (inotify, fanotify); FSEvents' rules are tested in
+// the library.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
