@@ -8,7 +8,8 @@
 #   scripts/macos.sh check   [TARGET...]     cargo check --workspace --all-targets
 #   scripts/macos.sh clippy  [TARGET...]     clippy --all-targets -D warnings
 #   scripts/macos.sh build   [TARGET...]     the capsule binary, then `file` on it
-#   scripts/macos.sh all                     clippy and build for arm64, check for x86_64
+#   scripts/macos.sh all                     clippy -D warnings for x86_64 (every
+#                                            target), the arm64 binary linked
 #
 # TARGET is aarch64-apple-darwin (the default) or x86_64-apple-darwin.
 # Output goes to target/macos (a directory of its own: std is built per
@@ -26,6 +27,7 @@ install() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
             rustc-web cargo-web rust-web-src rust-web-clippy >/dev/null
     fi
+    command -v file >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq file >/dev/null
     if ! python3 -c 'import ziglang' 2>/dev/null; then
         python3 -m pip install -q --break-system-packages ziglang
     fi
@@ -107,6 +109,25 @@ cargo_for() {
     /usr/bin/cargo "$sub" --locked --target "$target" -Zbuild-std=std,panic_abort "$@"
 }
 
+# Links the capsule binary (profile `macos`: unoptimised, no debug info)
+# and shows what it is; fails unless it is a Mach-O executable for the
+# target's architecture.
+link() {
+    cargo_for "$1" build --profile macos -p capsule --bin capsule
+    bin="$CARGO_TARGET_DIR/$1/macos/capsule"
+    what=$(file -b "$bin")
+    echo "$bin: $what"
+    case "$1" in
+    aarch64-*) want="Mach-O 64-bit*arm64*" ;;
+    *) want="Mach-O 64-bit*x86_64*" ;;
+    esac
+    # shellcheck disable=SC2254
+    case "$what" in
+    $want) ;;
+    *) echo "not a Mach-O executable for $1" >&2; exit 1 ;;
+    esac
+}
+
 cmd=${1:-all}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -118,19 +139,18 @@ check | clippy | build)
         case "$cmd" in
         check) cargo_for "$target" check --workspace --all-targets ;;
         clippy) cargo_for "$target" clippy --workspace --all-targets -- -D warnings ;;
-        build)
-            cargo_for "$target" build -p capsule --bin capsule
-            file "$CARGO_TARGET_DIR/$target/debug/capsule"
-            ;;
+        build) link "$target" ;;
         esac
     done
     ;;
 all)
     install
-    cargo_for aarch64-apple-darwin clippy --workspace --all-targets -- -D warnings
-    cargo_for aarch64-apple-darwin build -p capsule --bin capsule
-    file "$CARGO_TARGET_DIR/aarch64-apple-darwin/debug/capsule"
-    cargo_for x86_64-apple-darwin check --workspace
+    start=$(date +%s)
+    cargo_for x86_64-apple-darwin clippy --workspace --all-targets -- -D warnings
+    echo "macOS: clippy clean for x86_64-apple-darwin ($(($(date +%s) - start)) s)"
+    start=$(date +%s)
+    link aarch64-apple-darwin
+    echo "macOS: linked for aarch64-apple-darwin ($(($(date +%s) - start)) s)"
     ;;
 *)
     sed -n 2,14p "$0" >&2
