@@ -32,9 +32,8 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use crate::journal::Journal;
+pub use crate::journal::Mark;
 use crate::watcher::skipped;
 
 /// `FSEventStreamEventFlags`, as FSEvents.h numbers them.
@@ -94,16 +93,6 @@ pub struct Event {
     pub id: u64,
 }
 
-/// What a journal kept by FSEvents records so that a later watcher can
-/// resume where it stopped.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-pub struct Mark {
-    /// The last event ID recorded.
-    pub last_id: u64,
-    /// Each source and the UUID of its volume's event database.
-    pub volumes: Vec<(String, String)>,
-}
-
 /// Where a starting watcher begins.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resume {
@@ -138,6 +127,11 @@ pub fn resume(
         return Resume::Fresh(format!("the earlier watcher had stopped: {why}"));
     }
     for (source, uuid) in volumes_now {
+        if uuid.is_empty() {
+            return Resume::Fresh(format!(
+                "{source} is not on a volume with an event history now (the volume was renamed or unmounted, or keeps none)"
+            ));
+        }
         match mark.volumes.iter().find(|(s, _)| s == source) {
             Some((_, was)) if was == uuid => {}
             Some(_) => {
@@ -438,6 +432,32 @@ mod tests {
         );
     }
 
+    /// A volume renamed while the daemon runs: FSEvents says the watched
+    /// root changed, and the journal loses track.
+    #[test]
+    fn a_volume_renamed_under_the_watcher_is_a_loss() {
+        let mut j = journal(&[("/Volumes/Data", "U1")], 0);
+        let mut r = Recorder::new(vec![PathBuf::from("/Volumes/Data")], Vec::new(), false);
+        r.record(
+            &mut j,
+            &ev("/Volumes/Data/a", ITEM_MODIFIED | ITEM_IS_FILE, 7),
+        );
+        assert!(j.lost.is_none());
+        for e in [
+            ev("/Volumes/Data", ROOT_CHANGED, 0),
+            ev("/Volumes/Data 1", MOUNT, 8),
+        ] {
+            r.record(&mut j, &e);
+        }
+        let l = j.lost.unwrap();
+        assert!(
+            l.reason.contains("mounted at /Volumes/Data 1"),
+            "{}",
+            l.reason
+        );
+        assert!(j.dirty.is_empty(), "what was recorded before a loss goes");
+    }
+
     #[test]
     fn a_new_volume_other_sources_or_ids_gone_back_start_fresh() {
         let j = journal(&[("/Volumes/Data", "U1")], 500);
@@ -452,6 +472,9 @@ mod tests {
         };
         // The disk renamed back after a reformat: same path, new database.
         assert!(why(resume(Some(&j), "scope", &now("U2"), 900)).contains("UUID changed"));
+        // The volume renamed in Finder ("Data" → "Data 1"): nothing is
+        // mounted at the source's path now.
+        assert!(why(resume(Some(&j), "scope", &now(""), 900)).contains("renamed or unmounted"));
         assert!(why(resume(Some(&j), "scope", &now("U1"), 100)).contains("went back"));
         assert!(why(resume(Some(&j), "other", &now("U1"), 900)).contains("excludes"));
         let two = vec![

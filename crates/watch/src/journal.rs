@@ -70,6 +70,16 @@ pub struct Base {
     pub tops: Vec<(PathBuf, String)>,
 }
 
+/// What a journal kept by FSEvents records so that a later watcher can
+/// resume where it stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Mark {
+    /// The last event ID recorded.
+    pub last_id: u64,
+    /// Each source and the UUID of its volume's event database.
+    pub volumes: Vec<(String, String)>,
+}
+
 /// Where the watcher lost track, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lost {
@@ -115,10 +125,9 @@ pub struct Journal {
     /// records a loss instead (its memory bound; `CAPSULE_JOURNAL_MAX_DIRS`
     /// sets a small one in tests to force overflows).
     pub max_dirs: usize,
-    /// Kept by FSEvents: where a later watcher resumes
-    /// ([`crate::fsevents::resume`]).
+    /// Kept by FSEvents: where a later watcher resumes (`fsevents::resume`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fsevents: Option<crate::fsevents::Mark>,
+    pub fsevents: Option<Mark>,
 }
 
 /// The bound on recorded directories when none is set: about 20 MB of
