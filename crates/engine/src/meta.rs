@@ -133,8 +133,10 @@ pub fn read_xattrs_from(src: XattrSource<'_>) -> std::io::Result<Vec<(Vec<u8>, V
                     let need = src.get_len(name)?;
                     val.resize(need.max(val.len() * 2), 0);
                 }
-                // Removed between list and get.
+                // Removed between list and get (macOS says ENOATTR).
                 Err(e) if e == rustix::io::Errno::NODATA => break None,
+                #[cfg(target_os = "macos")]
+                Err(e) if e == rustix::io::Errno::NOATTR => break None,
                 Err(e) => return Err(e.into()),
             }
         };

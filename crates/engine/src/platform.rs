@@ -73,6 +73,16 @@ pub(crate) fn widths(st: &rustix::fs::Stat) -> (u32, u64, u64, u64) {
     )
 }
 
+/// The file flags a user (`UF_NODUMP`, `UF_IMMUTABLE`, `UF_APPEND`,
+/// `UF_OPAQUE`, `UF_HIDDEN`) or root (`SF_ARCHIVED`, `SF_IMMUTABLE`,
+/// `SF_APPEND`) sets. The others describe how the system keeps the file
+/// (`UF_COMPRESSED`: its content is in a decmpfs attribute; `SF_DATALESS`,
+/// `SF_RESTRICTED`, `SF_FIRMLINK`): set on a restored file they would
+/// make it unreadable or claim what is not so. They are neither stored
+/// nor restored.
+#[cfg(target_os = "macos")]
+const KEPT_FLAGS: u32 = 0x1 | 0x2 | 0x4 | 0x8 | 0x8000 | 0x1_0000 | 0x2_0000 | 0x4_0000;
+
 /// macOS's birth time and file flags of a `stat` (`None` elsewhere, and
 /// flags only where any is set).
 #[cfg(target_os = "macos")]
@@ -84,7 +94,7 @@ pub(crate) fn mac_meta(
             secs: st.st_birthtime,
             nanos: st.st_birthtime_nsec as u32,
         }),
-        (st.st_flags != 0).then_some(st.st_flags),
+        Some(st.st_flags & KEPT_FLAGS).filter(|f| *f != 0),
     )
 }
 
@@ -137,7 +147,14 @@ pub(crate) fn set_mac_meta(
             first = Some(std::io::Error::last_os_error());
         }
     }
-    if let Some(f) = flags {
+    // Root's flags only as root; a stored word is masked again, as a
+    // crafted tree could name any.
+    let mask = if crate::meta::is_root() {
+        KEPT_FLAGS
+    } else {
+        KEPT_FLAGS & 0xFFFF
+    };
+    if let Some(f) = flags.map(|f| f & mask).filter(|f| *f != 0) {
         // SAFETY: a descriptor we hold and a flags word.
         if unsafe { libc::fchflags(fd.as_raw_fd(), f as libc::c_uint) } != 0 {
             first.get_or_insert(std::io::Error::last_os_error());
