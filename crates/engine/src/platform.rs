@@ -149,7 +149,7 @@ pub(crate) fn set_mac_meta(
     }
     // Root's flags only as root; a stored word is masked again, as a
     // crafted tree could name any.
-    let mask = if crate::meta::is_root() {
+    let mask = if rustix::process::geteuid().is_root() {
         KEPT_FLAGS
     } else {
         KEPT_FLAGS & 0xFFFF
