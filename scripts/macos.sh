@@ -27,7 +27,11 @@ install() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
             rustc-web cargo-web rust-web-src rust-web-clippy >/dev/null
     fi
-    command -v file >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq file >/dev/null
+    # file(1) shows what was linked; pip brings zig.
+    if ! command -v file >/dev/null 2>&1 || ! python3 -m pip --version >/dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq file python3-pip >/dev/null
+    fi
     if ! python3 -c 'import ziglang' 2>/dev/null; then
         python3 -m pip install -q --break-system-packages ziglang
     fi
