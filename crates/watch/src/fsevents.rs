@@ -290,6 +290,18 @@ mod tests {
         j
     }
 
+    /// The base a run cut from `j` now would keep.
+    fn base(j: &Journal, snapshot: &str) -> Base {
+        Base {
+            identity: j.identity.clone(),
+            cut: j.cut(),
+            snapshot: snapshot.repeat(32),
+            runs_since_verify: 0,
+            linked: BTreeSet::new(),
+            tops: Vec::new(),
+        }
+    }
+
     fn ev(path: &str, flags: u32, id: u64) -> Event {
         Event {
             path: PathBuf::from(path),
@@ -365,14 +377,7 @@ mod tests {
         for (e, why) in cases {
             let mut j = journal(&[("/Users/ann", "U1")], 0);
             j.dirty(Path::new("/Users/ann/before"));
-            let b = Base {
-                identity: j.identity.clone(),
-                cut: j.cut(),
-                snapshot: "aa".repeat(32),
-                runs_since_verify: 0,
-                linked: BTreeSet::new(),
-                tops: Vec::new(),
-            };
+            let b = base(&j, "aa");
             recorder().record(&mut j, &e);
             let said = j.changes_since(&b, "scope", &j.cut()).unwrap_err();
             assert!(said.contains(why), "{e:?}: {said}");
@@ -394,14 +399,7 @@ mod tests {
             &ev("/Users/ann/a/f", ITEM_MODIFIED | ITEM_IS_FILE, 120),
         );
         // The last run before the reboot cut the journal here.
-        let b = Base {
-            identity: j.identity.clone(),
-            cut: j.cut(),
-            snapshot: "bb".repeat(32),
-            runs_since_verify: 0,
-            linked: BTreeSet::new(),
-            tops: Vec::new(),
-        };
+        let b = base(&j, "bb");
         let saved = j.clone();
         // Another boot: IDs went on (the database persists).
         assert_eq!(resume(Some(&saved), "scope", &vols, 400), Resume::From(120));
