@@ -365,6 +365,22 @@ impl Fanotify {
         }
     }
 
+    /// A file's link count changed (a name made or removed anywhere on the
+    /// file system: the kernel reports it with the file's own handle and
+    /// no directory). Its ctime changed with it, so each of its names in
+    /// the sources is changed, though its directory raised no event when
+    /// the name was made and removed elsewhere (outside the sources, or
+    /// made and removed between two drains).
+    fn relinked(&mut self, fsid: &[u8], handle: &[u8], journal: &mut Journal) {
+        match self.file_at(fsid, handle) {
+            FileAt::Deleted | FileAt::OnlyOutside => {}
+            FileAt::Inside(d) => journal.dirty(&d),
+            FileAt::Unknown => journal.lose(
+                "a file with several names had a name made or removed: its names in the sources cannot all be placed",
+            ),
+        }
+    }
+
     /// Records one event: its mask, the directory's file system and
     /// handle, and the entry's name (none for an event on the directory
     /// itself).
@@ -541,6 +557,10 @@ impl Fanotify {
                     self.record(mask, &buf[fs..fs + 8], &buf[h..hend], name, file, journal)
                 {
                     result = Err(e);
+                }
+            } else if let Some((f, e)) = fid {
+                if mask & libc::FAN_ATTRIB != 0 && mask & libc::FAN_ONDIR == 0 {
+                    self.relinked(&buf[f..f + 8], &buf[f + 8..e], journal);
                 }
             }
             off += event_len;
