@@ -52,6 +52,9 @@ enum Command {
     Quota(cmd::quota::QuotaCommand),
     /// Restore a snapshot (or part of it) into a directory.
     Restore(cmd::restore::RestoreArgs),
+    /// Write a file of a snapshot to standard output (or --target), or a
+    /// directory as a tar stream.
+    Dump(cmd::dump::DumpArgs),
     /// Show the distinct versions of a file or directory across snapshots.
     Versions(cmd::restore::VersionsArgs),
     /// Show the snapshots as a read-only file system (FUSE) until Ctrl-C.
@@ -235,6 +238,7 @@ fn main() -> ExitCode {
         Command::Quota(q) => cmd::quota::quota(s, &out, q),
         Command::Ls(a) => cmd::snapshots::ls(s, &out, a),
         Command::Restore(a) => cmd::restore::restore(s, &out, a),
+        Command::Dump(a) => cmd::dump::dump(s, &out, a),
         Command::Versions(a) => cmd::restore::versions(s, &out, a),
         Command::Mount(a) => cmd::mount::mount(s, &out, a),
         Command::Ui(a) => cmd::ui::ui(s, &out, a),

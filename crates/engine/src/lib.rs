@@ -7,6 +7,7 @@ pub mod browse;
 pub mod check;
 pub mod copy;
 pub mod diff;
+pub mod dump;
 pub mod error;
 mod flight;
 pub mod forget;

@@ -9,9 +9,10 @@ use axum::extract::{Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 
-use super::download::{streamed, Content};
+use super::download::streamed;
 use super::paths::{file_head, snapshot_path, At};
 use super::state::{blocking, Failure, Shared};
+use capsule_engine::dump::Content;
 
 /// What a looked-at file may do once in the browser: nothing. `sandbox`
 /// also gives it an origin of its own, so a file that manages to run

@@ -9,6 +9,7 @@ pub mod config;
 pub mod copy;
 pub mod daemon;
 pub mod diff;
+pub mod dump;
 pub mod forget;
 pub mod init;
 pub mod key;
