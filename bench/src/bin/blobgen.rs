@@ -150,6 +150,7 @@ fn snapshot(
         },
         program: "blobgen".into(),
         repaired: None,
+        original: None,
     })?;
     Ok(())
 }

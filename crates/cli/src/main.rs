@@ -7,6 +7,7 @@
 mod args;
 mod cmd;
 mod exit;
+mod filter;
 mod keep;
 mod output;
 mod repo;
@@ -35,6 +36,9 @@ enum Command {
     Backup(cmd::backup::BackupArgs),
     /// List snapshots.
     Snapshots(cmd::snapshots::SnapshotsArgs),
+    /// Add, remove or set tags of snapshots (only the snapshot objects are
+    /// rewritten).
+    Tag(cmd::snapshots::TagArgs),
     /// List the files in a snapshot.
     Ls(cmd::snapshots::LsArgs),
     /// Forget snapshots, by ID or by a retention policy (their data stays
@@ -55,6 +59,9 @@ enum Command {
     /// Write a file of a snapshot to standard output (or --target), or a
     /// directory as a tar stream.
     Dump(cmd::dump::DumpArgs),
+    /// Find files and directories by name or path pattern across
+    /// snapshots, with their versions.
+    Find(cmd::find::FindArgs),
     /// Show the distinct versions of a file or directory across snapshots.
     Versions(cmd::restore::VersionsArgs),
     /// Show the snapshots as a read-only file system (FUSE) until Ctrl-C.
@@ -236,9 +243,11 @@ fn main() -> ExitCode {
         Command::Unforget(a) => cmd::forget::unforget(s, &out, a),
         Command::Prune(a) => cmd::forget::prune(s, &out, a),
         Command::Quota(q) => cmd::quota::quota(s, &out, q),
+        Command::Tag(a) => cmd::snapshots::tag(s, &out, a),
         Command::Ls(a) => cmd::snapshots::ls(s, &out, a),
         Command::Restore(a) => cmd::restore::restore(s, &out, a),
         Command::Dump(a) => cmd::dump::dump(s, &out, a),
+        Command::Find(a) => cmd::find::find(s, &out, a),
         Command::Versions(a) => cmd::restore::versions(s, &out, a),
         Command::Mount(a) => cmd::mount::mount(s, &out, a),
         Command::Ui(a) => cmd::ui::ui(s, &out, a),

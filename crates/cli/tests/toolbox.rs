@@ -128,3 +128,141 @@ fn dump_of_a_folder_read_by_tar_equals_a_restore_and_a_file_is_its_bytes() {
     assert_eq!(o.status.code(), Some(13), "{}", said(&o));
     assert!(!none.exists());
 }
+
+fn ids_of(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn snapshots_are_filtered_by_host_tag_and_path_and_tag_rewrites_only_the_snapshot_objects() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, b, repo) = (
+        t.path().join("a"),
+        t.path().join("b"),
+        t.path().join("repo"),
+    );
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(a.join("f"), noise(300_000, 1)).unwrap();
+    std::fs::write(b.join("g"), noise(1000, 2)).unwrap();
+    init(&repo);
+    let (sa, sb) = (a.to_str().unwrap(), b.to_str().unwrap());
+    ok(&repo, &["backup", sa, "--tag", "daily,work"]);
+    ok(&repo, &["backup", sb, "--tag", "daily", "--host", "other"]);
+    ok(&repo, &["backup", sa, sb]);
+    let all = ids_of(&json(&repo, &["snapshots"]));
+    assert_eq!(all.len(), 3);
+    let sel = |args: &[&str]| {
+        let mut v = vec!["snapshots"];
+        v.extend_from_slice(args);
+        ids_of(&json(&repo, &v))
+    };
+    assert_eq!(sel(&["--tag", "daily"]), all[..2]);
+    assert_eq!(sel(&["--tag", "daily,work"]), all[..1]);
+    assert_eq!(sel(&["--tag", "work", "--tag", "nothing"]), all[..1]);
+    assert_eq!(sel(&["--host", "other"]), all[1..2]);
+    assert_eq!(sel(&["--path", sa]), [all[0].clone(), all[2].clone()]);
+    assert_eq!(sel(&["--path", sa, "--path", sb]), all[2..]);
+
+    // tag: new snapshot objects naming their original; packs untouched.
+    let packs = pack_files(&repo);
+    let v = json(
+        &repo,
+        &["tag", "--tag", "daily", "--add", "keep", "--remove", "work"],
+    );
+    assert_eq!(v["changed"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(pack_files(&repo), packs, "tag wrote or removed packs");
+    let after = json(&repo, &["snapshots", "--tag", "keep"]);
+    let tags: Vec<Vec<String>> = after
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| serde_json::from_value(s["snapshot"]["tags"].clone()).unwrap())
+        .collect();
+    assert_eq!(tags, [vec!["daily", "keep"], vec!["daily", "keep"]]);
+    let originals: Vec<&str> = after
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["snapshot"]["original"].as_str().unwrap())
+        .collect();
+    assert_eq!(originals, [all[0].as_str(), all[1].as_str()]);
+    // The old objects are set aside, and the content is the same.
+    let forgotten = ids_of(&json(&repo, &["snapshots", "--forgotten"]));
+    assert_eq!(forgotten, all[..2]);
+    let r = t.path().join("r");
+    let newest_a = ids_of(&after)[0].clone();
+    ok(
+        &repo,
+        &["restore", &newest_a, "--target", r.to_str().unwrap()],
+    );
+    assert_eq!(
+        std::fs::read(restored(&r, &a).join("f")).unwrap(),
+        noise(300_000, 1)
+    );
+    // --set replaces; nothing to change is no new object.
+    let v = json(&repo, &["tag", &newest_a, "--set", "only"]);
+    assert_eq!(v["changed"][0]["tags"], serde_json::json!(["only"]), "{v}");
+    let again = json(&repo, &["tag", "--tag", "only", "--add", "only"]);
+    assert_eq!(again["changed"].as_array().unwrap().len(), 0, "{again}");
+    // A change of every snapshot must be asked for by a filter or IDs.
+    let o = capsule(&repo, &["tag", "--add", "x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    // forget takes the same filters: "latest" among the other host's.
+    assert_eq!(sel(&["--host", "other"]).len(), 1);
+    ok(&repo, &["forget", "--host", "other", "latest"]);
+    assert_eq!(sel(&["--host", "other"]).len(), 0);
+    assert_eq!(sel(&[]).len(), 2);
+}
+
+#[test]
+fn find_lists_each_path_with_its_versions_across_snapshots() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(src.join("docs/old")).unwrap();
+    std::fs::write(src.join("docs/Report.PDF"), b"one").unwrap();
+    std::fs::write(src.join("docs/old/report.pdf"), b"old").unwrap();
+    std::fs::write(src.join("notes.txt"), b"x").unwrap();
+    init(&repo);
+    let s = src.to_str().unwrap();
+    ok(&repo, &["backup", s]);
+    std::fs::write(src.join("docs/Report.PDF"), b"two!").unwrap();
+    ok(&repo, &["backup", s]);
+    ok(&repo, &["backup", s]);
+    let v = json(&repo, &["find", "-i", "*.pdf"]);
+    let found: Vec<&str> = v["found"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    let want_a = src.join("docs/Report.PDF");
+    let want_b = src.join("docs/old/report.pdf");
+    assert_eq!(
+        found,
+        [want_a.to_str().unwrap(), want_b.to_str().unwrap()],
+        "{v}"
+    );
+    // Report.PDF: two versions, newest first (4 bytes in 2 snapshots).
+    let vs = &v["found"][0]["versions"];
+    assert_eq!(vs.as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(vs[0]["size"], 4);
+    assert_eq!(vs[0]["snapshots"], 2);
+    assert_eq!(vs[1]["size"], 3);
+    // The unchanged subtree docs/old was read once for three snapshots.
+    let trees = v["trees_read"].as_u64().unwrap();
+    assert!(trees < 3 * 4, "every snapshot's trees were read: {v}");
+    // Case matters without -i; a path pattern matches the whole path.
+    let v = json(&repo, &["find", "*.pdf", "--newest", "1"]);
+    assert_eq!(v["found"].as_array().unwrap().len(), 1, "{v}");
+    let pat = format!("{}/**/old/*", s);
+    let v = json(&repo, &["find", &pat]);
+    assert_eq!(v["found"][0]["path"], want_b.to_str().unwrap(), "{v}");
+    let v = json(&repo, &["find", "Report.PDF", "--newest", "1"]);
+    assert_eq!(v["found"][0]["versions"].as_array().unwrap().len(), 1);
+    assert_eq!(v["found"][0]["more"], 1);
+}

@@ -68,6 +68,33 @@ pub fn forget_all(repo: &Repository, ids: &[ObjectId]) -> Result<()> {
     })
 }
 
+/// Writes each `(old, changed)` pair's changed snapshot (`tag`, `rewrite`)
+/// and then sets the old one aside in `forgotten/`; the new IDs, in the
+/// same order. The changed one names the first original. Every new
+/// snapshot is stored before any old one moves, so a cut leaves both (the
+/// same data twice, never none); credentials that cannot delete are
+/// refused before anything is written.
+pub fn replace_all(repo: &Repository, changed: Vec<(ObjectId, Snapshot)>) -> Result<Vec<ObjectId>> {
+    if changed.is_empty() {
+        return Ok(Vec::new());
+    }
+    crate::session::require_delete(repo, "replace a snapshot")?;
+    let mut new_ids = Vec::with_capacity(changed.len());
+    for (old, mut s) in changed.iter().cloned() {
+        s.original.get_or_insert_with(|| old.to_hex());
+        new_ids.push(repo.save_snapshot(&s)?);
+    }
+    let old: Vec<ObjectId> = changed
+        .iter()
+        .zip(&new_ids)
+        // Changed back to what it was: the same object, nothing to move.
+        .filter(|((old, _), new)| old != *new)
+        .map(|((old, _), _)| *old)
+        .collect();
+    forget_all(repo, &old)?;
+    Ok(new_ids)
+}
+
 /// Snapshots forgotten and not yet pruned away, oldest first (those whose
 /// move was cut short and which are still live are left out).
 pub fn list_forgotten(repo: &Repository) -> Result<SnapshotList> {

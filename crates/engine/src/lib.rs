@@ -9,6 +9,7 @@ pub mod copy;
 pub mod diff;
 pub mod dump;
 pub mod error;
+pub mod find;
 mod flight;
 pub mod forget;
 pub mod index;

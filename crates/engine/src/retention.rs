@@ -463,6 +463,7 @@ mod tests {
             summary: SnapshotSummary::default(),
             program: String::new(),
             repaired: None,
+            original: None,
         }
     }
 

@@ -81,7 +81,7 @@ pub struct Versions {
 /// The fingerprint of a node's content: what makes two versions the same.
 /// Times, owners and modes are not content: a file only touched is the
 /// same version.
-fn fingerprint(n: &Node) -> [u8; 32] {
+pub(crate) fn fingerprint(n: &Node) -> [u8; 32] {
     let mut h = blake3::Hasher::new();
     h.update(n.kind().as_str().as_bytes());
     match n.kind() {

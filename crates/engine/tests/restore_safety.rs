@@ -256,6 +256,7 @@ fn tree_bomb_is_bounded_and_reported() {
         },
         program: "crafted".into(),
         repaired: None,
+        original: None,
     };
     r.save_snapshot(&snap).unwrap();
     let budget = capsule_engine::treewalk::entry_budget(&snap);

@@ -43,6 +43,11 @@ pub struct Snapshot {
     /// one; absent otherwise (and in snapshots written before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repaired: Option<Repaired>,
+    /// Set on a snapshot `tag` or `rewrite` wrote in place of another: the
+    /// ID of the first one (a snapshot changed twice still names the one
+    /// the backup made). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<String>,
 }
 
 /// What `repair snapshots` dropped from a snapshot.

@@ -40,8 +40,8 @@ pub struct BackupArgs {
     /// Read every file, even those unchanged since the parent.
     #[arg(long)]
     force: bool,
-    /// Tag the snapshot (repeatable).
-    #[arg(long = "tag")]
+    /// Tag the snapshot (repeatable, or "a,b").
+    #[arg(long = "tag", value_delimiter = ',')]
     tags: Vec<String>,
     /// Host name to record.
     #[arg(long)]

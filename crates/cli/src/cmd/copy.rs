@@ -36,12 +36,8 @@ pub struct CopyArgs {
     /// The repository to copy into (default: the profile's `copy-to`).
     #[arg(long, value_name = "REPO", env = "CAPSULE_COPY_TO")]
     to: Option<String>,
-    /// Only snapshots of this host.
-    #[arg(long)]
-    host: Option<String>,
-    /// Only snapshots that include this path (repeatable).
-    #[arg(long = "path", value_name = "PATH")]
-    paths: Vec<String>,
+    #[command(flatten)]
+    filter: crate::filter::FilterArgs,
     #[command(flatten)]
     keep: KeepArgs,
     /// With a policy, group snapshots by: host,paths (the default), host,
@@ -75,11 +71,7 @@ pub fn copy(settings: &Settings, out: &Output, a: CopyArgs) -> Result<u8> {
     for e in &bad {
         out.warn(format!("{e}; it is not copied (exit 3)"));
     }
-    let snaps: Vec<_> = snaps
-        .into_iter()
-        .filter(|(_, s)| a.host.as_ref().is_none_or(|h| &s.hostname == h))
-        .filter(|(_, s)| a.paths.iter().all(|p| s.paths.iter().any(|sp| sp == p)))
-        .collect();
+    let snaps = a.filter.apply(snaps);
     let mut picked: BTreeSet<ObjectId> = BTreeSet::new();
     for spec in &a.ids {
         picked.insert(capsule_engine::Repository::pick_named(snaps.clone(), spec)?.0);

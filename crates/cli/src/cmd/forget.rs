@@ -36,9 +36,8 @@ pub struct ForgetArgs {
     /// Group snapshots by: host,paths (the default), host, paths or none.
     #[arg(long, value_name = "FIELDS", default_value = "host,paths", value_parser = parse_group_by)]
     group_by: GroupBy,
-    /// Only consider snapshots of this host.
-    #[arg(long)]
-    host: Option<String>,
+    #[command(flatten)]
+    filter: crate::filter::FilterArgs,
     /// Say what would be forgotten, and by which rule each snapshot is kept; change nothing.
     #[arg(short = 'n', long)]
     dry_run: bool,
@@ -78,10 +77,7 @@ pub fn forget(settings: &Settings, out: &Output, a: ForgetArgs) -> Result<u8> {
     for e in &bad {
         out.warn(format!("{e}; it is left as it is"));
     }
-    let snaps: Vec<_> = snaps
-        .into_iter()
-        .filter(|(_, s)| a.host.as_ref().is_none_or(|h| &s.hostname == h))
-        .collect();
+    let snaps = a.filter.apply(snaps);
 
     // Every ID is resolved before anything is removed: one typo must not
     // leave half the list forgotten.

@@ -10,6 +10,7 @@ pub mod copy;
 pub mod daemon;
 pub mod diff;
 pub mod dump;
+pub mod find;
 pub mod forget;
 pub mod init;
 pub mod key;

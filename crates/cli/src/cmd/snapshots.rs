@@ -18,6 +18,8 @@ pub struct SnapshotsArgs {
     /// bring back.
     #[arg(long)]
     forgotten: bool,
+    #[command(flatten)]
+    filter: crate::filter::FilterArgs,
 }
 
 pub fn snapshots(settings: &Settings, out: &Output, a: SnapshotsArgs) -> Result<u8> {
@@ -27,6 +29,7 @@ pub fn snapshots(settings: &Settings, out: &Output, a: SnapshotsArgs) -> Result<
     } else {
         repo.list_snapshots()?
     };
+    let snaps = a.filter.apply(snaps);
     for e in &bad {
         out.warn(e.to_string());
     }
@@ -65,6 +68,11 @@ pub fn snapshots(settings: &Settings, out: &Output, a: SnapshotsArgs) -> Result<
             .filter(|(on, _)| *on)
             .map(|(_, t)| *t)
             .collect::<String>()
+                + &if s.tags.is_empty() {
+                    String::new()
+                } else {
+                    format!("  [{}]", s.tags.join(","))
+                }
         ));
     }
     out.say(format!(
@@ -148,6 +156,127 @@ pub fn ls(settings: &Settings, out: &Output, a: LsArgs) -> Result<u8> {
                 out.result(p.to_string_lossy());
             }
         }
+    }
+    Ok(exit::OK)
+}
+
+/// Arguments of `tag`.
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Each snapshot changed is written anew with the same tree, time, host and paths, naming \
+the one it replaces (\"original\"); the old object moves to forgotten/ (`capsule unforget` \
+brings it back until a prune). No data is read or written.")]
+pub struct TagArgs {
+    /// Snapshots: IDs or prefixes, `latest`, `latest~N`, or a time. None:
+    /// every snapshot the filters pass.
+    ids: Vec<String>,
+    #[command(flatten)]
+    filter: crate::filter::FilterArgs,
+    /// Add this tag (repeatable, or "a,b").
+    #[arg(long, value_name = "TAG")]
+    add: Vec<String>,
+    /// Remove this tag (repeatable, or "a,b").
+    #[arg(long, value_name = "TAG")]
+    remove: Vec<String>,
+    /// Replace all tags with these (repeatable, or "a,b"; "" for none).
+    #[arg(long, value_name = "TAG", conflicts_with_all = ["add", "remove"])]
+    set: Vec<String>,
+    /// Say what would change; change nothing.
+    #[arg(short = 'n', long)]
+    dry_run: bool,
+}
+
+fn tag_list(v: &[String]) -> Vec<String> {
+    v.iter()
+        .flat_map(|t| t.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+pub fn tag(settings: &Settings, out: &Output, a: TagArgs) -> Result<u8> {
+    if a.add.is_empty() && a.remove.is_empty() && a.set.is_empty() {
+        return Err(capsule_app::error::UsageError(
+            "say what to change: --add TAG, --remove TAG or --set TAG".into(),
+        )
+        .into());
+    }
+    if a.ids.is_empty() && a.filter.is_empty() {
+        return Err(capsule_app::error::UsageError(
+            "say which snapshots: IDs, or --host/--tag/--path (a change of every snapshot needs one of them)".into(),
+        )
+        .into());
+    }
+    let (repo, _) = open(settings, out)?;
+    let (snaps, bad) = repo.list_snapshots()?;
+    for e in &bad {
+        out.warn(format!("{e}; it is left as it is"));
+    }
+    let snaps = a.filter.apply(snaps);
+    let mut picked = std::collections::BTreeSet::new();
+    for spec in &a.ids {
+        picked.insert(capsule_engine::Repository::pick_named(snaps.clone(), spec)?.0);
+    }
+    let (add, remove, set) = (tag_list(&a.add), tag_list(&a.remove), tag_list(&a.set));
+    let mut changed = Vec::new();
+    for (id, s) in snaps {
+        if !a.ids.is_empty() && !picked.contains(&id) {
+            continue;
+        }
+        let mut tags = if a.set.is_empty() {
+            s.tags.clone()
+        } else {
+            set.clone()
+        };
+        tags.retain(|t| !remove.contains(t));
+        for t in &add {
+            if !tags.contains(t) {
+                tags.push(t.clone());
+            }
+        }
+        if tags != s.tags {
+            let mut n = s;
+            n.tags = tags;
+            changed.push((id, n));
+        }
+    }
+    let ids = if a.dry_run {
+        Vec::new()
+    } else {
+        capsule_engine::forget::replace_all(&repo, changed.clone())?
+    };
+    if out.json {
+        let v: Vec<_> = changed
+            .iter()
+            .enumerate()
+            .map(|(i, (old, s))| {
+                serde_json::json!({
+                    "snapshot": old.to_hex(),
+                    "replaced_by": ids.get(i).map(|n| n.to_hex()),
+                    "tags": s.tags,
+                })
+            })
+            .collect();
+        out.json(&serde_json::json!({ "changed": v, "dry_run": a.dry_run }));
+    } else {
+        for (i, (old, s)) in changed.iter().enumerate() {
+            out.result(format!(
+                "{} {} tags [{}]{}",
+                old.short(),
+                if a.dry_run { "would get" } else { "now has" },
+                s.tags.join(","),
+                ids.get(i)
+                    .map(|n| format!(" (now snapshot {})", n.short()))
+                    .unwrap_or_default()
+            ));
+        }
+        out.say(format!(
+            "{} snapshot{} {}changed",
+            changed.len(),
+            if changed.len() == 1 { "" } else { "s" },
+            if a.dry_run { "would be " } else { "" }
+        ));
     }
     Ok(exit::OK)
 }

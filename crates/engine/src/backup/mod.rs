@@ -218,6 +218,7 @@ fn unchanged(
         summary: summary.clone(),
         program: format!("capsule {}", env!("CARGO_PKG_VERSION")),
         repaired: None,
+        original: None,
     };
     // A prune marking, or a lapsed session: the usual way, which reads the
     // index these need.
@@ -568,6 +569,7 @@ pub fn backup(
         summary: summary.clone(),
         program: format!("capsule {}", env!("CARGO_PKG_VERSION")),
         repaired: None,
+        original: None,
     };
     // A session that lapsed (the process was suspended past its lease) may
     // have let a prune delete packs this backup refers to: commit only if
