@@ -56,6 +56,30 @@ pub struct Profile {
     /// Exclude patterns (gitignore syntax), added to `--exclude`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excludes: Vec<String>,
+    /// Exclude patterns matched whatever the case, added to `--iexclude`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub iexcludes: Vec<String>,
+    /// Leave out the contents of directories tagged as caches
+    /// (`CACHEDIR.TAG`), as `--exclude-caches`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exclude_caches: Option<bool>,
+    /// Leave out the contents of directories holding one of these files
+    /// (`NAME` or `NAME:CONTENT`), added to `--exclude-if-present`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_if_present: Vec<String>,
+    /// Leave out files larger than this ("2G"), as `--exclude-larger-than`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exclude_larger_than: Option<String>,
+    /// Files listing more paths to back up, one a line (`#` comments and
+    /// blank lines skipped), added to `--files-from`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_from: Vec<PathBuf>,
+    /// Files listing paths one a line, taken exactly as written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_from_verbatim: Vec<PathBuf>,
+    /// Files listing paths separated by NUL bytes (`find -print0`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_from_raw: Vec<PathBuf>,
     /// Per-directory ignore file name (default `.capsuleignore`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ignore_file: Option<String>,
@@ -126,6 +150,26 @@ pub struct Profile {
     /// journal said (default 24; 0: never).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub journal_verify_every: Option<u32>,
+}
+
+impl Profile {
+    /// The profile's exclusions besides its patterns.
+    pub fn exclude_rules(&self) -> Result<capsule_engine::backup::ExcludeRules, String> {
+        let rules = capsule_engine::backup::ExcludeRules {
+            iexcludes: self.iexcludes.clone(),
+            caches: self.exclude_caches.unwrap_or(false),
+            if_present: self.exclude_if_present.clone(),
+            larger_than: match &self.exclude_larger_than {
+                Some(s) => Some(parse_size(s).map_err(|e| format!("exclude-larger-than: {e}"))?),
+                None => None,
+            },
+        };
+        // Marker names are checked as a backup checks them.
+        capsule_engine::backup::Excludes::new(&[], None, Vec::new())
+            .and_then(|e| e.with_rules(&rules))
+            .map_err(|e| e.to_string())?;
+        Ok(rules)
+    }
 }
 
 /// When the daemon holds a due backup back (re-checked until they pass).
@@ -530,6 +574,12 @@ impl Config {
                 .is_some_and(|b| b > 100)
             {
                 return Err(bad("min-battery", "give a percentage, 0 to 100".into()));
+            }
+            p.exclude_rules()
+                .map_err(|e| bad("exclude-if-present", e))?;
+            for pat in p.excludes.iter().chain(&p.iexcludes) {
+                capsule_engine::backup::check_pattern(pat)
+                    .map_err(|e| bad("excludes", e.to_string()))?;
             }
             if p.connections == Some(0) || p.connections.is_some_and(|n| n > 256) {
                 return Err(bad("connections", "give 1 to 256".into()));

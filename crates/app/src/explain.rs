@@ -89,6 +89,31 @@ pub fn explain(s: &Settings, p: Option<&Profile>) -> Vec<(&'static str, String, 
         if !p.excludes.is_empty() {
             rows.push(("excludes", p.excludes.join(" "), "profile"));
         }
+        if !p.iexcludes.is_empty() {
+            rows.push(("iexcludes", p.iexcludes.join(" "), "profile"));
+        }
+        if p.exclude_caches == Some(true) {
+            rows.push(("exclude-caches", "yes".into(), "profile"));
+        }
+        if !p.exclude_if_present.is_empty() {
+            rows.push((
+                "exclude-if-present",
+                p.exclude_if_present.join(" "),
+                "profile",
+            ));
+        }
+        if let Some(n) = &p.exclude_larger_than {
+            rows.push(("exclude-larger-than", n.clone(), "profile"));
+        }
+        for (key, files) in [
+            ("files-from", &p.files_from),
+            ("files-from-verbatim", &p.files_from_verbatim),
+            ("files-from-raw", &p.files_from_raw),
+        ] {
+            if !files.is_empty() {
+                rows.push((key, list(files), "profile"));
+            }
+        }
         if let Some(c) = &p.credentials {
             let mut parts = Vec::new();
             if let Some(f) = &c.password_file {

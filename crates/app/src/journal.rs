@@ -44,7 +44,14 @@ pub fn base_path(profile: &str) -> Option<PathBuf> {
 pub fn watch_options(p: &Profile) -> WatchOptions {
     WatchOptions {
         sources: p.sources.clone(),
-        excludes: p.excludes.clone(),
+        // The other rules are part of the scope as words beside the
+        // patterns, as the backup that uses the journal reckons it.
+        excludes: p
+            .excludes
+            .iter()
+            .cloned()
+            .chain(p.exclude_rules().unwrap_or_default().scope_words())
+            .collect(),
         ignore_file: (!p.no_ignore_files.unwrap_or(false)).then(|| {
             p.ignore_file
                 .clone()
@@ -161,9 +168,11 @@ pub fn for_run(profile: Option<&str>, p: &Profile, opts: &BackupOptions, off: bo
         Some(Err(e)) => return no(r, &e.to_string()),
         None => return no(r, "no state directory"),
     };
+    let mut words = opts.excludes.clone();
+    words.extend(opts.rules.scope_words());
     let scope = capsule_watch::scope(
         &capsule_watch::walked_sources(&opts.paths),
-        &opts.excludes,
+        &words,
         opts.ignore_file.as_deref(),
         opts.one_file_system,
     );

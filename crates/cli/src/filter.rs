@@ -24,7 +24,7 @@ pub struct FilterArgs {
 impl FilterArgs {
     /// Whether snapshot `s` passes every filter given.
     pub fn matches(&self, s: &Snapshot) -> bool {
-        let host = self.host.is_empty() || self.host.iter().any(|h| *h == s.hostname);
+        let host = self.host.is_empty() || self.host.contains(&s.hostname);
         let tag = self.tag.is_empty()
             || self.tag.iter().any(|group| {
                 group

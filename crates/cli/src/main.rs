@@ -6,6 +6,7 @@
 
 mod args;
 mod cmd;
+mod excludes;
 mod exit;
 mod filter;
 mod keep;

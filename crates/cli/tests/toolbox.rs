@@ -266,3 +266,217 @@ fn find_lists_each_path_with_its_versions_across_snapshots() {
     assert_eq!(v["found"][0]["versions"].as_array().unwrap().len(), 1);
     assert_eq!(v["found"][0]["more"], 1);
 }
+
+/// The paths below `root` in snapshot `latest`, relative.
+fn listed(repo: &Path, root: &Path) -> Vec<String> {
+    let v = json(repo, &["ls", "latest"]);
+    let mut out: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            let p = e["path"].as_str().unwrap();
+            Path::new(p)
+                .strip_prefix(root)
+                .ok()
+                .map(|r| r.to_string_lossy().into_owned())
+        })
+        .filter(|r| !r.is_empty())
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_excludes_people_use_leave_out_caches_marked_folders_huge_files_and_case_variants() {
+    let t = tempfile::tempdir().unwrap();
+    let (home, repo) = (t.path().join("home"), t.path().join("repo"));
+    let w = |p: &str, data: &[u8]| {
+        let f = home.join(p);
+        std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+        std::fs::write(f, data).unwrap();
+    };
+    // ~/.cache tagged as the spec says; a look-alike tag without the
+    // signature is no cache.
+    let mut tag = capsule_engine::backup::CACHEDIR_SIGNATURE.to_vec();
+    tag.extend_from_slice(b"\n# This file is a cache directory tag.\n");
+    w(".cache/CACHEDIR.TAG", &tag);
+    w(".cache/mozilla/blob", b"cached");
+    w("fake/CACHEDIR.TAG", b"not a signature");
+    w("fake/kept", b"kept");
+    w("proj/node_modules/left/index.js", b"x");
+    w("proj/src/main.js", b"y");
+    w("vm/.nobackup", b"");
+    w("vm/disk.img", b"big");
+    w("big.iso", &vec![7u8; 300_000]);
+    w("Thumbs.DB", b"t");
+    w("photos/IMG.JPG", b"p");
+    init(&repo);
+    let h = home.to_str().unwrap();
+    ok(
+        &repo,
+        &[
+            "backup",
+            h,
+            "--exclude-caches",
+            "--exclude",
+            "node_modules",
+            "--exclude-if-present",
+            ".nobackup",
+            "--exclude-larger-than",
+            "200K",
+            "--iexclude",
+            "thumbs.db",
+        ],
+    );
+    assert_eq!(
+        listed(&repo, &home),
+        [
+            ".cache",
+            ".cache/CACHEDIR.TAG",
+            "fake",
+            "fake/CACHEDIR.TAG",
+            "fake/kept",
+            "photos",
+            "photos/IMG.JPG",
+            "proj",
+            "proj/src",
+            "proj/src/main.js",
+            "vm",
+            "vm/.nobackup",
+        ]
+    );
+    // Without the flags, everything; a marker with content must match it.
+    ok(
+        &repo,
+        &[
+            "backup",
+            h,
+            "--exclude-if-present",
+            ".nobackup:yes",
+            "--exclude",
+            "*.jpg",
+        ],
+    );
+    let all = listed(&repo, &home);
+    for p in [
+        ".cache/mozilla/blob",
+        "vm/disk.img",
+        "big.iso",
+        "Thumbs.DB",
+        "photos/IMG.JPG",
+    ] {
+        assert!(all.contains(&p.to_string()), "{p} missing from {all:?}");
+    }
+    // A bad marker name is a usage error, nothing saved.
+    let o = capsule(&repo, &["backup", h, "--exclude-if-present", "a/b"]);
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+
+    // The same as profile keys, shown by `config show` with their origin.
+    let cfg = t.path().join("capsule.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[profiles.home]\nrepository = {:?}\nsources = [{:?}]\nexclude-caches = true\nexclude-if-present = [\".nobackup\"]\nexclude-larger-than = \"200K\"\niexcludes = [\"THUMBS.db\", \"*.jpg\"]\nexcludes = [\"node_modules\"]\n",
+            repo.to_str().unwrap(),
+            h
+        ),
+    )
+    .unwrap();
+    let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
+    let o = c
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--profile",
+            "home",
+            "backup",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", said(&o));
+    let got = listed(&repo, &home);
+    assert!(
+        !got.iter().any(|p| p.contains("mozilla")
+            || p.contains("IMG")
+            || p.contains("Thumbs")
+            || p == "big.iso"),
+        "{got:?}"
+    );
+    let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
+    let o = c
+        .args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--profile",
+            "home",
+            "config",
+            "show",
+        ])
+        .output()
+        .unwrap();
+    let shown = said(&o);
+    assert!(
+        shown.contains("exclude-caches") && shown.contains("exclude-larger-than"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn files_from_lists_take_comments_verbatim_lines_and_nul_separated_names() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    let odd = src.join(std::ffi::OsStr::from_bytes(b"caf\xe9 # not a comment"));
+    for p in [
+        src.join("a"),
+        src.join(" spaced "),
+        src.join("b"),
+        odd.clone(),
+    ] {
+        std::fs::write(&p, b"x").unwrap();
+    }
+    std::fs::write(src.join("not-listed"), b"x").unwrap();
+    let list = t.path().join("list");
+    std::fs::write(
+        &list,
+        format!("# my files\n\n  {}  \n", src.join("a").display()),
+    )
+    .unwrap();
+    let verbatim = t.path().join("verbatim");
+    std::fs::write(&verbatim, format!("{}\n", src.join(" spaced ").display())).unwrap();
+    let raw = t.path().join("raw");
+    let mut r = src.join("b").as_os_str().as_bytes().to_vec();
+    r.push(0);
+    r.extend_from_slice(odd.as_os_str().as_bytes());
+    r.push(0);
+    std::fs::write(&raw, r).unwrap();
+    init(&repo);
+    ok(
+        &repo,
+        &[
+            "backup",
+            "--files-from",
+            list.to_str().unwrap(),
+            "--files-from-verbatim",
+            verbatim.to_str().unwrap(),
+            "--files-from-raw",
+            raw.to_str().unwrap(),
+        ],
+    );
+    let got = listed(&repo, &src);
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(!got.contains(&"not-listed".to_string()), "{got:?}");
+    assert!(got.contains(&" spaced ".to_string()), "{got:?}");
+    // A listed path that is not there: exit 2, no snapshot.
+    std::fs::write(&list, format!("{}\n", src.join("gone").display())).unwrap();
+    let before = json(&repo, &["snapshots"]).as_array().unwrap().len();
+    let o = capsule(&repo, &["backup", "--files-from", list.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    assert!(said(&o).contains("does not exist"), "{}", said(&o));
+    assert_eq!(
+        json(&repo, &["snapshots"]).as_array().unwrap().len(),
+        before
+    );
+}

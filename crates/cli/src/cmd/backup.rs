@@ -24,6 +24,8 @@ pub struct BackupArgs {
     /// Exclude paths matching a pattern (gitignore syntax; repeatable).
     #[arg(short, long = "exclude", value_name = "PATTERN")]
     excludes: Vec<String>,
+    #[command(flatten)]
+    more: crate::excludes::ExcludeArgs,
     /// Per-directory ignore file name (gitignore syntax; default
     /// .capsuleignore).
     #[arg(long, value_name = "NAME")]
@@ -93,6 +95,17 @@ impl From<WhenFull> for capsule_access::WhenFull {
 /// up.
 fn with_profile(settings: &Settings, mut a: BackupArgs) -> Result<(BackupArgs, WhenFull)> {
     let p = settings.profile.clone().unwrap_or_default();
+    a.more = a.more.with_profile(&p)?;
+    a.excludes.extend(a.more.file_patterns()?);
+    a.paths.extend(a.more.listed_paths()?);
+    let lists =
+        a.more.files_from.len() + a.more.files_from_verbatim.len() + a.more.files_from_raw.len();
+    if a.paths.is_empty() && lists > 0 {
+        return Err(capsule_app::UsageError(
+            "the --files-from lists name no path, and none was given: nothing to back up".into(),
+        )
+        .into());
+    }
     if a.paths.is_empty() {
         if p.sources.is_empty() {
             return Err(capsule_app::UsageError(match &settings.flags.profile {
@@ -258,6 +271,7 @@ pub fn backup(
     let mut opts = BackupOptions {
         paths: a.paths,
         excludes: a.excludes,
+        rules: a.more.rules()?,
         ignore_file: (!a.no_ignore_files).then(|| {
             a.ignore_file
                 .clone()

@@ -23,6 +23,121 @@ pub struct Excludes {
     /// files: macOS volumes are case-insensitive unless made otherwise
     /// (`*.JPG` there excludes `photo.jpg`, the same file to Finder).
     fold_case: bool,
+    /// Patterns that match whatever the case (`--iexclude`).
+    folded: Option<Arc<Gitignore>>,
+    /// Marker files whose presence excludes a directory's contents.
+    markers: Arc<Vec<Marker>>,
+    /// Files larger than this are left out.
+    larger_than: Option<u64>,
+    /// Set by [`Excludes::enter`] when the directory holds a marker: its
+    /// entries are left out but the marker itself, so a restore shows
+    /// why the directory is empty.
+    marked: Option<Arc<[u8]>>,
+}
+
+/// The exclusions besides patterns: what restic and borg users reach for.
+/// Part of a change journal's scope: a journal kept under other rules is
+/// not used.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExcludeRules {
+    /// Patterns matched whatever the case (gitignore syntax).
+    pub iexcludes: Vec<String>,
+    /// Leave out the contents of directories holding a `CACHEDIR.TAG`
+    /// with the standard signature (bford.info/cachedir).
+    pub caches: bool,
+    /// Leave out the contents of directories holding this file:
+    /// `NAME` or `NAME:CONTENT` (the file must begin with CONTENT).
+    pub if_present: Vec<String>,
+    /// Leave out files larger than this many bytes.
+    pub larger_than: Option<u64>,
+}
+
+/// The first bytes of a cache directory's tag (the Cache Directory Tagging
+/// Specification).
+pub const CACHEDIR_SIGNATURE: &[u8] = b"Signature: 8a477f597d28d172789f06886806bc55";
+
+impl ExcludeRules {
+    /// The rules as words a journal's scope holds beside the patterns.
+    pub fn scope_words(&self) -> Vec<String> {
+        let mut w: Vec<String> = self
+            .iexcludes
+            .iter()
+            .map(|p| format!("capsule:iexclude:{p}"))
+            .collect();
+        if self.caches {
+            w.push("capsule:exclude-caches".into());
+        }
+        w.extend(
+            self.if_present
+                .iter()
+                .map(|m| format!("capsule:exclude-if-present:{m}")),
+        );
+        if let Some(n) = self.larger_than {
+            w.push(format!("capsule:exclude-larger-than:{n}"));
+        }
+        w
+    }
+
+    fn markers(&self) -> Result<Vec<Marker>> {
+        let mut out = Vec::new();
+        if self.caches {
+            out.push(Marker {
+                name: b"CACHEDIR.TAG".to_vec(),
+                content: Some(CACHEDIR_SIGNATURE.to_vec()),
+            });
+        }
+        for m in &self.if_present {
+            let (name, content) = match m.split_once(':') {
+                Some((n, c)) => (n, Some(c.as_bytes().to_vec())),
+                None => (m.as_str(), None),
+            };
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                return Err(EngineError::Invalid(format!(
+                    "--exclude-if-present {m:?}: give a file name (NAME or NAME:CONTENT), not a path"
+                )));
+            }
+            out.push(Marker {
+                name: name.as_bytes().to_vec(),
+                content,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A file whose presence excludes its directory's other entries.
+#[derive(Debug, Clone)]
+struct Marker {
+    name: Vec<u8>,
+    /// What the file must begin with, if anything.
+    content: Option<Vec<u8>>,
+}
+
+impl Marker {
+    /// Whether `dir` (a path reaching the directory through its
+    /// descriptor) holds this marker: a regular file, read without
+    /// following a link.
+    fn in_dir(&self, dir: &Path) -> bool {
+        use std::io::Read;
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::OpenOptionsExt;
+        let p = dir.join(std::ffi::OsStr::from_bytes(&self.name));
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&p)
+        else {
+            return false;
+        };
+        if !f.metadata().is_ok_and(|m| m.is_file()) {
+            return false;
+        }
+        let Some(want) = &self.content else {
+            return true;
+        };
+        let mut got = Vec::with_capacity(want.len());
+        f.take(want.len() as u64).read_to_end(&mut got).is_ok() && got == *want
+    }
 }
 
 /// Whether names on this system's usual volumes are case-insensitive.
@@ -80,7 +195,38 @@ impl Excludes {
             file_name,
             stack: Vec::new(),
             fold_case,
+            folded: None,
+            markers: Arc::new(Vec::new()),
+            larger_than: None,
+            marked: None,
         })
+    }
+
+    /// These excludes with `rules` added.
+    pub fn with_rules(mut self, rules: &ExcludeRules) -> Result<Self> {
+        if !rules.iexcludes.is_empty() {
+            let mut b = GitignoreBuilder::new("/");
+            b.case_insensitive(true)
+                .map_err(|e| EngineError::Invalid(format!("iexclude patterns: {e}")))?;
+            for p in &rules.iexcludes {
+                check_pattern(p)?;
+                b.add_line(None, p).map_err(|e| {
+                    EngineError::Invalid(format!("bad iexclude pattern {p:?}: {e}"))
+                })?;
+            }
+            let g = b
+                .build()
+                .map_err(|e| EngineError::Invalid(format!("iexclude patterns: {e}")))?;
+            self.folded = Some(Arc::new(g));
+        }
+        self.markers = Arc::new(rules.markers()?);
+        self.larger_than = rules.larger_than;
+        Ok(self)
+    }
+
+    /// Whether a file of `size` bytes is left out for its size.
+    pub fn too_large(&self, size: u64) -> bool {
+        self.larger_than.is_some_and(|n| size > n)
     }
 
     /// The excludes for entries inside `dir`: adds `dir`'s ignore file if it
@@ -88,17 +234,22 @@ impl Excludes {
     /// directory through its descriptor). A malformed ignore file is
     /// reported, and its valid lines still apply.
     pub fn enter(&self, dir: &Path, read_from: &Path) -> (Self, Option<String>) {
+        let mut next = self.clone();
+        next.marked = self
+            .markers
+            .iter()
+            .find(|m| m.in_dir(read_from))
+            .map(|m| Arc::from(m.name.as_slice()));
         let Some(name) = &self.file_name else {
-            return (self.clone(), None);
+            return (next, None);
         };
         let f = read_from.join(name);
         if !f.is_file() {
-            return (self.clone(), None);
+            return (next, None);
         }
         let mut b = GitignoreBuilder::new(dir);
         let _ = b.case_insensitive(self.fold_case);
         let err = b.add(&f).map(|e| e.to_string());
-        let mut next = self.clone();
         match b.build() {
             Ok(g) => next.stack.push(Arc::new(g)),
             Err(e) => return (next, Some(e.to_string())),
@@ -116,7 +267,16 @@ impl Excludes {
         if is_dir && self.skip_dirs.iter().any(|d| d == path) {
             return true;
         }
+        if let Some(keep) = &self.marked {
+            use std::os::unix::ffi::OsStrExt;
+            if path.file_name().map(|n| n.as_bytes()) != Some(&**keep) {
+                return true;
+            }
+        }
         if let Match::Ignore(_) = self.global.matched(path, is_dir) {
+            return true;
+        }
+        if let Some(Match::Ignore(_)) = self.folded.as_ref().map(|g| g.matched(path, is_dir)) {
             return true;
         }
         for g in self.stack.iter().rev() {

@@ -38,7 +38,7 @@ pub use capsule_snap::{
 };
 pub use changes::{tops, Changes, ScanReport};
 use ctx::{Counters, Ctx};
-pub use exclude::{check_pattern, Excludes};
+pub use exclude::{check_pattern, ExcludeRules, Excludes, CACHEDIR_SIGNATURE};
 pub use report::{BackupOptions, BackupReport, StageTimes, Warning};
 
 /// Makes `p` absolute and lexically normal, without resolving symlinks (the
@@ -382,7 +382,8 @@ pub fn backup(
         .iter()
         .filter_map(|d| std::fs::canonicalize(d).ok())
         .collect();
-    let excludes = Excludes::new(&opts.excludes, opts.ignore_file.clone(), skip)?;
+    let excludes =
+        Excludes::new(&opts.excludes, opts.ignore_file.clone(), skip)?.with_rules(&opts.rules)?;
 
     // A journal stands only for the parent it was cut for, and only when
     // that parent read everything: entries it skipped (unreadable, or

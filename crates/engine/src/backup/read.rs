@@ -361,7 +361,7 @@ pub(super) fn spawn_estimator(
                 let Ok(m) = std::fs::symlink_metadata(&path) else {
                     continue;
                 };
-                if ex.is_excluded(&path, m.is_dir()) {
+                if ex.is_excluded(&path, m.is_dir()) || (m.is_file() && ex.too_large(m.len())) {
                     continue;
                 }
                 if m.is_file() {

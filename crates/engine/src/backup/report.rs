@@ -16,6 +16,8 @@ pub struct BackupOptions {
     pub paths: Vec<PathBuf>,
     /// Exclude patterns (gitignore syntax, matched against absolute paths).
     pub excludes: Vec<String>,
+    /// Case-insensitive patterns, marker files and a size limit.
+    pub rules: super::exclude::ExcludeRules,
     /// Name of per-directory ignore files (gitignore syntax); `None` disables.
     pub ignore_file: Option<String>,
     /// Do not cross file-system boundaries below each source path.

@@ -510,6 +510,7 @@ fn save_entry(
     let mut node = node_from_stat(name, &st);
     node.device = ctx.device(node.device);
     if ex.is_excluded(path, node.kind() == NodeKind::Dir)
+        || (node.kind() == NodeKind::File && ex.too_large(node.size))
         || crate::platform::excluded_by_system(&st, || loc.sys_path(path))
     {
         return Ok(None);
