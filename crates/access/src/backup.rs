@@ -58,10 +58,42 @@ impl Opened {
     /// thinned and the run tried once more.
     pub fn backup(
         self,
-        mut opts: BackupOptions,
+        opts: BackupOptions,
         when_full: WhenFull,
         progress: &Arc<Progress>,
         notice: &mut dyn FnMut(Notice<'_>),
+    ) -> Result<BackupRun> {
+        self.run(opts, when_full, notice, &mut |repo, opts| {
+            capsule_engine::backup::backup(repo.clone(), opts, progress)
+        })
+    }
+
+    /// [`Opened::backup`] of one stream (standard input, a command's
+    /// output). A stream is read once: a destination found full is thinned
+    /// for the next run, and this one fails.
+    pub fn backup_stream(
+        self,
+        opts: BackupOptions,
+        stream: capsule_engine::backup::Stream<'_>,
+        when_full: WhenFull,
+        progress: &Arc<Progress>,
+        notice: &mut dyn FnMut(Notice<'_>),
+    ) -> Result<BackupRun> {
+        let mut stream = Some(stream);
+        self.run(opts, when_full, notice, &mut |repo, opts| match stream.take() {
+            Some(s) => capsule_engine::backup::backup_stream(repo.clone(), opts, s, progress),
+            None => Err(EngineError::StreamFailed(
+                "the destination was full, and a stream cannot be read again: run it again (room was made)".into(),
+            )),
+        })
+    }
+
+    fn run(
+        self,
+        mut opts: BackupOptions,
+        when_full: WhenFull,
+        notice: &mut dyn FnMut(Notice<'_>),
+        go: &mut dyn FnMut(&Arc<Repository>, &BackupOptions) -> Result<BackupReport>,
     ) -> Result<BackupRun> {
         opts.skip_dirs.extend(self.local.iter().cloned());
         if let Some(dir) = self.cache_dir() {
@@ -84,10 +116,10 @@ impl Opened {
             None => 0,
         };
         let (before, _) = thin_to_quota(&repo, notice, when_full, quota, expected)?;
-        let mut report = capsule_engine::backup::backup(repo.clone(), &opts, progress);
+        let mut report = go(&repo, &opts);
         let full = matches!(&report, Err(e) if is_full(e));
         if when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, notice, expected)? {
-            report = capsule_engine::backup::backup(repo.clone(), &opts, progress);
+            report = go(&repo, &opts);
         }
         let report = report?;
         // A run larger than expected may have gone over: thin now, so the

@@ -80,6 +80,15 @@ pub struct Profile {
     /// Files listing paths separated by NUL bytes (`find -print0`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_from_raw: Vec<PathBuf>,
+    /// A command whose output is backed up as one file (a database dump),
+    /// instead of `sources`: its program and arguments, run without a
+    /// shell, as `backup --stdin-from-command -- …`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// The file name `command`'s output is stored under (default: the
+    /// program's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdin_filename: Option<String>,
     /// Per-directory ignore file name (default `.capsuleignore`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ignore_file: Option<String>,
@@ -412,6 +421,7 @@ impl Profile {
         let h = self.hooks.as_ref();
         [
             ("password-command", self.password_command.is_some()),
+            ("command", !self.command.is_empty()),
             ("password-file", self.password_file.is_some()),
             ("password", self.password.is_some()),
             (
@@ -577,6 +587,23 @@ impl Config {
             }
             p.exclude_rules()
                 .map_err(|e| bad("exclude-if-present", e))?;
+            if !p.command.is_empty() && !p.sources.is_empty() {
+                return Err(bad(
+                    "command",
+                    "give sources or a command, not both (a command's output is a snapshot of its own: make a second profile)".into(),
+                ));
+            }
+            if p.command.first().is_some_and(|c| c.is_empty()) {
+                return Err(bad("command", "the program's name is empty".into()));
+            }
+            if let Some(n) = &p.stdin_filename {
+                if n.is_empty() || n.contains('/') || n == "." || n == ".." {
+                    return Err(bad(
+                        "stdin-filename",
+                        "give a file name, without \"/\"".into(),
+                    ));
+                }
+            }
             for pat in p.excludes.iter().chain(&p.iexcludes) {
                 capsule_engine::backup::check_pattern(pat)
                     .map_err(|e| bad("excludes", e.to_string()))?;

@@ -12,6 +12,7 @@ mod filter;
 mod keep;
 mod output;
 mod repo;
+mod stream;
 
 use std::process::ExitCode;
 

@@ -480,3 +480,188 @@ fn files_from_lists_take_comments_verbatim_lines_and_nul_separated_names() {
         before
     );
 }
+
+/// A text dump of a table, as pg_dump writes one: a header, `rows` rows
+/// of a few columns, and a trailer. Night `n` updates 1 % of the rows (a
+/// run of them, as a day's orders are: 1 % spread evenly would touch every
+/// chunk of any chunking backup tool) and appends a few new ones.
+fn table_dump(rows: usize, night: usize) -> Vec<u8> {
+    let mut out = String::from(
+        "--\n-- PostgreSQL database dump\n--\nCOPY public.orders (id, customer, amount, note) FROM stdin;\n",
+    );
+    for i in 0..rows + night * 20 {
+        let mut x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 7;
+        // Row i changed on the nights whose number divides its position.
+        let touched = (1..=night)
+            .filter(|n| {
+                let start = n * rows * 23 / 100 % rows;
+                (start..start + rows / 100).contains(&i)
+            })
+            .count();
+        x = x.wrapping_add(touched as u64 * 7919);
+        out.push_str(&format!(
+            "{i}\tcustomer-{}\t{}.{:02}\tnote {:x}\n",
+            x % 5000,
+            x % 100_000,
+            x % 100,
+            x
+        ));
+    }
+    out.push_str("\\.\n\n-- PostgreSQL database dump complete\n");
+    out.into_bytes()
+}
+
+fn backup_json(repo: &Path, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["backup"];
+    a.extend_from_slice(args);
+    json(repo, &a)
+}
+
+#[test]
+fn a_nightly_dump_from_a_command_stores_only_what_changed_and_a_failed_command_no_snapshot() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    init(&repo);
+    let dump = t.path().join("dump.sql");
+    let cat = [
+        "--stdin-from-command",
+        "--stdin-filename",
+        "shop.sql",
+        "--",
+        "cat",
+    ];
+    let mut added = Vec::new();
+    for night in 0..3 {
+        std::fs::write(&dump, table_dump(1_000_000, night)).unwrap();
+        let mut args = cat.to_vec();
+        args.push(dump.to_str().unwrap());
+        let v = backup_json(&repo, &args);
+        added.push(v["summary"]["bytes_added"].as_u64().unwrap());
+        let size = std::fs::metadata(&dump).unwrap().len();
+        assert_eq!(v["summary"]["bytes"].as_u64().unwrap(), size, "{v}");
+    }
+    // The first night stores the dump (compressed); a later night about
+    // what changed: far less than the first.
+    assert!(
+        added[1] * 4 < added[0] && added[2] * 4 < added[0],
+        "a night with 1 % changed added {added:?}"
+    );
+    let o = capsule_to_file(
+        &repo,
+        &["dump", "latest", "/shop.sql"],
+        &t.path().join("back"),
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(
+        std::fs::read(t.path().join("back")).unwrap(),
+        std::fs::read(&dump).unwrap()
+    );
+
+    // A command that fails, or is killed part-way: no snapshot, an exit
+    // that names it, its stderr passed through.
+    let n = json(&repo, &["snapshots"]).as_array().unwrap().len();
+    let script = format!(
+        "head -c 300000 {}; echo 'pg_dump: error: connection lost' >&2; exit 3",
+        dump.display()
+    );
+    let o = capsule(
+        &repo,
+        &["backup", "--stdin-from-command", "--", "sh", "-c", &script],
+    );
+    assert_ne!(o.status.code(), Some(0), "{}", said(&o));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("connection lost"), "{e}");
+    assert!(
+        e.contains("exited with status 3") && e.contains("no snapshot"),
+        "{e}"
+    );
+    let script = format!("head -c 300000 {}; kill -9 $$", dump.display());
+    let o = capsule(
+        &repo,
+        &["backup", "--stdin-from-command", "--", "sh", "-c", &script],
+    );
+    assert!(said(&o).contains("killed by signal 9"), "{}", said(&o));
+    let o = capsule(
+        &repo,
+        &["backup", "--stdin-from-command", "--", "/no/such/pg_dump"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    assert_eq!(json(&repo, &["snapshots"]).as_array().unwrap().len(), n);
+    ok(&repo, &["check"]);
+}
+
+#[test]
+fn standard_input_is_one_file_and_a_run_killed_while_reading_saves_nothing() {
+    use std::io::Write;
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    init(&repo);
+    let data = noise(3_000_000, 9);
+    let mut c = capsule_at(&repo);
+    c.args(["backup", "--stdin", "--stdin-filename", "blob.bin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(&data).unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let o = capsule_to_file(&repo, &["dump", "latest", "/blob.bin"], &t.path().join("b"));
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(std::fs::read(t.path().join("b")).unwrap(), data);
+
+    // Killed while the stream is still coming: no snapshot.
+    let mut c = capsule_at(&repo);
+    c.args(["backup", "--stdin"]).stdin(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut w = child.stdin.take().unwrap();
+    w.write_all(&data).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(w);
+    assert_eq!(json(&repo, &["snapshots"]).as_array().unwrap().len(), 1);
+    ok(&repo, &["check"]);
+}
+
+#[test]
+fn a_profile_names_a_command_and_a_file_others_may_write_runs_none() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = tempfile::tempdir().unwrap();
+    let repo = t.path().join("repo");
+    init(&repo);
+    let ran = t.path().join("RAN");
+    let cfg = t.path().join("capsule.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[profiles.db]\nrepository = {:?}\ncommand = [\"sh\", \"-c\", \"touch {}; echo dumped\"]\nstdin-filename = \"db.sql\"\n",
+            repo.to_str().unwrap(),
+            ran.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let run = |args: &[&str]| {
+        let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
+        c.arg("--config").arg(&cfg).args(args).output().unwrap()
+    };
+    let o = run(&["config", "check"]);
+    assert!(o.status.success(), "{}", said(&o));
+    let o = run(&["--profile", "db", "backup"]);
+    assert!(o.status.success(), "{}", said(&o));
+    assert!(ran.exists());
+    let o = capsule_to_file(&repo, &["dump", "latest", "/db.sql"], &t.path().join("d"));
+    assert!(o.status.success(), "{}", said(&o));
+    assert_eq!(std::fs::read(t.path().join("d")).unwrap(), b"dumped\n");
+    std::fs::remove_file(&ran).unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let o = run(&["--profile", "db", "backup"]);
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    assert!(said(&o).contains("command"), "{}", said(&o));
+    assert!(!ran.exists(), "the command ran");
+    // Sources and a command in one profile: refused by config check.
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("sources = [\"/etc\"]\n");
+    std::fs::write(&cfg, text).unwrap();
+    let o = run(&["config", "check"]);
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+}

@@ -137,6 +137,10 @@ pub enum EngineError {
     /// and a prune deleted data it relied on; nothing was committed.
     #[error("{0}")]
     LeaseLost(String),
+    /// A stream being backed up (standard input, a command's output) did
+    /// not end well; nothing was committed.
+    #[error("{0}; no snapshot was made")]
+    StreamFailed(String),
     /// Prune cannot run safely on this repository as it is.
     #[error("cannot prune: {0}")]
     PruneRefused(String),

@@ -19,8 +19,22 @@ use capsule_engine::repo::InitOptions;
 /// Arguments of `backup`.
 #[derive(Args, Debug)]
 pub struct BackupArgs {
-    /// Files and directories to back up (default: the profile's sources).
+    /// Files and directories to back up (default: the profile's sources);
+    /// with --stdin-from-command, the command and its arguments (after
+    /// `--`).
     paths: Vec<PathBuf>,
+    /// Back up standard input as one file (named by --stdin-filename).
+    #[arg(long, conflicts_with = "stdin_from_command")]
+    stdin: bool,
+    /// Back up a command's output as one file: `capsule backup
+    /// --stdin-from-command -- pg_dump mydb`. A command that fails makes
+    /// no snapshot; its stderr is passed through.
+    #[arg(long)]
+    stdin_from_command: bool,
+    /// The file name a stream is stored under (default: "stdin", or the
+    /// command's name).
+    #[arg(long, value_name = "NAME")]
+    stdin_filename: Option<String>,
     /// Exclude paths matching a pattern (gitignore syntax; repeatable).
     #[arg(short, long = "exclude", value_name = "PATTERN")]
     excludes: Vec<String>,
@@ -90,6 +104,18 @@ impl From<WhenFull> for capsule_access::WhenFull {
     }
 }
 
+/// The stream a backup reads, when it reads one.
+fn stream_source(a: &BackupArgs) -> Result<Option<crate::stream::StreamSource>> {
+    if a.stdin {
+        return crate::stream::StreamSource::stdin(a.stdin_filename.clone()).map(Some);
+    }
+    if a.stdin_from_command {
+        let argv = a.paths.iter().map(|p| p.as_os_str().to_owned()).collect();
+        return crate::stream::StreamSource::command(argv, a.stdin_filename.clone()).map(Some);
+    }
+    Ok(None)
+}
+
 /// A backup's arguments with the profile's settings filled in: a flag
 /// wins, lists add up, and with no paths the profile's sources are backed
 /// up.
@@ -97,6 +123,34 @@ fn with_profile(settings: &Settings, mut a: BackupArgs) -> Result<(BackupArgs, W
     let p = settings.profile.clone().unwrap_or_default();
     a.more = a.more.with_profile(&p)?;
     a.excludes.extend(a.more.file_patterns()?);
+    // A profile's command stands for its sources.
+    if a.paths.is_empty() && !a.stdin && !a.stdin_from_command && !p.command.is_empty() {
+        a.stdin_from_command = true;
+        a.paths = p.command.iter().map(PathBuf::from).collect();
+    }
+    if a.stdin_filename.is_none() {
+        a.stdin_filename = p.stdin_filename.clone();
+    }
+    if a.stdin || a.stdin_from_command {
+        if a.stdin && !a.paths.is_empty() {
+            return Err(capsule_app::UsageError(
+                "--stdin backs up standard input alone: give no paths".into(),
+            )
+            .into());
+        }
+        if a.stdin_from_command && a.paths.is_empty() {
+            return Err(capsule_app::UsageError(
+                "--stdin-from-command needs the command: capsule backup --stdin-from-command -- pg_dump mydb".into(),
+            )
+            .into());
+        }
+        a.tags.splice(0..0, p.tags.iter().cloned());
+        let when_full = a.when_full.unwrap_or(match p.when_full.as_deref() {
+            Some("fail") => WhenFull::Fail,
+            _ => WhenFull::DeleteOldest,
+        });
+        return Ok((a, when_full));
+    }
     a.paths.extend(a.more.listed_paths()?);
     let lists =
         a.more.files_from.len() + a.more.files_from_verbatim.len() + a.more.files_from_raw.len();
@@ -268,6 +322,7 @@ pub fn backup(
     let skip_dirs: Vec<PathBuf> = capsule_lab::history::state_dir().into_iter().collect();
     let bar = out.progress(&progress, "backup");
     let no_journal = a.no_journal;
+    let stream = stream_source(&a)?;
     let mut opts = BackupOptions {
         paths: a.paths,
         excludes: a.excludes,
@@ -292,8 +347,11 @@ pub fn backup(
         ..BackupOptions::default()
     };
     let profile = settings.profile.clone().unwrap_or_default();
-    let journal =
-        capsule_app::journal::for_run(settings.profile_name(), &profile, &opts, no_journal);
+    let journal = if stream.is_some() {
+        capsule_app::journal::ForRun::default()
+    } else {
+        capsule_app::journal::for_run(settings.profile_name(), &profile, &opts, no_journal)
+    };
     opts.changes = journal.changes.clone();
     opts.no_changes_because = journal.reason.clone();
     opts.verify_changes = journal.verify;
@@ -307,11 +365,29 @@ pub fn backup(
         std::time::Duration::from_millis(250),
     );
     let start_unix = capsule_engine::timefmt::now_unix();
-    let paths: Vec<String> = opts.paths.iter().map(|p| p.display().to_string()).collect();
-    let run = opened.backup(opts, when_full.into(), &progress, &mut |n| match n {
+    let mut notice = |n: capsule_access::Notice<'_>| match n {
         capsule_access::Notice::Warning(w) => out.warn(w),
         capsule_access::Notice::Thinning(plan) => crate::output::report_plan(out, plan, false),
-    });
+    };
+    let (paths, run) = match stream {
+        None => (
+            opts.paths.iter().map(|p| p.display().to_string()).collect(),
+            opened.backup(opts, when_full.into(), &progress, &mut notice),
+        ),
+        Some(mut src) => {
+            let name = src.name.clone();
+            let (mut reader, mut ended) = src.open()?;
+            let s = capsule_engine::backup::Stream {
+                name: &name,
+                reader: &mut *reader,
+                ended: &mut *ended,
+            };
+            (
+                vec![capsule_engine::backup::stream_path(&name)],
+                opened.backup_stream(opts, s, when_full.into(), &progress, &mut notice),
+            )
+        }
+    };
     let series = recorder.finish();
     drop(bar);
     let capsule_access::BackupRun {

@@ -15,6 +15,7 @@ mod ctx;
 mod exclude;
 mod read;
 mod report;
+mod stream;
 mod walk;
 
 use std::path::{Component, Path, PathBuf};
@@ -40,6 +41,7 @@ pub use changes::{tops, Changes, ScanReport};
 use ctx::{Counters, Ctx};
 pub use exclude::{check_pattern, ExcludeRules, Excludes, CACHEDIR_SIGNATURE};
 pub use report::{BackupOptions, BackupReport, StageTimes, Warning};
+pub use stream::{backup_stream, stream_path, Stream};
 
 /// Makes `p` absolute and lexically normal, without resolving symlinks (the
 /// last component is backed up as what it is, link or not).
@@ -101,6 +103,45 @@ fn lease_check(
         crate::session::LEASE_SECS / 60,
         missing
     )))
+}
+
+/// Commits `snap`, whose packs `packs_indexed` are durable and indexed, and
+/// ends `session`: the snapshot ID, and whether the session could not be
+/// removed (append-only credentials).
+fn commit(
+    repo: &Arc<Repository>,
+    session: crate::session::Session,
+    index: &MasterIndex,
+    packs_indexed: &[(String, u64)],
+    snap: &Snapshot,
+) -> Result<(ObjectId, bool)> {
+    // A session that lapsed (the process was suspended past its lease) may
+    // have let a prune delete packs this backup refers to: commit only if
+    // every pack it started from is still there.
+    crate::pause::test_pause("commit");
+    if !session.still_held()? {
+        lease_check(repo, index, packs_indexed, "nothing was committed")?;
+    }
+    crate::pause::test_pause("after-check");
+    let marked = crate::prune::reindex_marked_for_writer(repo, index, packs_indexed)?;
+    // The commit point: everything the snapshot references is durable and
+    // indexed by now (saver.finish returned Ok).
+    let id = repo.save_snapshot(snap)?;
+    // Suspended between the check and the commit: check again, and take
+    // the snapshot back if it refers to what is gone.
+    if !session.still_held()? {
+        if let Err(e) = lease_check(repo, index, packs_indexed, "the snapshot was taken back") {
+            crate::forget::forget(repo, &id)?;
+            return Err(e);
+        }
+    }
+    // A prune that was marking before the commit may have finished its mark
+    // since; look again when one was seen (marks are rare, and the next
+    // prune's sweep would put the packs back anyway).
+    if marked {
+        crate::prune::reindex_marked_for_writer(repo, index, packs_indexed)?;
+    }
+    Ok((id, !session.end()))
 }
 
 /// A parent snapshot and its ID.
@@ -572,43 +613,7 @@ pub fn backup(
         repaired: None,
         original: None,
     };
-    // A session that lapsed (the process was suspended past its lease) may
-    // have let a prune delete packs this backup refers to: commit only if
-    // every pack it started from is still there.
-    crate::pause::test_pause("commit");
-    if !session.still_held()? {
-        lease_check(
-            &repo,
-            &index,
-            &storage.packs_indexed,
-            "nothing was committed",
-        )?;
-    }
-    crate::pause::test_pause("after-check");
-    let marked = crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
-    // The commit point: everything the snapshot references is durable and
-    // indexed by now (saver.finish returned Ok).
-    let id = repo.save_snapshot(&snap)?;
-    // Suspended between the check and the commit: check again, and take
-    // the snapshot back if it refers to what is gone.
-    if !session.still_held()? {
-        if let Err(e) = lease_check(
-            &repo,
-            &index,
-            &storage.packs_indexed,
-            "the snapshot was taken back",
-        ) {
-            crate::forget::forget(&repo, &id)?;
-            return Err(e);
-        }
-    }
-    // A prune that was marking before the commit may have finished its mark
-    // since; look again when one was seen (marks are rare, and the next
-    // prune's sweep would put the packs back anyway).
-    if marked {
-        crate::prune::reindex_marked_for_writer(&repo, &index, &storage.packs_indexed)?;
-    }
-    let append_only = !session.end();
+    let (id, append_only) = commit(&repo, session, &index, &storage.packs_indexed, &snap)?;
     let ns = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
     Ok(BackupReport {
         snapshot_id: id.to_hex(),
