@@ -106,7 +106,12 @@ impl Opened {
         let repo = Arc::new(self.repo);
         // One listing when there is no quota; with one, what the last run
         // added is what this one is expected to add.
-        let quota = quota::load(&repo)?;
+        // A dry run changes nothing: no thinning before or after.
+        let quota = if opts.dry_run {
+            None
+        } else {
+            quota::load(&repo)?
+        };
         let expected = match quota {
             Some(_) => repo
                 .list_snapshots()
@@ -118,7 +123,11 @@ impl Opened {
         let (before, _) = thin_to_quota(&repo, notice, when_full, quota, expected)?;
         let mut report = go(&repo, &opts);
         let full = matches!(&report, Err(e) if is_full(e));
-        if when_full == WhenFull::DeleteOldest && full && thin_when_full(&repo, notice, expected)? {
+        if when_full == WhenFull::DeleteOldest
+            && full
+            && !opts.dry_run
+            && thin_when_full(&repo, notice, expected)?
+        {
             report = go(&repo, &opts);
         }
         let report = report?;

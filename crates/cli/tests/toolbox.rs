@@ -665,3 +665,71 @@ fn a_profile_names_a_command_and_a_file_others_may_write_runs_none() {
     let o = run(&["config", "check"]);
     assert_eq!(o.status.code(), Some(2), "{}", said(&o));
 }
+
+/// Every file under `dir` with its size and modification time.
+fn files_state(dir: &Path) -> Vec<(std::path::PathBuf, u64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut v: Vec<_> = files_under(dir)
+        .into_iter()
+        .map(|p| {
+            let m = std::fs::metadata(&p).unwrap();
+            (p, m.len(), m.mtime_nsec() + m.mtime() * 1_000_000_000)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_dry_run_counts_what_a_backup_then_does_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    for i in 0..40 {
+        let d = src.join(format!("d{}", i % 3));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}")), noise(20_000 + i * 1000, i as u64)).unwrap();
+    }
+    init(&repo);
+    let s = src.to_str().unwrap();
+    ok(&repo, &["backup", s]);
+    // Some changed, some new.
+    for i in 0..5 {
+        std::fs::write(src.join(format!("d0/new{i}")), noise(50_000, 100 + i)).unwrap();
+    }
+    std::fs::write(src.join("d1/f1"), noise(30_000, 777)).unwrap();
+    let before = files_state(&repo);
+    let dry = json(&repo, &["--no-cache", "backup", s, "--dry-run"]);
+    assert_eq!(
+        files_state(&repo),
+        before,
+        "a dry run wrote into the repository"
+    );
+    assert_eq!(json(&repo, &["snapshots"]).as_array().unwrap().len(), 1);
+    assert_eq!(dry["dry_run"], true);
+    let real = json(&repo, &["backup", s]);
+    assert_eq!(dry["files_new"], real["files_new"], "{dry}\n{real}");
+    assert_eq!(dry["files_new"], 5);
+    assert_eq!(dry["files_changed"], real["files_changed"]);
+    assert_eq!(dry["bytes_read"], real["summary"]["bytes_read"]);
+    // What it said it would send is what the backup stored.
+    assert_eq!(
+        dry["bytes_added"], real["summary"]["bytes_added"],
+        "{dry}\n{real}"
+    );
+    // A stream's dry run reads it and stores nothing.
+    let before = files_state(&repo);
+    let o = capsule(
+        &repo,
+        &[
+            "backup",
+            "--dry-run",
+            "--stdin-from-command",
+            "--",
+            "cat",
+            src.join("d1/f1").to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    assert!(said(&o).contains("nothing was written"), "{}", said(&o));
+    assert_eq!(files_state(&repo), before);
+}

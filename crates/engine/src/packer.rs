@@ -279,6 +279,9 @@ struct Shared {
     stats: SaverStats,
     /// Object names and sizes of the packs this saver indexed.
     indexed: Mutex<Vec<(String, u64)>>,
+    /// A dry run: blobs are compressed and sealed, to count what a backup
+    /// would send, and then dropped; nothing is written anywhere.
+    dry_run: bool,
 }
 
 impl Shared {
@@ -379,6 +382,22 @@ impl BlobSaver {
         threads: usize,
         journal: Option<(std::path::PathBuf, Vec<IndexPack>)>,
     ) -> Self {
+        Self::start_full(repo, index, threads, journal, false)
+    }
+
+    /// A saver that counts what it would store, and stores nothing
+    /// (`backup --dry-run`).
+    pub fn start_dry(repo: Arc<Repository>, index: Arc<MasterIndex>, threads: usize) -> Self {
+        Self::start_full(repo, index, threads, None, true)
+    }
+
+    fn start_full(
+        repo: Arc<Repository>,
+        index: Arc<MasterIndex>,
+        threads: usize,
+        journal: Option<(std::path::PathBuf, Vec<IndexPack>)>,
+        dry_run: bool,
+    ) -> Self {
         let caps = repo.backend().capabilities();
         let uploads = caps.concurrency.max(1);
         let buffers = caps.buffers_puts.then(|| {
@@ -413,6 +432,7 @@ impl BlobSaver {
             failed: AtomicBool::new(false),
             indexed: Mutex::new(Vec::new()),
             stats,
+            dry_run,
         });
         let seal_threads = (0..threads)
             .map(|i| {
@@ -664,6 +684,9 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
         s.stats
             .stored_bytes_added
             .fetch_add(env.len() as u64, Ordering::Relaxed);
+        if s.dry_run {
+            continue;
+        }
         let slot = match job.t {
             BlobType::Data => 0,
             BlobType::Tree => 1,

@@ -56,6 +56,10 @@ pub struct BackupArgs {
     /// Read every file, even those unchanged since the parent.
     #[arg(long)]
     force: bool,
+    /// Say what the backup would read and about how much it would send;
+    /// write nothing (no snapshot, no data, no run record).
+    #[arg(short = 'n', long)]
+    dry_run: bool,
     /// Tag the snapshot (repeatable, or "a,b").
     #[arg(long = "tag", value_delimiter = ',')]
     tags: Vec<String>,
@@ -211,8 +215,9 @@ pub fn run(settings: &Settings, out: &Output, a: BackupArgs) -> Result<u8> {
     let live = settings
         .profile_name()
         .map(|name| Live::start(name, started.0, progress.clone()));
+    let dry_run = a.dry_run;
     let r = backup(settings, out, a, progress);
-    if let Some(name) = settings.profile_name() {
+    if let Some(name) = settings.profile_name().filter(|_| !dry_run) {
         let end = match &r {
             Ok((code, done)) => Ended::Saved {
                 complete: *code == exit::OK,
@@ -298,6 +303,13 @@ pub fn backup(
     let (a, when_full) = with_profile(settings, a)?;
     let loc = settings.location()?;
     let access = settings.access(&loc)?;
+    if a.dry_run && loc.is_new_default() {
+        return Err(capsule_app::UsageError(format!(
+            "there is no repository at {} yet, and a dry run creates none: run `capsule backup` once, or give --repo",
+            loc.display()
+        ))
+        .into());
+    }
     let opened = if loc.is_new_default() {
         // The embedded default: created on first use.
         let opened = capsule_app::open::create(
@@ -322,6 +334,7 @@ pub fn backup(
     let skip_dirs: Vec<PathBuf> = capsule_lab::history::state_dir().into_iter().collect();
     let bar = out.progress(&progress, "backup");
     let no_journal = a.no_journal;
+    let dry_run = a.dry_run;
     let stream = stream_source(&a)?;
     let mut opts = BackupOptions {
         paths: a.paths,
@@ -344,6 +357,7 @@ pub fn backup(
         // still there (one listing), so lost data is uploaded again.
         verify_packs: a.force,
         source_snapshot: a.source_snapshot.unwrap_or_default(),
+        dry_run: a.dry_run,
         ..BackupOptions::default()
     };
     let profile = settings.profile.clone().unwrap_or_default();
@@ -396,6 +410,9 @@ pub fn backup(
         quota,
         stored,
     } = run?;
+    if dry_run {
+        return dry_run_said(out, &report);
+    }
     let counters = capsule_lab::record::DestCounters::read(&requests).since(&before);
     let mut record = capsule_lab::record::from_backup(
         &report,
@@ -568,4 +585,58 @@ pub fn backup(
 /// `n` and the noun for it.
 fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What a dry run found: what would be read and sent. Nothing was written.
+fn dry_run_said(
+    out: &Output,
+    r: &capsule_engine::backup::BackupReport,
+) -> Result<(u8, Option<BackupDone>)> {
+    for w in &r.warnings {
+        out.warn(format!("{}: {}", w.path, w.message));
+    }
+    let s = &r.summary;
+    if out.json {
+        out.json(&serde_json::json!({
+            "dry_run": true,
+            "parent": r.parent,
+            "files": s.files,
+            "dirs": s.dirs,
+            "bytes": s.bytes,
+            "files_new": r.files_new,
+            "files_changed": r.files_changed,
+            "files_unchanged": r.files_unchanged,
+            "files_read": s.files_read,
+            "bytes_read": s.bytes_read,
+            "blobs_added": s.blobs_added,
+            "bytes_added": s.bytes_added,
+            "scan": r.scan,
+            "warnings": r.warnings,
+        }));
+    } else {
+        out.result(format!(
+            "dry run: {} files, {} dirs, {} in all; {} new, {} changed, {} unchanged",
+            s.files,
+            s.dirs,
+            bytes(s.bytes),
+            r.files_new,
+            r.files_changed,
+            r.files_unchanged
+        ));
+        out.result(format!(
+            "  would read {} ({} files) and send about {} ({} new blobs, compressed and sealed); nothing was written",
+            bytes(s.bytes_read),
+            s.files_read,
+            bytes(s.bytes_added),
+            s.blobs_added
+        ));
+    }
+    Ok((
+        if r.warnings.is_empty() {
+            exit::OK
+        } else {
+            exit::INCOMPLETE
+        },
+        None,
+    ))
 }

@@ -343,18 +343,18 @@ pub fn backup(
     // Held from before the index is read until the snapshot is committed:
     // a prune deletes nothing this backup may have seen in the index while
     // the session is held (crate::session).
-    let session = crate::session::Session::start(&repo)?;
-    if let Some(r) = unchanged(
-        &repo,
-        opts,
-        &session,
-        &host,
-        &path_strings,
-        &tops_now,
-        started,
-    )? {
-        let append_only = !session.end();
-        return Ok(BackupReport { append_only, ..r });
+    // A dry run writes nothing: no session either (it reads what a
+    // concurrent prune may remove, and a count a little off is its worst).
+    let mut session = if opts.dry_run {
+        None
+    } else {
+        Some(crate::session::Session::start(&repo)?)
+    };
+    if let Some(s) = &session {
+        if let Some(r) = unchanged(&repo, opts, s, &host, &path_strings, &tops_now, started)? {
+            let append_only = session.take().is_some_and(|s| !s.end());
+            return Ok(BackupReport { append_only, ..r });
+        }
     }
     // The index and the snapshots (for the parent) do not depend on each
     // other: listed at once, one round trip instead of two.
@@ -370,7 +370,7 @@ pub fn backup(
     });
     let (mut index, _bad) = loaded?;
     let (snapshots, _) = listed?;
-    let journal = match &opts.journal {
+    let journal = match opts.journal.as_ref().filter(|_| !opts.dry_run) {
         Some(p) => Some((p.clone(), crate::journal::recover(&repo, &mut index, p)?)),
         None => None,
     };
@@ -417,7 +417,11 @@ pub fn backup(
     } else {
         opts.threads
     };
-    let saver = BlobSaver::start_with(repo.clone(), index.clone(), cores, journal);
+    let saver = if opts.dry_run {
+        BlobSaver::start_dry(repo.clone(), index.clone(), cores)
+    } else {
+        BlobSaver::start_with(repo.clone(), index.clone(), cores, journal)
+    };
     let skip: Vec<PathBuf> = opts
         .skip_dirs
         .iter()
@@ -613,10 +617,16 @@ pub fn backup(
         repaired: None,
         original: None,
     };
-    let (id, append_only) = commit(&repo, session, &index, &storage.packs_indexed, &snap)?;
+    let (id, append_only) = match session {
+        Some(session) => {
+            let (id, append_only) = commit(&repo, session, &index, &storage.packs_indexed, &snap)?;
+            (id.to_hex(), append_only)
+        }
+        None => (String::new(), false),
+    };
     let ns = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64 / 1e9;
     Ok(BackupReport {
-        snapshot_id: id.to_hex(),
+        snapshot_id: id,
         parent: snap.parent.clone(),
         summary,
         files_new: g(&c.files_new),

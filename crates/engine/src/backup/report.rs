@@ -57,6 +57,10 @@ pub struct BackupOptions {
     /// A verification run: walk with `changes`, then scan in full, store
     /// the full scan's snapshot and say whether the two agreed.
     pub verify_changes: bool,
+    /// Do everything but write: read and chunk what changed, count what
+    /// would be sent, and store nothing (no packs, index, session or
+    /// snapshot). The report's `snapshot_id` is then empty.
+    pub dry_run: bool,
     /// Read the sources from a snapshot of their file systems taken when
     /// the walk starts (see `capsule_snap`), not from live files.
     pub source_snapshot: capsule_snap::Mode,

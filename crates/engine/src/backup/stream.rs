@@ -54,7 +54,11 @@ pub fn backup_stream(
     }
     let paths = vec![stream_path(name)];
     let host = opts.hostname.clone().unwrap_or_else(hostname);
-    let session = crate::session::Session::start(&repo)?;
+    let session = if opts.dry_run {
+        None
+    } else {
+        Some(crate::session::Session::start(&repo)?)
+    };
     let (index, _) = repo.load_index()?;
     let index = Arc::new(index);
     let (snapshots, _) = repo.list_snapshots()?;
@@ -70,7 +74,11 @@ pub fn backup_stream(
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2);
-    let saver = BlobSaver::start_with(repo.clone(), index.clone(), cores, None);
+    let saver = if opts.dry_run {
+        BlobSaver::start_dry(repo.clone(), index.clone(), cores)
+    } else {
+        BlobSaver::start_with(repo.clone(), index.clone(), cores, None)
+    };
     let read = read_chunks(&repo, &saver, stream.reader, progress);
     // The stream's end is judged before the saver's: a command that failed
     // is the error to report, whatever storage said.
@@ -143,10 +151,16 @@ pub fn backup_stream(
         repaired: None,
         original: None,
     };
-    let (id, append_only) = commit(&repo, session, &index, &storage.packs_indexed, &snap)?;
+    let (id, append_only) = match session {
+        Some(session) => {
+            let (id, append_only) = commit(&repo, session, &index, &storage.packs_indexed, &snap)?;
+            (id.to_hex(), append_only)
+        }
+        None => (String::new(), false),
+    };
     let changed = parent.is_some();
     Ok(BackupReport {
-        snapshot_id: id.to_hex(),
+        snapshot_id: id,
         parent: snap.parent.clone(),
         summary,
         files_new: u64::from(!changed),
