@@ -49,6 +49,9 @@ enum Command {
     /// Copy snapshots into another repository (the NAS's to S3, say),
     /// sending only the blobs it lacks.
     Copy(Box<cmd::copy::CopyArgs>),
+    /// Write snapshots again without paths backed up by mistake (a secret,
+    /// a huge file); the next prune gives their space back.
+    Rewrite(cmd::rewrite::RewriteArgs),
     /// Bring back forgotten snapshots.
     Unforget(cmd::forget::UnforgetArgs),
     /// Give back the space of data no snapshot uses (safe while backups run).
@@ -242,6 +245,7 @@ fn main() -> ExitCode {
         Command::Snapshots(a) => cmd::snapshots::snapshots(s, &out, a),
         Command::Forget(a) => cmd::forget::forget(s, &out, *a),
         Command::Copy(a) => cmd::copy::copy(s, &out, *a),
+        Command::Rewrite(a) => cmd::rewrite::rewrite(s, &out, a),
         Command::Unforget(a) => cmd::forget::unforget(s, &out, a),
         Command::Prune(a) => cmd::forget::prune(s, &out, a),
         Command::Quota(q) => cmd::quota::quota(s, &out, q),

@@ -29,6 +29,8 @@ pub mod repair;
 pub mod repo;
 pub mod restore;
 pub mod retention;
+mod retree;
+pub mod rewrite;
 pub mod session;
 mod sorted;
 pub mod stats;

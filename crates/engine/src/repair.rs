@@ -12,11 +12,37 @@ use std::collections::HashSet;
 
 use capsule_format::index::IndexFile;
 use capsule_format::FileType;
-use capsule_format::{BlobType, ObjectId};
+use capsule_format::ObjectId;
 
 use crate::error::{EngineError, Result};
 use crate::index::save_index_file;
 use crate::repo::Repository;
+use crate::retree::{Rewritten, Walk};
+
+/// `repair snapshots`' judge: entries whose data no stored pack holds go.
+struct LostData<'a> {
+    have: &'a dyn Fn(&capsule_format::BlobId) -> bool,
+}
+
+impl crate::retree::Judge for LostData<'_> {
+    fn tree_lost(&self, tree: &capsule_format::BlobId) -> Option<String> {
+        (!(self.have)(tree)).then(|| "its tree's pack is missing".into())
+    }
+
+    fn drops_lost_trees(&self) -> bool {
+        true
+    }
+
+    fn drop_entry(&self, _: &std::path::Path, n: &capsule_format::tree::Node) -> Option<String> {
+        if n.kind() != capsule_format::tree::NodeKind::File {
+            return None;
+        }
+        n.content
+            .iter()
+            .find(|b| !(self.have)(b))
+            .map(|b| format!("blob {} is missing", b.short()))
+    }
+}
 
 /// What `repair index` did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -183,8 +209,8 @@ pub fn repair_snapshots(
         capsule_format::snapshot::Snapshot,
         Option<capsule_format::BlobId>,
     )> = Vec::new();
-    let mut memo: std::collections::HashMap<capsule_format::BlobId, (Rewritten, Counts)> =
-        Default::default();
+    let mut memo = crate::retree::Memo::default();
+    let judge = LostData { have: &have };
     let mut counts = Vec::new();
     for (id, snap) in &snaps {
         let root: capsule_format::BlobId = snap
@@ -196,7 +222,7 @@ pub fn repair_snapshots(
         let mut walk = Walk {
             repo,
             index: &index,
-            have: &have,
+            judge: &judge,
             saver: saver.as_ref(),
             sources: &sources,
             dropped: &mut dropped,
@@ -260,142 +286,4 @@ pub fn repair_snapshots(
         crate::forget::forget(repo, &old_id)?;
     }
     Ok(report)
-}
-
-/// A tree after repair.
-#[derive(Clone)]
-enum Rewritten {
-    /// Nothing under it was lost.
-    Same,
-    /// Rewritten without what was lost.
-    New(capsule_format::BlobId),
-    /// The tree itself cannot be read.
-    Lost(String),
-}
-
-/// What a tree holds, counted as a backup counts a snapshot's summary:
-/// entries at or below a source (its ancestors are not counted).
-#[derive(Debug, Clone, Copy, Default)]
-struct Counts {
-    files: u64,
-    dirs: u64,
-    others: u64,
-    bytes: u64,
-    /// Entries dropped in it (a lost directory counts once).
-    dropped: u64,
-}
-
-impl std::ops::AddAssign for Counts {
-    fn add_assign(&mut self, o: Counts) {
-        self.files += o.files;
-        self.dirs += o.dirs;
-        self.others += o.others;
-        self.bytes += o.bytes;
-        self.dropped += o.dropped;
-    }
-}
-
-/// One snapshot's rewrite: what it reads, where it writes, what it found.
-struct Walk<'a> {
-    repo: &'a Repository,
-    index: &'a crate::index::MasterIndex,
-    have: &'a dyn Fn(&capsule_format::BlobId) -> bool,
-    saver: Option<&'a crate::packer::BlobSaver>,
-    sources: &'a [std::path::PathBuf],
-    dropped: &'a mut Vec<String>,
-    memo: &'a mut std::collections::HashMap<capsule_format::BlobId, (Rewritten, Counts)>,
-}
-
-impl Walk<'_> {
-    /// Tree `tree` at `path` without what is lost, and what it then holds.
-    fn rewrite(
-        &mut self,
-        tree: &capsule_format::BlobId,
-        path: &std::path::Path,
-    ) -> Result<(Rewritten, Counts)> {
-        use capsule_format::tree::{encode_tree, NodeKind};
-        use std::os::unix::ffi::OsStrExt;
-        // Shared subtrees are judged once; what they drop is named per
-        // snapshot.
-        if let Some((r, c)) = self.memo.get(tree) {
-            if !matches!(r, Rewritten::Same) {
-                self.dropped
-                    .push(format!("{}: (as in an earlier snapshot)", path.display()));
-            }
-            return Ok((r.clone(), *c));
-        }
-        let nodes = match self.repo.load_tree(self.index, tree) {
-            Ok(n) if (self.have)(tree) => n,
-            Ok(_) => {
-                return Ok((
-                    Rewritten::Lost("its tree's pack is missing".into()),
-                    Counts::default(),
-                ))
-            }
-            Err(EngineError::Backend(b)) if b.is_destination_failure() => {
-                return Err(EngineError::Backend(b))
-            }
-            Err(e) => return Ok((Rewritten::Lost(e.to_string()), Counts::default())),
-        };
-        let mut changed = false;
-        let mut counts = Counts::default();
-        let mut out = Vec::with_capacity(nodes.len());
-        for mut n in nodes {
-            let p = path.join(std::ffi::OsStr::from_bytes(&n.name));
-            let inside = self.sources.iter().any(|s| p.starts_with(s));
-            let mut here = Counts::default();
-            match n.kind() {
-                NodeKind::Dir => {
-                    here.dirs = 1;
-                    if let Some(sub) = n.subtree {
-                        match self.rewrite(&sub, &p)? {
-                            (Rewritten::Same, c) => counts += c,
-                            (Rewritten::New(id), c) => {
-                                n.subtree = Some(id);
-                                changed = true;
-                                counts += c;
-                            }
-                            (Rewritten::Lost(why), _) => {
-                                self.dropped.push(format!("{}/: {why}", p.display()));
-                                changed = true;
-                                counts.dropped += 1;
-                                continue;
-                            }
-                        }
-                    }
-                }
-                NodeKind::File => {
-                    if let Some(b) = n.content.iter().find(|b| !(self.have)(b)) {
-                        self.dropped.push(format!(
-                            "{}: blob {} is missing",
-                            p.display(),
-                            b.short()
-                        ));
-                        changed = true;
-                        counts.dropped += 1;
-                        continue;
-                    }
-                    here.files = 1;
-                    here.bytes = n.size;
-                }
-                _ => here.others = 1,
-            }
-            if inside {
-                counts += here;
-            }
-            out.push(n);
-        }
-        let r = if !changed {
-            Rewritten::Same
-        } else {
-            let enc = encode_tree(&out);
-            let id = self.repo.key().blob_id(&enc);
-            if let Some(s) = self.saver {
-                s.save(BlobType::Tree, id, &enc)?;
-            }
-            Rewritten::New(id)
-        };
-        self.memo.insert(*tree, (r.clone(), counts));
-        Ok((r, counts))
-    }
 }

@@ -18,6 +18,7 @@ pub mod lab;
 pub mod mount;
 pub mod quota;
 pub mod restore;
+pub mod rewrite;
 pub mod schedule;
 pub mod snapshots;
 pub mod status;
