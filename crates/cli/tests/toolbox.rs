@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Stdio;
 
@@ -34,6 +35,10 @@ fn tar_view(root: &Path) -> BTreeMap<Vec<u8>, String> {
             (k, v)
         })
         .collect()
+}
+
+fn restored_path(r: &Path, src: &Path, k: &[u8]) -> std::path::PathBuf {
+    restored(r, src).join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(k))
 }
 
 fn capsule_to_file(repo: &Path, args: &[&str], out: &Path) -> std::process::Output {
@@ -81,6 +86,36 @@ fn dump_of_a_folder_read_by_tar_equals_a_restore_and_a_file_is_its_bytes() {
     for (k, v) in &restored {
         assert_eq!(&from_tar[k], v, "{} differs", String::from_utf8_lossy(k));
     }
+
+    // As a zip: every file's bytes and mode as the restore has them.
+    let zipped = t.path().join("src.zip");
+    let o = capsule_to_file(
+        &repo,
+        &["dump", "latest", src.to_str().unwrap(), "--archive", "zip"],
+        &zipped,
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let mut z = zip::ZipArchive::new(std::fs::File::open(&zipped).unwrap()).unwrap();
+    let mut checked = 0;
+    for (k, v) in &restored {
+        let name = format!("src/{}", String::from_utf8_lossy(k));
+        if !v.starts_with("file ") || std::str::from_utf8(k).is_err() {
+            continue;
+        }
+        let mut e = z.by_name(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+        let want = std::fs::read(restored_path(&r, &src, k)).unwrap();
+        assert!(data == want, "{name}: content differs");
+        // Zip keeps the permission bits, not setuid and the like.
+        let mode = std::fs::symlink_metadata(restored_path(&r, &src, k))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(e.unix_mode().unwrap() & 0o777, mode & 0o777, "{name}");
+        checked += 1;
+    }
+    assert!(checked > 10, "only {checked} files checked");
 
     // A file: its bytes, and --target writes a new file, never over one.
     let f = src.join("text/lorem.txt");

@@ -80,7 +80,8 @@ pub struct Dumped {
     pub dirs: u64,
     /// Symbolic links and hard-link-free others written.
     pub others: u64,
-    /// Entries a tar cannot carry as what they are (sockets), left out.
+    /// Entries the archive cannot carry as what they are (sockets; in a
+    /// zip also FIFOs and devices), left out.
     pub skipped: u64,
     /// Bytes of file content written.
     pub bytes: u64,
@@ -220,6 +221,118 @@ fn add_tree(
             }
             // A socket is made by the program that listens on it; tar has
             // no entry for one.
+            _ => done.skipped += 1,
+        }
+    }
+    Ok(())
+}
+
+/// Writes directory tree `tree` as a zip stream under the name `top`:
+/// files deflated, directories and symlinks as entries, permissions and
+/// modification times (to the two seconds zip keeps, in local time, as zip
+/// tools read them). Zip has no owners, FIFOs or devices (left out and
+/// counted), and names that are not UTF-8 are stored as shown. Written
+/// without seeking (sizes follow each file), so standard output will do.
+pub fn write_zip(
+    b: &Arc<Browser>,
+    tree: Option<&BlobId>,
+    top: &Path,
+    top_node: Option<&Node>,
+    w: &mut dyn Write,
+) -> std::io::Result<Dumped> {
+    let mut z = zip::ZipWriter::new_stream(w);
+    let mut done = Dumped::default();
+    let tz = jiff::tz::TimeZone::try_system().unwrap_or(jiff::tz::TimeZone::UTC);
+    let name = top.to_string_lossy().into_owned();
+    let o = top_node.map_or_else(zip::write::SimpleFileOptions::default, |n| {
+        zip_options(n, &tz)
+    });
+    z.add_directory(name.clone(), o)
+        .map_err(std::io::Error::other)?;
+    done.dirs += 1;
+    if let Some(tree) = tree {
+        add_zip(b, tree, &name, &mut z, 0, &mut done, &tz)?;
+    }
+    z.finish().map_err(std::io::Error::other)?;
+    Ok(done)
+}
+
+type Zip<'a> = zip::ZipWriter<zip::write::StreamWriter<&'a mut dyn Write>>;
+
+fn zip_options(n: &Node, tz: &jiff::tz::TimeZone) -> zip::write::SimpleFileOptions {
+    let mut o = zip::write::SimpleFileOptions::default()
+        .unix_permissions(n.mode & 0o7777)
+        .large_file(n.size >= u64::from(u32::MAX));
+    let t = jiff::Timestamp::from_second(n.mtime.secs)
+        .ok()
+        .map(|ts| ts.to_zoned(tz.clone()).datetime());
+    if let Some(d) = t.and_then(|d| {
+        zip::DateTime::from_date_and_time(
+            u16::try_from(d.year()).ok()?,
+            d.month() as u8,
+            d.day() as u8,
+            d.hour() as u8,
+            d.minute() as u8,
+            d.second() as u8,
+        )
+        .ok()
+    }) {
+        o = o.last_modified_time(d);
+    }
+    o
+}
+
+fn add_zip(
+    b: &Arc<Browser>,
+    tree: &BlobId,
+    at: &str,
+    z: &mut Zip<'_>,
+    depth: usize,
+    done: &mut Dumped,
+    tz: &jiff::tz::TimeZone,
+) -> std::io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(std::io::Error::other(format!(
+            "{at}: trees nested over {MAX_DEPTH} deep: the repository is damaged"
+        )));
+    }
+    let nodes = b.tree(tree).map_err(std::io::Error::other)?;
+    let files: Vec<Node> = nodes
+        .iter()
+        .filter(|n| n.kind() == NodeKind::File)
+        .cloned()
+        .collect();
+    b.prefetch(&files);
+    for n in nodes.iter() {
+        let p = format!("{at}/{}", String::from_utf8_lossy(&n.name));
+        let o = zip_options(n, tz);
+        match n.kind() {
+            NodeKind::Dir => {
+                z.add_directory(p.clone(), o)
+                    .map_err(std::io::Error::other)?;
+                done.dirs += 1;
+                if let Some(sub) = &n.subtree {
+                    add_zip(b, sub, &p, z, depth + 1, done, tz)?;
+                }
+            }
+            NodeKind::File => {
+                let o = o.compression_method(zip::CompressionMethod::Deflated);
+                z.start_file(p.clone(), o).map_err(std::io::Error::other)?;
+                let written = std::io::copy(&mut Content::new(b, n)?, z)?;
+                if written != n.size {
+                    return Err(std::io::Error::other(format!(
+                        "{p}: the stored file has {written} bytes, but the snapshot recorded {}",
+                        n.size
+                    )));
+                }
+                done.files += 1;
+                done.bytes += n.size;
+            }
+            NodeKind::Symlink => {
+                let target = String::from_utf8_lossy(&n.target).into_owned();
+                z.add_symlink(p, target, o).map_err(std::io::Error::other)?;
+                done.others += 1;
+            }
             _ => done.skipped += 1,
         }
     }

@@ -38,6 +38,8 @@ pub struct DumpArgs {
 enum Archive {
     /// A tar stream: modes, owners, times, symlinks, FIFOs and devices.
     Tar,
+    /// A zip stream: files deflated, modes, times and symlinks (no owners).
+    Zip,
 }
 
 pub fn dump(settings: &Settings, out: &Output, a: DumpArgs) -> Result<u8> {
@@ -92,7 +94,14 @@ pub fn dump(settings: &Settings, out: &Output, a: DumpArgs) -> Result<u8> {
             let name = path
                 .file_name()
                 .map_or_else(|| PathBuf::from("snapshot"), PathBuf::from);
-            capsule_engine::dump::write_tar(&b, tree.as_ref(), &name, top, sink.writer())
+            match a.archive {
+                Archive::Tar => {
+                    capsule_engine::dump::write_tar(&b, tree.as_ref(), &name, top, sink.writer())
+                }
+                Archive::Zip => {
+                    capsule_engine::dump::write_zip(&b, tree.as_ref(), &name, top, sink.writer())
+                }
+            }
         }
     };
     let written = written.and_then(|d| sink.finish().map(|()| d));
