@@ -171,5 +171,13 @@ mod tests {
         });
         let back: Snapshot = from_json(&to_json(&r)).unwrap();
         assert_eq!(back.repaired, r.repaired);
+        // `original` (tag, rewrite): absent in old snapshots, left out when
+        // unset, kept when set.
+        assert_eq!(s.original, None);
+        assert!(!String::from_utf8(to_json(&s)).unwrap().contains("original"));
+        let mut o = s.clone();
+        o.original = Some("cd".into());
+        let back: Snapshot = from_json(&to_json(&o)).unwrap();
+        assert_eq!(back.original.as_deref(), Some("cd"));
     }
 }
