@@ -103,7 +103,7 @@ EOF
 
 "$capsule" -r "$work/capsule" -q init
 "$restic" -r "$work/restic" init -q >/dev/null
-borg init -q -e repokey-blake2 "$work/borg"
+borg init -e repokey-blake2 "$work/borg"
 
 dump_rows=()
 for night in 1 2 3; do
@@ -142,7 +142,7 @@ EOF
 "$capsule" -r "$work/capsule" -q backup "$work/src"
 "$restic" -r "$work/restic" init -q >/dev/null
 "$restic" -r "$work/restic" backup -q "$work/src" >/dev/null
-borg init -q -e repokey-blake2 "$work/borg"
+borg init -e repokey-blake2 "$work/borg"
 (cd / && borg create "$work/borg::a" "${work#/}/src")
 "$capsule" -r "$work/capsule" -q dump latest "$work/src/big.bin" | cmp -s - "$work/src/big.bin" || { echo "capsule dumped wrong data" >&2; exit 1; }
 

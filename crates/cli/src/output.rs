@@ -120,10 +120,14 @@ impl Output {
             return None;
         }
         let bar = ProgressBar::new(0);
+        // A stream has no total: what was read, and how fast.
+        let stream = what == "stream";
         bar.set_style(
-            ProgressStyle::with_template(
-                "{spinner} {prefix} [{bar:30}] {binary_bytes}/{binary_total_bytes} {msg}",
-            )
+            ProgressStyle::with_template(if stream {
+                "{spinner} {prefix} {binary_bytes} read {msg}"
+            } else {
+                "{spinner} {prefix} [{bar:30}] {binary_bytes}/{binary_total_bytes} {msg}"
+            })
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
         );
@@ -138,7 +142,16 @@ impl Output {
                 b2.set_length(total.max(done));
                 b2.set_position(done);
                 let secs = started.elapsed().as_secs_f64().max(0.001);
-                b2.set_message(status_line(&p2, secs));
+                b2.set_message(if stream {
+                    let g = Progress::get;
+                    format!(
+                        "at {}/s, new {} (a stream: no total, no ETA)",
+                        bytes((g(&p2.bytes_read) as f64 / secs) as u64),
+                        bytes(g(&p2.bytes_new))
+                    )
+                } else {
+                    status_line(&p2, secs)
+                });
                 b2.tick();
                 std::thread::sleep(Duration::from_millis(100));
             }

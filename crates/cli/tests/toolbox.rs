@@ -891,3 +891,47 @@ fn rewrite_takes_a_secret_out_of_every_snapshot_and_prune_gives_its_space_back()
     );
     assert!(!restored(&r, &src).join("keys/id_secret").exists());
 }
+
+#[test]
+fn a_verify_in_slices_reads_every_pack_once_and_finds_damage_in_its_slice() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..30 {
+        std::fs::write(src.join(format!("f{i}")), noise(1_000_000, 500 + i)).unwrap();
+    }
+    ok(&repo, &["init", "--pack-size-mib", "4"]);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let all = json(&repo, &["check", "--read-data"]);
+    let packs = all["report"]["packs_read"].as_u64().unwrap();
+    assert!(packs >= 6, "{all}");
+    // Damage one data pack, in its middle.
+    let victim = pack_files(&repo)
+        .into_iter()
+        .find(|p| p.starts_with(repo.join("data")))
+        .unwrap();
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&victim, bytes).unwrap();
+    let (mut read, mut found) = (0, 0);
+    for n in 1..=4 {
+        let o = capsule(
+            &repo,
+            &["--json", "check", "--read-data-subset", &format!("{n}/4")],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        read += v["report"]["packs_read"].as_u64().unwrap();
+        assert_eq!(v["report"]["subset"], format!("{n}/4"));
+        if v["ok"] == false {
+            found += 1;
+            assert_eq!(o.status.code(), Some(12), "{}", said(&o));
+        }
+    }
+    assert_eq!(read, packs, "the four slices read every pack once");
+    assert_eq!(found, 1, "the damage is in exactly one slice");
+    let v = capsule(&repo, &["--json", "check", "--read-data-subset", "100%"]);
+    assert_eq!(v.status.code(), Some(12), "{}", said(&v));
+    let o = capsule(&repo, &["check", "--read-data-subset", "0/4"]);
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+}

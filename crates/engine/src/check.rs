@@ -53,6 +53,13 @@ pub struct CheckReport {
     pub blobs_read: u64,
     /// Bytes read (with `read_data`).
     pub bytes_read: u64,
+    /// Which packs were read (`all`, `3/12`, `5%`…), with `read_data`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subset: Option<String>,
+    /// Packs read (with `read_data`).
+    pub packs_read: u64,
+    /// Intact packs a subset left unread.
+    pub packs_not_read: u64,
     /// Packs present but in no index: left by an interrupted backup, or
     /// orphaned by a lost index file (`capsule repair index` indexes them).
     pub unindexed_packs: Vec<String>,
@@ -97,8 +104,132 @@ impl Problems {
     }
 }
 
+/// Which packs `check --read-data-subset` reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Subset {
+    /// Every pack.
+    All,
+    /// Slice `n` of `m` (1-based): the packs whose ID, read as a number,
+    /// leaves `n - 1` divided by `m`. Fixed, so `m` runs, one slice each,
+    /// read every pack once.
+    Slice(u32, u32),
+    /// About this percentage of the packs, picked at random each run.
+    Percent(f64),
+    /// Random packs until this many bytes.
+    Bytes(u64),
+}
+
+impl Subset {
+    /// Reads `N/M`, `P%` or a size (`500M`, `2G`).
+    pub fn parse(s: &str) -> std::result::Result<Subset, String> {
+        let t = s.trim();
+        if let Some((n, m)) = t.split_once('/') {
+            let (n, m) = (n.trim().parse::<u32>(), m.trim().parse::<u32>());
+            return match (n, m) {
+                (Ok(n), Ok(m)) if m >= 1 && (1..=m).contains(&n) => Ok(Subset::Slice(n, m)),
+                _ => Err(format!(
+                    "{s:?}: give a slice as N/M, 1 <= N <= M (say 1/12)"
+                )),
+            };
+        }
+        if let Some(p) = t.strip_suffix('%') {
+            return match p.trim().parse::<f64>() {
+                Ok(p) if p > 0.0 && p <= 100.0 => Ok(Subset::Percent(p)),
+                _ => Err(format!("{s:?}: give a percentage above 0 and at most 100")),
+            };
+        }
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("{s:?}: give N/M, P% or a size (500M, 2G)"))?;
+        let mult = match unit
+            .trim()
+            .to_ascii_lowercase()
+            .trim_end_matches('b')
+            .trim_end_matches('i')
+        {
+            "" => 1.0,
+            "k" => 1024.0,
+            "m" => 1024.0 * 1024.0,
+            "g" => 1024.0 * 1024.0 * 1024.0,
+            "t" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+            _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
+        };
+        Ok(Subset::Bytes((n * mult) as u64))
+    }
+
+    /// As the user wrote it, for reports.
+    pub fn describe(&self) -> String {
+        match self {
+            Subset::All => "all".into(),
+            Subset::Slice(n, m) => format!("{n}/{m}"),
+            Subset::Percent(p) => format!("{p}%"),
+            Subset::Bytes(b) => format!("{b} bytes"),
+        }
+    }
+
+    /// The packs of `packs` (index positions, with IDs and sizes) this
+    /// subset reads.
+    fn pick(&self, packs: Vec<(u32, ObjectId, u64)>) -> Vec<u32> {
+        use std::hash::{BuildHasher, Hasher};
+        let number = |id: &ObjectId| {
+            let b = id.as_bytes();
+            u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+        };
+        // A different order every run: a hash keyed anew by each process.
+        let key = std::collections::hash_map::RandomState::new();
+        let random = |id: &ObjectId| {
+            let mut h = key.build_hasher();
+            h.write(id.as_bytes());
+            h.finish()
+        };
+        match *self {
+            Subset::All => packs.into_iter().map(|p| p.0).collect(),
+            Subset::Slice(n, m) => packs
+                .into_iter()
+                .filter(|(_, id, _)| number(id) % m == n - 1)
+                .map(|p| p.0)
+                .collect(),
+            Subset::Percent(p) => {
+                let mut v = packs;
+                v.sort_by_key(|(_, id, _)| random(id));
+                let keep = ((v.len() as f64 * p / 100.0).ceil() as usize).min(v.len());
+                v.truncate(keep);
+                v.into_iter().map(|p| p.0).collect()
+            }
+            Subset::Bytes(limit) => {
+                let mut v = packs;
+                v.sort_by_key(|(_, id, _)| random(id));
+                let mut total = 0u64;
+                let mut out = Vec::new();
+                for (pos, _, size) in v {
+                    if total >= limit {
+                        break;
+                    }
+                    total += size;
+                    out.push(pos);
+                }
+                out
+            }
+        }
+    }
+}
+
 /// Checks the repository.
 pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<CheckReport> {
+    check_subset(repo, read_data.then_some(Subset::All), progress)
+}
+
+/// Checks the repository, reading the packs `read` names (none: reads no
+/// data; the structure is checked in full either way).
+pub fn check_subset(
+    repo: &Repository,
+    read: Option<Subset>,
+    progress: &Progress,
+) -> Result<CheckReport> {
     let mut report = CheckReport::default();
     let mut problems = Problems::default();
     // Snapshots first, then index files, then packs: each object is written
@@ -194,7 +325,20 @@ pub fn check(repo: &Repository, read_data: bool, progress: &Progress) -> Result<
     unindexed.sort();
     report.unindexed_packs = unindexed;
 
-    if read_data {
+    if let Some(subset) = read {
+        let all = intact_packs.len();
+        let intact_packs = subset.pick(
+            intact_packs
+                .iter()
+                .map(|&p| {
+                    let pack = index.packs()[p as usize];
+                    (p, pack.id, pack.size)
+                })
+                .collect(),
+        );
+        report.subset = Some(subset.describe());
+        report.packs_read = intact_packs.len() as u64;
+        report.packs_not_read = (all - intact_packs.len()) as u64;
         progress
             .files_total
             .store(intact_packs.len() as u64, Ordering::Relaxed);
@@ -663,4 +807,29 @@ fn check_header(repo: &Repository, bytes: &[u8]) -> std::result::Result<(), Stri
         )
         .map_err(|e| e.to_string())?;
     decode_header(&plain).map(|_| ()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn slices_cover_every_pack_once_and_sizes_and_shares_parse() {
+        let packs: Vec<(u32, ObjectId, u64)> = (0..500u32)
+            .map(|i| (i, ObjectId::of(&i.to_le_bytes()), 1000))
+            .collect();
+        let mut seen = Vec::new();
+        for n in 1..=12 {
+            seen.extend(Subset::Slice(n, 12).pick(packs.clone()));
+        }
+        seen.sort();
+        assert_eq!(seen, (0..500).collect::<Vec<_>>());
+        assert_eq!(Subset::Percent(10.0).pick(packs.clone()).len(), 50);
+        assert_eq!(Subset::Bytes(10_500).pick(packs.clone()).len(), 11);
+        assert_eq!(Subset::parse("1/12"), Ok(Subset::Slice(1, 12)));
+        assert_eq!(Subset::parse("5%"), Ok(Subset::Percent(5.0)));
+        assert_eq!(Subset::parse("2G"), Ok(Subset::Bytes(2 << 30)));
+        assert!(Subset::parse("13/12").is_err() && Subset::parse("0%").is_err());
+    }
 }

@@ -332,7 +332,14 @@ pub fn backup(
     let cache = opened.cache.clone();
     // Run records change with every run; backing them up would too.
     let skip_dirs: Vec<PathBuf> = capsule_lab::history::state_dir().into_iter().collect();
-    let bar = out.progress(&progress, "backup");
+    let bar = out.progress(
+        &progress,
+        if a.stdin || a.stdin_from_command {
+            "stream"
+        } else {
+            "backup"
+        },
+    );
     let no_journal = a.no_journal;
     let dry_run = a.dry_run;
     let stream = stream_source(&a)?;

@@ -18,12 +18,17 @@ pub struct CheckArgs {
     /// Also read and authenticate every byte of every pack.
     #[arg(long)]
     pub(crate) read_data: bool,
+    /// Read and authenticate only part of the packs: N/M (slice N of M,
+    /// fixed, so M runs read everything once), P% (at random) or a size
+    /// (2G: random packs up to it).
+    #[arg(long, value_name = "N/M|P%|SIZE", value_parser = capsule_engine::check::Subset::parse, conflicts_with = "read_data")]
+    pub(crate) read_data_subset: Option<capsule_engine::check::Subset>,
 }
 
 /// `capsule check`, recorded for `status` when a profile is in use.
 pub fn run(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
     let started = capsule_engine::timefmt::now_unix();
-    let read_data = a.read_data;
+    let read_data = a.read_data || a.read_data_subset.is_some();
     let r = check(settings, out, a);
     if let Some(name) = settings.profile_name() {
         capsule_app::status::record_check(
@@ -61,12 +66,17 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
         "a prune running meanwhile may make this check report packs it deleted",
     );
     let progress = Arc::new(Progress::default());
-    let bar = if a.read_data {
+    let read = match (a.read_data, a.read_data_subset) {
+        (_, Some(s)) => Some(s),
+        (true, None) => Some(capsule_engine::check::Subset::All),
+        (false, None) => None,
+    };
+    let bar = if read.is_some() {
         out.progress(&progress, "check")
     } else {
         None
     };
-    let r = capsule_engine::check::check(&repo, a.read_data, &progress);
+    let r = capsule_engine::check::check_subset(&repo, read, &progress);
     drop(bar);
     drop(session);
     let r = r?;
@@ -90,8 +100,22 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
         r.snapshots,
         r.trees,
         r.packs,
-        if a.read_data {
-            format!(", read {} blobs ({})", r.blobs_read, bytes(r.bytes_read))
+        if read.is_some() {
+            format!(
+                ", read {} blobs ({}) in {} packs{}",
+                r.blobs_read,
+                bytes(r.bytes_read),
+                r.packs_read,
+                match &r.subset {
+                    Some(s) if s != "all" => {
+                        format!(
+                            " (subset {s}; {} packs not read this time)",
+                            r.packs_not_read
+                        )
+                    }
+                    _ => String::new(),
+                }
+            )
         } else {
             String::new()
         }
