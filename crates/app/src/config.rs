@@ -56,9 +56,15 @@ pub struct Profile {
     /// Exclude patterns (gitignore syntax), added to `--exclude`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub excludes: Vec<String>,
+    /// Files of exclude patterns, one a line, added to `--exclude-file`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude_file: Vec<PathBuf>,
     /// Exclude patterns matched whatever the case, added to `--iexclude`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub iexcludes: Vec<String>,
+    /// Files of case-insensitive patterns, added to `--iexclude-file`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub iexclude_file: Vec<PathBuf>,
     /// Leave out the contents of directories tagged as caches
     /// (`CACHEDIR.TAG`), as `--exclude-caches`.
     #[serde(skip_serializing_if = "Option::is_none")]

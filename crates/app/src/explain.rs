@@ -106,6 +106,8 @@ pub fn explain(s: &Settings, p: Option<&Profile>) -> Vec<(&'static str, String, 
             rows.push(("exclude-larger-than", n.clone(), "profile"));
         }
         for (key, files) in [
+            ("exclude-file", &p.exclude_file),
+            ("iexclude-file", &p.iexclude_file),
             ("files-from", &p.files_from),
             ("files-from-verbatim", &p.files_from_verbatim),
             ("files-from-raw", &p.files_from_raw),

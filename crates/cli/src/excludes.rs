@@ -53,7 +53,11 @@ pub struct ExcludeArgs {
 impl ExcludeArgs {
     /// The flags with the profile's keys added.
     pub fn with_profile(mut self, p: &Profile) -> Result<Self> {
+        self.exclude_file
+            .splice(0..0, p.exclude_file.iter().cloned());
         self.iexcludes.splice(0..0, p.iexcludes.iter().cloned());
+        self.iexclude_file
+            .splice(0..0, p.iexclude_file.iter().cloned());
         self.exclude_caches |= p.exclude_caches.unwrap_or(false);
         self.exclude_if_present
             .splice(0..0, p.exclude_if_present.iter().cloned());

@@ -412,12 +412,14 @@ fn the_excludes_people_use_leave_out_caches_marked_folders_huge_files_and_case_v
     std::fs::write(
         &cfg,
         format!(
-            "[profiles.home]\nrepository = {:?}\nsources = [{:?}]\nexclude-caches = true\nexclude-if-present = [\".nobackup\"]\nexclude-larger-than = \"200K\"\niexcludes = [\"THUMBS.db\", \"*.jpg\"]\nexcludes = [\"node_modules\"]\n",
+            "[profiles.home]\nrepository = {:?}\nsources = [{:?}]\nexclude-caches = true\nexclude-if-present = [\".nobackup\"]\nexclude-larger-than = \"200K\"\niexcludes = [\"THUMBS.db\"]\niexclude-file = [{:?}]\nexcludes = [\"node_modules\"]\n",
             repo.to_str().unwrap(),
-            h
+            h,
+            t.path().join("ipatterns").to_str().unwrap()
         ),
     )
     .unwrap();
+    std::fs::write(t.path().join("ipatterns"), "# photos\n*.jpg\n").unwrap();
     let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
     let o = c
         .args([
@@ -452,7 +454,9 @@ fn the_excludes_people_use_leave_out_caches_marked_folders_huge_files_and_case_v
         .unwrap();
     let shown = said(&o);
     assert!(
-        shown.contains("exclude-caches") && shown.contains("exclude-larger-than"),
+        shown.contains("exclude-caches")
+            && shown.contains("exclude-larger-than")
+            && shown.contains("iexclude-file"),
         "{shown}"
     );
 }
