@@ -610,10 +610,6 @@ impl Config {
                     ));
                 }
             }
-            for pat in p.excludes.iter().chain(&p.iexcludes) {
-                capsule_engine::backup::check_pattern(pat)
-                    .map_err(|e| bad("excludes", e.to_string()))?;
-            }
             if p.connections == Some(0) || p.connections.is_some_and(|n| n > 256) {
                 return Err(bad("connections", "give 1 to 256".into()));
             }

@@ -53,10 +53,15 @@ pub fn config(settings: &Settings, out: &Output, c: ConfigCommand) -> Result<u8>
             // not at 3 a.m.: exclude patterns are compiled as a backup
             // compiles them.
             for (name, p) in &cfg.file.profiles {
-                for pat in &p.excludes {
+                let keyed = p
+                    .excludes
+                    .iter()
+                    .map(|x| ("excludes", x))
+                    .chain(p.iexcludes.iter().map(|x| ("iexcludes", x)));
+                for (key, pat) in keyed {
                     if let Err(e) = capsule_engine::backup::check_pattern(pat) {
                         return Err(capsule_app::UsageError(format!(
-                            "{}: profile {name}: excludes: {e}; every backup of this profile would refuse it",
+                            "{}: profile {name}: {key}: {e}; every backup of this profile would refuse it",
                             cfg.path.display()
                         ))
                         .into());
