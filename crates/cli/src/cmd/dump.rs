@@ -106,8 +106,18 @@ pub fn dump(settings: &Settings, out: &Output, a: DumpArgs) -> Result<u8> {
     };
     let written = written.and_then(|d| sink.finish().map(|()| d));
     match written {
-        // Standard output holds the data: nothing else may go there.
-        Ok(_) if a.target.is_none() => Ok(exit::OK),
+        // Standard output holds the data: nothing else may go there; what
+        // the archive could not carry is said on stderr either way.
+        Ok(d) if a.target.is_none() => {
+            if d.skipped > 0 {
+                out.warn(format!(
+                    "{} entries of {} (sockets; in a zip also FIFOs and devices) have no kind in the archive and were left out",
+                    d.skipped,
+                    path.display()
+                ));
+            }
+            Ok(exit::OK)
+        }
         Ok(d) => {
             if out.json {
                 out.json(&serde_json::json!({
