@@ -138,27 +138,9 @@ impl Subset {
                 _ => Err(format!("{s:?}: give a percentage above 0 and at most 100")),
             };
         }
-        let split = t
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(t.len());
-        let (num, unit) = t.split_at(split);
-        let n: f64 = num
-            .parse()
-            .map_err(|_| format!("{s:?}: give N/M, P% or a size (500M, 2G)"))?;
-        let mult = match unit
-            .trim()
-            .to_ascii_lowercase()
-            .trim_end_matches('b')
-            .trim_end_matches('i')
-        {
-            "" => 1.0,
-            "k" => 1024.0,
-            "m" => 1024.0 * 1024.0,
-            "g" => 1024.0 * 1024.0 * 1024.0,
-            "t" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-            _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
-        };
-        Ok(Subset::Bytes((n * mult) as u64))
+        crate::quota::parse_size(t)
+            .map(Subset::Bytes)
+            .map_err(|e| format!("{e}; or give N/M or P%"))
     }
 
     /// As the user wrote it, for reports.

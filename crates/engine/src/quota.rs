@@ -290,3 +290,30 @@ pub fn thin(repo: &Arc<Repository>, plan: ThinPlan) -> Result<ThinReport> {
         stored_after: stored_bytes(repo)?,
     })
 }
+
+/// Reads a size: `500G`, `1.5TiB`, `200MB`, `123456` (bytes). K, M, G, T
+/// are powers of 1024, as a disk's free space is shown.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size: write it as 500G, 1.5T or 200M"))?;
+    let mult: f64 = match unit
+        .trim()
+        .to_ascii_lowercase()
+        .trim_end_matches('b')
+        .trim_end_matches('i')
+    {
+        "" => 1.0,
+        "k" => 1024.0,
+        "m" => 1024.0 * 1024.0,
+        "g" => 1024.0 * 1024.0 * 1024.0,
+        "t" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
+    };
+    Ok((n * mult) as u64)
+}
