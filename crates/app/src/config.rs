@@ -269,9 +269,14 @@ pub struct Schedules {
     /// `check`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check: Option<String>,
-    /// `check --read-data` of a sample.
+    /// `check --read-data`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub check_read_data: Option<String>,
+    /// Which packs the scheduled `check-read-data` reads: `next/12` (the
+    /// slice of twelve verified longest ago, so twelve runs read every
+    /// pack), `5%`, `2G`; all when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub check_read_data_subset: Option<String>,
     /// `copy` of new snapshots to the profile's `copy-to` repository.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub copy: Option<String>,
@@ -539,6 +544,10 @@ impl Config {
                     if let Some(v) = v {
                         Schedule::parse(v).map_err(|e| bad(key, e))?;
                     }
+                }
+                if let Some(v) = &s.check_read_data_subset {
+                    capsule_engine::check::Subset::parse(v)
+                        .map_err(|e| bad("check-read-data-subset", e))?;
                 }
                 if let Some(v) = &s.stale_after {
                     parse_duration(v).ok_or_else(|| {

@@ -31,8 +31,15 @@ pub struct RepoSize {
 pub struct CheckOutcome {
     /// When it started, Unix seconds.
     pub started_unix: i64,
-    /// Whether it read every pack (`--read-data`).
+    /// Whether it read packs (`--read-data`, or a subset of them).
     pub read_data: bool,
+    /// Which packs it read when not all (`3/12`, `5%`, `2 GB`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subset: Option<String>,
+    /// With slices: when each slice was last verified (from the
+    /// repository's records, so also by other machines).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<capsule_engine::verified::SliceRecord>,
     /// "ok", "damaged" (it found problems: see `capsule check`) or
     /// "failed" (it could not run).
     pub result: String,
@@ -102,6 +109,10 @@ pub struct ProfileState {
     /// The last check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_check: Option<CheckOutcome>,
+    /// When each slice of the packs was last verified, as the last check
+    /// of a slice read it from the repository.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verified_slices: Vec<capsule_engine::verified::SliceRecord>,
     /// Verification runs of the change journal (a full scan compared with
     /// it), and how many found a difference.
     #[serde(default)]
@@ -505,6 +516,7 @@ pub fn profile_row(
         "last_success": st.last_success,
         "repository": st.repository,
         "last_check": st.last_check,
+        "verified_slices": st.verified_slices,
         "refresh_error": refresh_error,
         "journal": journal,
         "running": load_running(name),
@@ -585,7 +597,12 @@ pub fn refresh(config: &std::path::Path, profile: &str) -> Option<String> {
 
 /// Records a check of `profile`.
 pub fn record_check(profile: &str, c: CheckOutcome) {
-    update(profile, |st| st.last_check = Some(c));
+    update(profile, |st| {
+        if !c.slices.is_empty() {
+            st.verified_slices = c.slices.clone();
+        }
+        st.last_check = Some(c)
+    });
 }
 
 /// Records the repository's size of `profile`.

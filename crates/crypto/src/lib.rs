@@ -70,6 +70,8 @@ pub enum Aad<'a> {
     PruneMark,
     /// The repository's quota.
     Quota,
+    /// A record of a verified slice of the packs.
+    Verified,
 }
 
 impl Aad<'_> {
@@ -90,6 +92,7 @@ impl Aad<'_> {
             Aad::Session => b"capsule:session".to_vec(),
             Aad::PruneMark => b"capsule:prunemark".to_vec(),
             Aad::Quota => b"capsule:quota".to_vec(),
+            Aad::Verified => b"capsule:verified".to_vec(),
         }
     }
 }

@@ -22,7 +22,6 @@ use capsule_format::index::IndexPack;
 use capsule_format::pack::{decode_header, parse_trailer, PACK_TRAILER_LEN};
 use capsule_format::tree::NodeKind;
 use capsule_format::{BlobId, BlobType, FileType, ObjectId};
-use rayon::prelude::*;
 
 use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
@@ -60,6 +59,14 @@ pub struct CheckReport {
     pub packs_read: u64,
     /// Intact packs a subset left unread.
     pub packs_not_read: u64,
+    /// With a slice (`N/M`, `next/M`): when each slice of `M` was last
+    /// verified, from the repository's records, this one included.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub slices: Vec<crate::verified::SliceRecord>,
+    /// Why this slice's verification could not be recorded (a key that
+    /// may only read): the rotation stays where it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slice_not_recorded: Option<String>,
     /// Packs present but in no index: left by an interrupted backup, or
     /// orphaned by a lost index file (`capsule repair index` indexes them).
     pub unindexed_packs: Vec<String>,
@@ -70,6 +77,9 @@ pub struct CheckReport {
     /// request by name found: its listings lag behind its writes (not
     /// damage; said so that a store's operator can see it).
     pub listing_lagged: u64,
+    /// How the packs were read, and what limited it (with `read_data`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read: Option<ReadTiming>,
     /// Everything found wrong.
     pub problems: Vec<Problem>,
     /// Packs found missing, truncated or damaged: a backup must not
@@ -113,6 +123,9 @@ pub enum Subset {
     /// leaves `n - 1` divided by `m`. Fixed, so `m` runs, one slice each,
     /// read every pack once.
     Slice(u32, u32),
+    /// The slice of `m` verified longest ago (or never), as the
+    /// repository's records say (`next/12`): what a schedule runs.
+    Next(u32),
     /// About this percentage of the packs, picked at random each run.
     Percent(f64),
     /// Random packs until this many bytes.
@@ -124,6 +137,14 @@ impl Subset {
     pub fn parse(s: &str) -> std::result::Result<Subset, String> {
         let t = s.trim();
         if let Some((n, m)) = t.split_once('/') {
+            if n.trim() == "next" {
+                return match m.trim().parse::<u32>() {
+                    Ok(m) if m >= 1 => Ok(Subset::Next(m)),
+                    _ => Err(format!(
+                        "{s:?}: give the rotation as next/M, M >= 1 (say next/12)"
+                    )),
+                };
+            }
             let (n, m) = (n.trim().parse::<u32>(), m.trim().parse::<u32>());
             return match (n, m) {
                 (Ok(n), Ok(m)) if m >= 1 && (1..=m).contains(&n) => Ok(Subset::Slice(n, m)),
@@ -148,6 +169,7 @@ impl Subset {
         match self {
             Subset::All => "all".into(),
             Subset::Slice(n, m) => format!("{n}/{m}"),
+            Subset::Next(m) => format!("next/{m}"),
             Subset::Percent(p) => format!("{p}%"),
             Subset::Bytes(b) => format!("{b} bytes"),
         }
@@ -170,6 +192,8 @@ impl Subset {
         };
         match *self {
             Subset::All => packs.into_iter().map(|p| p.0).collect(),
+            // Resolved to a slice before packs are picked.
+            Subset::Next(_) => Vec::new(),
             Subset::Slice(n, m) => packs
                 .into_iter()
                 .filter(|(_, id, _)| number(id) % m == n - 1)
@@ -214,6 +238,14 @@ pub fn check_subset(
 ) -> Result<CheckReport> {
     let mut report = CheckReport::default();
     let mut problems = Problems::default();
+    let started_unix = crate::timefmt::now_unix();
+    let read = match read {
+        Some(Subset::Next(m)) => {
+            let (records, _) = crate::verified::load(repo)?;
+            Some(Subset::Slice(crate::verified::next(&records, m), m))
+        }
+        r => r,
+    };
     // Snapshots first, then index files, then packs: each object is written
     // after everything it refers to, so listing in this order sees all that
     // a listed snapshot needs even while a backup is running. (The other
@@ -333,29 +365,14 @@ pub fn check_subset(
         );
         progress.totals_final.store(true, Ordering::Relaxed);
         let blobs_read = AtomicU64::new(0);
-        // A few packs at a time, with their blobs from one scan of the
-        // index: what is held is their entries, not the whole index's.
-        let mut found: Vec<(String, String, Vec<BlobId>)> = Vec::new();
-        for batch in intact_packs.chunks(READ_DATA_BATCH) {
-            let by_pack = blobs_in(&index, &batch.iter().copied().collect());
-            let some: Vec<(String, String, Vec<BlobId>)> = batch
-                .par_iter()
-                .filter_map(|&pos| {
-                    let pack = index.packs()[pos as usize];
-                    let entries = by_pack.get(&pos).map(|v| v.as_slice()).unwrap_or(&[]);
-                    let r = read_pack(repo, &pack, entries, &blobs_read, progress);
-                    Progress::add(&progress.files_done, 1);
-                    r
-                })
-                .collect();
-            found.extend(some);
-        }
+        let (found, timing) = read_data(repo, &index, &intact_packs, &blobs_read, progress);
         for (name, msg, bad) in found {
             problems.add(name.clone(), msg);
             for b in bad {
                 damaged.insert(b, name.clone());
             }
         }
+        report.read = Some(timing);
         report.blobs_read = blobs_read.into_inner();
         report.bytes_read = Progress::get(&progress.bytes_done);
     }
@@ -502,6 +519,24 @@ pub fn check_subset(
         problems.add("local index table".into(), f);
     }
     report.problems = problems.0.into_values().collect();
+    if let Some(Subset::Slice(n, m)) = read {
+        let rec = crate::verified::SliceRecord {
+            slice: n,
+            of: m,
+            time_unix: started_unix,
+            hostname: crate::repo::hostname(),
+            ok: report.ok(),
+            packs: report.packs_read,
+        };
+        // A destination this key may only read keeps no record: said, and
+        // the rotation simply does not move.
+        if let Err(e) = crate::verified::record(repo, &rec) {
+            report.slice_not_recorded = Some(e.to_string());
+        }
+        if let Ok((records, _)) = crate::verified::load(repo) {
+            report.slices = records.into_iter().filter(|r| r.of == m).collect();
+        }
+    }
     Ok(report)
 }
 
@@ -697,6 +732,166 @@ fn describe(e: &EngineError) -> (String, String) {
     }
 }
 
+/// Bytes of packs `check --read-data` holds at once: with 16 MiB packs,
+/// four in flight, which keeps a disk or a link busy while the cores
+/// verify, within the 128 MiB every command keeps to.
+const READ_DATA_BUDGET: u64 = 64 << 20;
+
+/// Where `check --read-data` spent its time, as a restore says it.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReadTiming {
+    /// Wall seconds of reading and verifying.
+    pub secs: f64,
+    /// Bytes read a second over `secs`.
+    pub bytes_per_sec: f64,
+    /// Packs in flight at once.
+    pub workers: u64,
+    /// Seconds the workers waited for the destination, summed.
+    pub wait_secs: f64,
+    /// Seconds they spent hashing, decrypting, decompressing, summed.
+    pub work_secs: f64,
+    /// Packs read twice because their header or the index disagreed with
+    /// them (reported below as damage, or found clean the second time).
+    pub packs_reread: u64,
+    /// What limited the read: `destination` when the workers mostly waited
+    /// for bytes, `cpu` when the cores were busy verifying.
+    pub bound: &'static str,
+}
+
+/// Reads and verifies the packs at index positions `packs`: a pipeline of
+/// workers, each fetching a whole pack and verifying it, as many as the
+/// destination takes in flight and the memory budget allows. A pack is
+/// verified by its own header (one pass, no index scan per pack); one
+/// whose header, blobs or index entries disagree is read again and
+/// examined blob by blob against the index, which names what is lost.
+fn read_data(
+    repo: &Repository,
+    index: &MasterIndex,
+    packs: &[u32],
+    blobs_read: &AtomicU64,
+    progress: &Progress,
+) -> (Vec<(String, String, Vec<BlobId>)>, ReadTiming) {
+    let started = std::time::Instant::now();
+    // How many blobs the index places in each pack: one scan, four bytes
+    // a pack.
+    let mut placed = vec![0u32; index.packs().len()];
+    for (_, loc) in index.iter() {
+        if let Some(n) = placed.get_mut(loc.pack as usize) {
+            *n += 1;
+        }
+    }
+    let caps = repo.backend().capabilities();
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let pack_size = u64::from(repo.config().pack_size).max(1 << 20);
+    // Locally one more than the cores (a read overlaps the others'
+    // verifying); over a network the destination's concurrency.
+    let width = crate::flight::reads_in_flight(&caps)
+        .max(cpus + 1)
+        .min((READ_DATA_BUDGET / pack_size).max(2) as usize);
+    let (wait, work) = (AtomicU64::new(0), AtomicU64::new(0));
+    let suspect: Vec<u32> = crate::flight::map_in_flight(packs, width, |&pos| {
+        let pack = &index.packs()[pos as usize];
+        let t0 = std::time::Instant::now();
+        let fetched = repo.backend().get(&pack.name(), None);
+        let t1 = std::time::Instant::now();
+        let clean = fetched.is_ok_and(|mut bytes| {
+            let n = bytes.len() as u64;
+            let ok = verify_by_header(repo, index, pos, pack, &mut bytes, placed[pos as usize]);
+            if ok {
+                Progress::add(&progress.bytes_done, n);
+                Progress::add(&progress.files_done, 1);
+                blobs_read.fetch_add(u64::from(placed[pos as usize]), Ordering::Relaxed);
+            }
+            ok
+        });
+        wait.fetch_add((t1 - t0).as_micros() as u64, Ordering::Relaxed);
+        work.fetch_add(t1.elapsed().as_micros() as u64, Ordering::Relaxed);
+        (!clean).then_some(pos)
+    })
+    .into_iter()
+    .flatten()
+    .collect();
+    // The suspects, a few at a time, blob by blob against the index.
+    let mut found = Vec::new();
+    for batch in suspect.chunks(READ_DATA_BATCH) {
+        let by_pack = blobs_in(index, &batch.iter().copied().collect());
+        found.extend(
+            crate::flight::map_in_flight(batch, width, |&pos| {
+                let pack = index.packs()[pos as usize];
+                let entries = by_pack.get(&pos).map(|v| v.as_slice()).unwrap_or(&[]);
+                let r = read_pack(repo, &pack, entries, blobs_read, progress);
+                Progress::add(&progress.files_done, 1);
+                r
+            })
+            .into_iter()
+            .flatten(),
+        );
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let (wait_secs, work_secs) = (
+        wait.into_inner() as f64 / 1e6,
+        work.into_inner() as f64 / 1e6,
+    );
+    let timing = ReadTiming {
+        secs,
+        bytes_per_sec: Progress::get(&progress.bytes_done) as f64 / secs.max(1e-9),
+        workers: width as u64,
+        wait_secs,
+        work_secs,
+        packs_reread: suspect.len() as u64,
+        bound: if wait_secs > work_secs {
+            "destination"
+        } else {
+            "cpu"
+        },
+    };
+    (found, timing)
+}
+
+/// Whether a fetched pack is wholly sound: its bytes hash to its name, its
+/// header opens, every blob the header lists authenticates and matches
+/// its ID, and the index's `placed` blobs in this pack are all among them
+/// at the header's places. Decrypts in place (the bytes are spent after).
+fn verify_by_header(
+    repo: &Repository,
+    index: &MasterIndex,
+    pos: u32,
+    pack: &crate::index::PackInfo,
+    bytes: &mut [u8],
+    placed: u32,
+) -> bool {
+    if ObjectId::of(bytes) != pack.id {
+        return false;
+    }
+    let Ok(entries) = header_entries(repo, bytes) else {
+        return false;
+    };
+    let name = pack.name();
+    let mut matched = 0u32;
+    for e in &entries {
+        let (s, end) = (e.offset as usize, e.offset as usize + e.length as usize);
+        let Some(env) = bytes.get_mut(s..end) else {
+            return false;
+        };
+        if repo
+            .decode_blob_in_place(&name, e.blob_type, &e.id, env, e.raw_length as usize)
+            .is_err()
+        {
+            return false;
+        }
+        if index.get(&e.id).is_some_and(|l| {
+            l.pack == pos
+                && l.offset == e.offset
+                && l.length == e.length
+                && l.raw_length == e.raw_length
+                && l.blob_type == e.blob_type
+        }) {
+            matched += 1;
+        }
+    }
+    matched == placed
+}
+
 /// Packs `check --read-data` reads between scans of the index for their
 /// blobs: eight packs of tiny files hold about 450,000 blobs (25 MB of
 /// entries).
@@ -775,6 +970,14 @@ fn read_pack(
 }
 
 fn check_header(repo: &Repository, bytes: &[u8]) -> std::result::Result<(), String> {
+    header_entries(repo, bytes).map(|_| ())
+}
+
+/// The blobs a pack's own header lists.
+fn header_entries(
+    repo: &Repository,
+    bytes: &[u8],
+) -> std::result::Result<Vec<capsule_format::pack::PackEntry>, String> {
     if bytes.len() < PACK_TRAILER_LEN {
         return Err("pack shorter than its trailer".into());
     }
@@ -788,7 +991,7 @@ fn check_header(repo: &Repository, bytes: &[u8]) -> std::result::Result<(), Stri
             &bytes[start..bytes.len() - PACK_TRAILER_LEN],
         )
         .map_err(|e| e.to_string())?;
-    decode_header(&plain).map(|_| ()).map_err(|e| e.to_string())
+    decode_header(&plain).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ mod sorted;
 pub mod stats;
 pub mod timefmt;
 pub mod treewalk;
+pub mod verified;
 pub mod versions;
 
 pub use error::{EngineError, Result};

@@ -29,6 +29,9 @@ pub enum FileType {
     PruneMark,
     /// `quota/<id>`: the repository's quota (the newest counts).
     Quota,
+    /// `verified/<id>`: when a slice of the packs was last read and
+    /// verified (`check --read-data-subset next/M`).
+    Verified,
 }
 
 /// Prefix of incomplete writes (`.tmp-<random>` in the object's directory):
@@ -37,7 +40,7 @@ pub const TEMP_PREFIX: &str = ".tmp-";
 
 impl FileType {
     /// Every kind, in the order of FORMAT.md's table.
-    pub const ALL: [FileType; 10] = [
+    pub const ALL: [FileType; 11] = [
         FileType::Config,
         FileType::Key,
         FileType::Snapshot,
@@ -48,6 +51,7 @@ impl FileType {
         FileType::Session,
         FileType::PruneMark,
         FileType::Quota,
+        FileType::Verified,
     ];
 
     /// The directory prefix to list (with its trailing `/`); for the
@@ -64,6 +68,7 @@ impl FileType {
             FileType::Session => "sessions/",
             FileType::PruneMark => "prune-marks/",
             FileType::Quota => "quota/",
+            FileType::Verified => "verified/",
         }
     }
 

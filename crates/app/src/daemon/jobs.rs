@@ -22,15 +22,26 @@ pub(super) enum Job {
 }
 
 impl Job {
-    fn args(self) -> &'static [&'static str] {
-        match self {
+    fn args(self, p: &Profile) -> Vec<String> {
+        let words: &[&str] = match self {
             Job::Backup => &["backup"],
             Job::Forget => &["forget"],
             Job::Prune => &["prune"],
             Job::Check => &["check"],
-            Job::CheckReadData => &["check", "--read-data"],
+            Job::CheckReadData => {
+                // A slice or a share when the schedule names one.
+                if let Some(sub) = p
+                    .schedule
+                    .as_ref()
+                    .and_then(|s| s.check_read_data_subset.clone())
+                {
+                    return vec!["check".into(), "--read-data-subset".into(), sub];
+                }
+                &["check", "--read-data"]
+            }
             Job::Copy => &["copy"],
-        }
+        };
+        words.iter().map(|w| w.to_string()).collect()
     }
     pub(super) fn name(self) -> &'static str {
         match self {
@@ -161,7 +172,7 @@ pub(super) fn start(
         .arg("--profile")
         .arg(name)
         .arg("--quiet")
-        .args(job.args())
+        .args(job.args(p))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());
     if key.is_some() {

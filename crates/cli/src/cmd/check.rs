@@ -29,13 +29,17 @@ pub struct CheckArgs {
 pub fn run(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
     let started = capsule_engine::timefmt::now_unix();
     let read_data = a.read_data || a.read_data_subset.is_some();
-    let r = check(settings, out, a);
+    let mut subset = None;
+    let r = check(settings, out, a, &mut subset);
     if let Some(name) = settings.profile_name() {
+        let (subset, slices) = subset.unwrap_or_default();
         capsule_app::status::record_check(
             name,
             capsule_app::status::CheckOutcome {
                 started_unix: started,
                 read_data,
+                subset,
+                slices,
                 result: match &r {
                     Ok(0) => "ok",
                     Ok(_) => "damaged",
@@ -52,7 +56,10 @@ pub fn run(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
     r
 }
 
-fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
+/// Which packs a check read, and the slices' records, for `status`.
+type SubsetSeen = Option<(Option<String>, Vec<capsule_engine::verified::SliceRecord>)>;
+
+fn check(settings: &Settings, out: &Output, a: CheckArgs, seen: &mut SubsetSeen) -> Result<u8> {
     let opened = open_uncached(settings, out)?;
     let cache_dir = opened.cache_dir().map(PathBuf::from);
     let repo = Arc::new(opened.repo);
@@ -80,6 +87,12 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
     drop(bar);
     drop(session);
     let r = r?;
+    *seen = Some((r.subset.clone(), r.slices.clone()));
+    if let Some(e) = &r.slice_not_recorded {
+        out.warn(format!(
+            "this slice's verification could not be recorded in the repository ({e}): the next `next/M` check reads it again"
+        ));
+    }
     // A locked bucket whose settings would let history go sooner.
     let lock_warnings = capsule_engine::locked::settings_warnings(&repo);
     for w in &lock_warnings {
@@ -102,10 +115,24 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
         r.packs,
         if read.is_some() {
             format!(
-                ", read {} blobs ({}) in {} packs{}",
+                ", read {} blobs ({}) in {} packs{}{}",
                 r.blobs_read,
                 bytes(r.bytes_read),
                 r.packs_read,
+                match &r.read {
+                    Some(t) if t.secs > 0.0 => format!(
+                        " in {:.1} s, {}/s ({} at once; limited by the {})",
+                        t.secs,
+                        bytes(t.bytes_per_sec as u64),
+                        t.workers,
+                        if t.bound == "cpu" {
+                            "cores"
+                        } else {
+                            "destination"
+                        }
+                    ),
+                    _ => String::new(),
+                },
                 match &r.subset {
                     Some(s) if s != "all" => {
                         format!(
@@ -128,6 +155,23 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs) -> Result<u8> {
         out.say(format!(
             "{} packs are not indexed (left by an interrupted backup; a later prune reclaims them)",
             r.unindexed_packs.len()
+        ));
+    }
+    if let Some(last) = r.slices.iter().max_by_key(|s| s.time_unix) {
+        let of = last.of;
+        let done = r.slices.len();
+        let oldest = r.slices.iter().map(|s| s.time_unix).min().unwrap_or(0);
+        out.say(format!(
+            "slice {}/{of} verified; {done} of {of} slices verified so far{}",
+            last.slice,
+            if done as u32 == of {
+                format!(
+                    ", the oldest on {}",
+                    capsule_engine::timefmt::rfc3339(oldest)
+                )
+            } else {
+                String::new()
+            }
         ));
     }
     if r.listing_lagged > 0 {

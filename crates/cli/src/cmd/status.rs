@@ -196,6 +196,12 @@ pub fn status(settings: &Settings, out: &Output, a: StatusArgs) -> Result<u8> {
                     "  never checked (`capsule check`, or `check` in the profile's schedule)".into()
                 }
             });
+            if let Some(of) = st.verified_slices.first().map(|r| r.of) {
+                out.result(format!(
+                    "  data verified in slices of {of}: {}",
+                    slices_line(&st.verified_slices, of)
+                ));
+            }
         }
     }
     out.json(&serde_json::json!({ "profiles": rows }));
@@ -206,6 +212,40 @@ pub fn status(settings: &Settings, out: &Output, a: StatusArgs) -> Result<u8> {
     } else {
         exit::OK
     })
+}
+
+/// "1 2026-11-02 (ok), 2 2026-11-09 (ok), 3-12 never": each slice's last
+/// verification, date only.
+fn slices_line(records: &[capsule_engine::verified::SliceRecord], of: u32) -> String {
+    let mut parts = Vec::new();
+    let mut never: Vec<u32> = Vec::new();
+    for n in 1..=of {
+        match records.iter().find(|r| r.of == of && r.slice == n) {
+            Some(r) => parts.push(format!(
+                "{n} {}{}",
+                capsule_engine::timefmt::rfc3339(r.time_unix)
+                    .get(..10)
+                    .unwrap_or(""),
+                if r.ok { "" } else { " (damage found)" }
+            )),
+            None => never.push(n),
+        }
+    }
+    match never.as_slice() {
+        [] => {}
+        [one] => parts.push(format!("{one} never")),
+        [first, .., last] if (last - first) as usize + 1 == never.len() => {
+            parts.push(format!("{first}-{last} never"))
+        }
+        many => parts.push(format!(
+            "{} never",
+            many.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(" ")
+        )),
+    }
+    parts.join(", ")
 }
 
 /// "3h", "2d 4h", "12 min".
