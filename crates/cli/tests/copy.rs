@@ -250,7 +250,13 @@ fn a_copy_goes_to_s3_under_the_destinations_own_password() {
     let work = tempfile::tempdir().unwrap();
     let work = work.path();
     let a = work.join("nas");
-    three_backups(work, &a);
+    let src = three_backups(work, &a);
+    // And a folder of small files: a chunk each, many to a pack.
+    std::fs::create_dir_all(src.join("many")).unwrap();
+    for i in 0..600u64 {
+        std::fs::write(src.join(format!("many/{i}.txt")), noise(3000, 7000 + i)).unwrap();
+    }
+    ok(&a, &["backup", src.to_str().unwrap()]);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -293,7 +299,7 @@ fn a_copy_goes_to_s3_under_the_destinations_own_password() {
     );
     assert!(o.status.success(), "{}", said(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["copied"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["copied"].as_array().unwrap().len(), 4, "{v}");
     // The source's password does not open the copy.
     let o = at(&dest, &["snapshots"], &with(PASSWORD, &[]));
     assert_eq!(o.status.code(), Some(10), "{}", said(&o));
@@ -310,6 +316,34 @@ fn a_copy_goes_to_s3_under_the_destinations_own_password() {
         &with("offsite secret", &[]),
     );
     assert!(o.status.success(), "{}", said(&o));
-    let src = work.join("files");
+    common::assert_same_tree(&src, &common::restored(&target, &src), false);
+
+    // Back out of S3 into a repository that cuts files its own way: every
+    // file re-chunked, its bytes fetched in ranged reads of many blobs at
+    // once, not a request per blob.
+    let back = work.join("back");
+    ok(&back, &["init"]);
+    let o = at(
+        &dest,
+        &["--json", "copy", "--to", back.to_str().unwrap()],
+        &with("offsite secret", &[("CAPSULE_TO_PASSWORD", PASSWORD)]),
+    );
+    assert!(o.status.success(), "{}", said(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["rechunked"], true, "{v}");
+    let (sent, gets) = (
+        v["blobs_sent"].as_u64().unwrap(),
+        v["source"]["gets"].as_u64().unwrap(),
+    );
+    assert!(sent > 600, "{v}");
+    assert!(
+        gets * 5 < sent,
+        "{gets} requests to S3 for {sent} blobs: the copy read blob by blob"
+    );
+    let target = work.join("from-back");
+    ok(
+        &back,
+        &["restore", "latest", "--target", target.to_str().unwrap()],
+    );
     common::assert_same_tree(&src, &common::restored(&target, &src), false);
 }

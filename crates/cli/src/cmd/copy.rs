@@ -127,7 +127,11 @@ pub fn copy(settings: &Settings, out: &Output, a: CopyArgs) -> Result<u8> {
         }));
         return Ok(exit::OK);
     }
-    let report = capsule_engine::copy::copy(&src, &dst, &chosen, journal.as_deref())?;
+    let progress = std::sync::Arc::new(capsule_engine::progress::Progress::default());
+    let bar = out.progress(&progress, "copy");
+    let report = capsule_engine::copy::copy(&src, &dst, &chosen, journal.as_deref(), &progress);
+    drop(bar);
+    let report = report?;
     if out.json {
         let mut v = serde_json::to_value(&report)?;
         v["to"] = serde_json::json!(to);

@@ -12,7 +12,7 @@
 //! disturb their parent's times or a read-only mode).
 
 mod descend;
-mod fetch;
+pub(crate) mod fetch;
 mod fsys;
 mod item;
 mod trees;

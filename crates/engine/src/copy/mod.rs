@@ -22,7 +22,10 @@
 //! next run, which sends only what is still missing. A snapshot already in the
 //! destination (same time, host and paths) is not copied again.
 
+mod feed;
+
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,6 +37,7 @@ use serde::Serialize;
 use crate::error::{EngineError, Result};
 use crate::index::MasterIndex;
 use crate::packer::BlobSaver;
+use crate::progress::Progress;
 use crate::repo::Repository;
 
 /// What a copy did.
@@ -80,11 +84,14 @@ fn identity(s: &Snapshot) -> (i64, u32, String, Vec<String>) {
 /// Copies `snapshots` (read from `src`) into `dst`. `journal` is a file
 /// of this machine's for the packs landed but not yet in an index file
 /// (as a backup keeps one): a copy cut short then does not send them again.
+/// `progress` counts the bytes read from the source against what is to be
+/// read (known once the snapshots' trees are walked).
 pub fn copy(
     src: &Arc<Repository>,
     dst: &Arc<Repository>,
     snapshots: &[(ObjectId, Snapshot)],
     journal: Option<&std::path::Path>,
+    progress: &Progress,
 ) -> Result<CopyReport> {
     let started = Instant::now();
     let mut report = CopyReport {
@@ -121,9 +128,18 @@ pub fn copy(
     let saver = BlobSaver::start_with(dst.clone(), dst_index.clone(), cores, journal);
 
     let sent = if report.rechunked {
-        rechunk(src, dst, &src_index, &saver, &todo, &mut report)
+        rechunk(src, dst, &src_index, &saver, &todo, &mut report, progress)
     } else {
-        send_missing(src, &src_index, &dst_index, &saver, &todo, &mut report).map(|()| {
+        send_missing(
+            src,
+            &src_index,
+            &dst_index,
+            &saver,
+            &todo,
+            &mut report,
+            progress,
+        )
+        .map(|()| {
             todo.iter()
                 .map(|(_, s)| s.tree.clone())
                 .collect::<Vec<String>>()
@@ -160,6 +176,7 @@ fn send_missing(
     saver: &BlobSaver,
     todo: &[&(ObjectId, Snapshot)],
     report: &mut CopyReport,
+    progress: &Progress,
 ) -> Result<()> {
     // The blobs needed, by source pack. A tree the destination holds may
     // still lack descendants (a copy cut short indexes packs in the order
@@ -204,17 +221,38 @@ fn send_missing(
         }
     }
     let packs: Vec<(u32, Vec<(BlobType, BlobId)>)> = by_pack.into_iter().collect();
+    let to_read: u64 = packs
+        .iter()
+        .flat_map(|(pos, blobs)| blobs.iter().map(move |(_, id)| (pos, id)))
+        .filter_map(|(pos, id)| src_index.locations(id).find(|l| l.pack == *pos))
+        .map(|l| u64::from(l.length))
+        .sum();
+    progress.bytes_total.store(to_read, Ordering::Relaxed);
+    progress
+        .files_total
+        .store(packs.len() as u64, Ordering::Relaxed);
+    progress.totals_final.store(true, Ordering::Relaxed);
     let read = std::sync::atomic::AtomicU64::new(0);
-    // Two packs at once, as a repack reads them: the next one's round trips
-    // hide behind this one's decoding.
-    crate::flight::for_each_in_flight(&packs, 2, |(pos, blobs)| {
+    // Packs in flight as the destination takes them (a network source's
+    // round trips hide behind each other), within a memory budget: each
+    // is held whole while its blobs are sent.
+    let pack_size = u64::from(src.config().pack_size).max(1 << 20);
+    let width = crate::flight::reads_in_flight(&src.backend().capabilities())
+        .min((COPY_READ_BUDGET / pack_size).max(2) as usize);
+    crate::flight::for_each_in_flight(&packs, width, |(pos, blobs)| {
         let n = send_pack(src, src_index, saver, *pos, blobs)?;
-        read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        read.fetch_add(n, Ordering::Relaxed);
+        Progress::add(&progress.bytes_done, n);
+        Progress::add(&progress.bytes_read, n);
+        Progress::add(&progress.files_done, 1);
         Ok(())
     })?;
     report.bytes_read = read.into_inner();
     Ok(())
 }
+
+/// Bytes of source packs a copy holds at once.
+const COPY_READ_BUDGET: u64 = 64 << 20;
 
 /// Sends `blobs` of the source pack at `pos`: each envelope opened and
 /// sealed again as it is framed (no decompression, no compression, no
@@ -286,7 +324,35 @@ fn rechunk(
     saver: &BlobSaver,
     todo: &[&(ObjectId, Snapshot)],
     report: &mut CopyReport,
+    progress: &Progress,
 ) -> Result<Vec<String>> {
+    // What is to be read: every distinct file's bytes, from a walk of the
+    // trees (cached here after the first read).
+    let (mut seen_trees, mut seen_files) = (HashSet::new(), HashSet::new());
+    let (mut total, mut files) = (0u64, 0u64);
+    let mut stack: Vec<BlobId> = todo
+        .iter()
+        .map(|(_, s)| parse_tree_id(&s.tree))
+        .collect::<Result<_>>()?;
+    while let Some(t) = stack.pop() {
+        if !seen_trees.insert(t) {
+            continue;
+        }
+        for n in src.load_tree(src_index, &t)? {
+            match n.kind {
+                Some(NodeKind::Dir) => stack.extend(n.subtree),
+                Some(NodeKind::File) if seen_files.insert(n.content.clone()) => {
+                    files += 1;
+                    total += n.size;
+                }
+                _ => {}
+            }
+        }
+    }
+    drop((seen_trees, seen_files));
+    progress.bytes_total.store(total, Ordering::Relaxed);
+    progress.files_total.store(files, Ordering::Relaxed);
+    progress.totals_final.store(true, Ordering::Relaxed);
     let mut r = Rechunk {
         src,
         dst,
@@ -295,6 +361,7 @@ fn rechunk(
         trees: HashMap::new(),
         files: HashMap::new(),
         report,
+        progress,
     };
     let mut roots = Vec::new();
     for (_, s) in todo {
@@ -314,6 +381,7 @@ struct Rechunk<'a> {
     /// Source content → destination content, for files seen before.
     files: HashMap<Vec<BlobId>, Vec<BlobId>>,
     report: &'a mut CopyReport,
+    progress: &'a Progress,
 }
 
 impl Rechunk<'_> {
@@ -331,17 +399,28 @@ impl Rechunk<'_> {
         let plain = self.src.read_blob(self.src_index, BlobType::Tree, id)?;
         let mut nodes = decode_tree(&plain)
             .map_err(|e| EngineError::corrupt(format!("tree {}", id.short()), e))?;
+        // This directory's files first, their bytes fetched ahead; then
+        // its subdirectories, so one feed's window is held at a time.
+        let is_file = |n: &capsule_format::tree::Node| {
+            n.kind == Some(NodeKind::File) && !n.content.is_empty()
+        };
+        let fresh: Vec<&[BlobId]> = {
+            let mut once = HashSet::new();
+            nodes
+                .iter()
+                .filter(|n| is_file(n) && !self.files.contains_key(&n.content))
+                .map(|n| n.content.as_slice())
+                .filter(|c| once.insert(*c))
+                .collect()
+        };
+        let mut feed = feed::Feed::new(self.src, self.src_index, &fresh);
+        for n in nodes.iter_mut().filter(|n| is_file(n)) {
+            n.content = self.file(&n.content, &mut feed)?;
+        }
+        drop(feed);
         for n in &mut nodes {
-            match n.kind {
-                Some(NodeKind::Dir) => {
-                    if let Some(sub) = n.subtree {
-                        n.subtree = Some(self.tree(&sub, depth + 1)?);
-                    }
-                }
-                Some(NodeKind::File) if !n.content.is_empty() => {
-                    n.content = self.file(&n.content)?;
-                }
-                _ => {}
+            if let (Some(NodeKind::Dir), Some(sub)) = (n.kind, n.subtree) {
+                n.subtree = Some(self.tree(&sub, depth + 1)?);
             }
         }
         let enc = encode_tree(&nodes);
@@ -351,7 +430,7 @@ impl Rechunk<'_> {
         Ok(new)
     }
 
-    fn file(&mut self, content: &[BlobId]) -> Result<Vec<BlobId>> {
+    fn file(&mut self, content: &[BlobId], feed: &mut feed::Feed) -> Result<Vec<BlobId>> {
         if let Some(done) = self.files.get(content) {
             return Ok(done.clone());
         }
@@ -360,8 +439,10 @@ impl Rechunk<'_> {
         let mut buf: Vec<u8> = Vec::new();
         let mut out = Vec::new();
         for (i, c) in content.iter().enumerate() {
-            let plain = self.src.read_blob(self.src_index, BlobType::Data, c)?;
+            let plain = feed.take(c)?;
             self.report.bytes_read += plain.len() as u64;
+            Progress::add(&self.progress.bytes_done, plain.len() as u64);
+            Progress::add(&self.progress.bytes_read, plain.len() as u64);
             buf.extend_from_slice(&plain);
             let last = i + 1 == content.len();
             // Cut while a whole chunk's worth is buffered (or at the end).
@@ -374,6 +455,7 @@ impl Rechunk<'_> {
             }
         }
         self.files.insert(content.to_vec(), out.clone());
+        Progress::add(&self.progress.files_done, 1);
         Ok(out)
     }
 
