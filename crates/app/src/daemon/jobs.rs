@@ -372,4 +372,17 @@ mod tests {
         assert_eq!(next_due(Schedule::Every(3600), Some(t2031), 1000), None);
         assert_eq!(next_due(Schedule::DailyAt(3, 0), Some(t2031), 1000), None);
     }
+
+    #[test]
+    fn a_scheduled_read_takes_the_profiles_subset() {
+        let mut p = Profile::default();
+        assert_eq!(Job::CheckReadData.args(&p), ["check", "--read-data"]);
+        let toml = "check-read-data = \"weekly\"\ncheck-read-data-subset = \"next/12\"\n";
+        p.schedule = Some(toml::from_str(toml).unwrap_or_else(|e| panic!("{e}")));
+        assert_eq!(
+            Job::CheckReadData.args(&p),
+            ["check", "--read-data-subset", "next/12"]
+        );
+        assert_eq!(Job::Check.args(&p), ["check"]);
+    }
 }
