@@ -184,7 +184,11 @@ pub fn status(settings: &Settings, out: &Output, a: StatusArgs) -> Result<u8> {
             out.result(match &st.last_check {
                 Some(c) => format!(
                     "  last check{} {}: {}{}",
-                    if c.read_data { " --read-data" } else { "" },
+                    match (&c.subset, c.read_data) {
+                        (Some(s), _) if s != "all" => format!(" --read-data-subset {s}"),
+                        (_, true) => " --read-data".into(),
+                        _ => String::new(),
+                    },
                     capsule_engine::timefmt::rfc3339(c.started_unix),
                     c.result,
                     c.error
