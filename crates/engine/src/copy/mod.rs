@@ -236,9 +236,12 @@ fn send_missing(
     // Packs in flight as the destination takes them (a network source's
     // round trips hide behind each other), within a memory budget: each
     // is held whole while its blobs are sent.
+    let caps = src.backend().capabilities();
     let pack_size = u64::from(src.config().pack_size).max(1 << 20);
-    let width = crate::flight::reads_in_flight(&src.backend().capabilities())
-        .min((COPY_READ_BUDGET / pack_size).max(2) as usize);
+    // A network client holds a pack twice while it arrives.
+    let held = if caps.local { pack_size } else { 2 * pack_size };
+    let width = crate::flight::reads_in_flight(&caps)
+        .min((COPY_READ_BUDGET / held).max(2) as usize);
     crate::flight::for_each_in_flight(&packs, width, |(pos, blobs)| {
         let n = send_pack(src, src_index, saver, *pos, blobs)?;
         read.fetch_add(n, Ordering::Relaxed);
