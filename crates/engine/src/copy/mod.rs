@@ -240,8 +240,8 @@ fn send_missing(
     let pack_size = u64::from(src.config().pack_size).max(1 << 20);
     // A network client holds a pack twice while it arrives.
     let held = if caps.local { pack_size } else { 2 * pack_size };
-    let width = crate::flight::reads_in_flight(&caps)
-        .min((COPY_READ_BUDGET / held).max(2) as usize);
+    let width =
+        crate::flight::reads_in_flight(&caps).min((COPY_READ_BUDGET / held).max(2) as usize);
     crate::flight::for_each_in_flight(&packs, width, |(pos, blobs)| {
         let n = send_pack(src, src_index, saver, *pos, blobs)?;
         read.fetch_add(n, Ordering::Relaxed);
