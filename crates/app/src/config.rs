@@ -548,6 +548,13 @@ impl Config {
                 if let Some(v) = &s.check_read_data_subset {
                     capsule_engine::check::Subset::parse(v)
                         .map_err(|e| bad("check-read-data-subset", e))?;
+                    // Said, rather than a subset that never runs.
+                    if s.check_read_data.is_none() {
+                        return Err(bad(
+                            "check-read-data-subset",
+                            "it says which packs the scheduled read takes, but there is none: set `check-read-data` too (say \"weekly\")".into(),
+                        ));
+                    }
                 }
                 if let Some(v) = &s.stale_after {
                     parse_duration(v).ok_or_else(|| {
@@ -896,6 +903,15 @@ mod tests {
         let e =
             load("[profiles.a]\n\n[profiles.a.schedule]\nbackup = \"sometimes\"\n").unwrap_err();
         assert!(e.0.contains(":4") && e.0.contains("`backup`"), "{e}");
+        let e = load("[profiles.a]\n[profiles.a.schedule]\ncheck-read-data = \"weekly\"\ncheck-read-data-subset = \"13/12\"\n").unwrap_err();
+        assert!(
+            e.0.contains(":4") && e.0.contains("`check-read-data-subset`"),
+            "{e}"
+        );
+        let e = load("[profiles.a]\n[profiles.a.schedule]\ncheck-read-data-subset = \"next/12\"\n")
+            .unwrap_err();
+        assert!(e.0.contains("set `check-read-data` too"), "{e}");
+        load("[profiles.a]\n[profiles.a.schedule]\ncheck-read-data = \"weekly\"\ncheck-read-data-subset = \"next/12\"\n").unwrap();
         let e = load("[profiles.a]\nquota = \"lots\"\n").unwrap_err();
         assert!(e.0.contains(":2") && e.0.contains("`quota`"), "{e}");
         let e = load("[profiles.a\n").unwrap_err();

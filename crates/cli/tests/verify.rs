@@ -12,16 +12,22 @@ use std::path::Path;
 
 use common::*;
 
-#[test]
-fn a_verify_in_slices_reads_every_pack_once_and_finds_damage_in_its_slice() {
-    let t = tempfile::tempdir().unwrap();
-    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+/// A repository of small packs (4 MiB) holding `files` random megabytes.
+fn backed_up(dir: &Path, files: u64, seed: u64) -> std::path::PathBuf {
+    let (src, repo) = (dir.join("src"), dir.join("repo"));
     std::fs::create_dir_all(&src).unwrap();
-    for i in 0..30 {
-        std::fs::write(src.join(format!("f{i}")), noise(1_000_000, 500 + i)).unwrap();
+    for i in 0..files {
+        std::fs::write(src.join(format!("f{i}")), noise(1_000_000, seed + i)).unwrap();
     }
     ok(&repo, &["init", "--pack-size-mib", "4"]);
     ok(&repo, &["backup", src.to_str().unwrap()]);
+    repo
+}
+
+#[test]
+fn a_verify_in_slices_reads_every_pack_once_and_finds_damage_in_its_slice() {
+    let t = tempfile::tempdir().unwrap();
+    let repo = backed_up(t.path(), 30, 500);
     let all = json(&repo, &["check", "--read-data"]);
     let packs = all["report"]["packs_read"].as_u64().unwrap();
     assert!(packs >= 6, "{all}");
@@ -59,13 +65,7 @@ fn a_verify_in_slices_reads_every_pack_once_and_finds_damage_in_its_slice() {
 #[test]
 fn a_rotation_of_slices_carries_on_from_another_machine_and_reads_every_pack_once() {
     let t = tempfile::tempdir().unwrap();
-    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
-    std::fs::create_dir_all(&src).unwrap();
-    for i in 0..24 {
-        std::fs::write(src.join(format!("f{i}")), noise(1_000_000, 900 + i)).unwrap();
-    }
-    ok(&repo, &["init", "--pack-size-mib", "4"]);
-    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let repo = backed_up(t.path(), 24, 900);
     let packs = json(&repo, &["check", "--read-data"])["report"]["packs_read"]
         .as_u64()
         .unwrap();

@@ -163,7 +163,7 @@ pub(super) fn read_data(
 ) -> (Vec<(String, String, Vec<BlobId>)>, ReadTiming) {
     let started = std::time::Instant::now();
     // What the index places in each pack, from one scan: how many blobs,
-    // and the sum of their entries' fingerprints (20 bytes a pack). A
+    // and the sum of their entries' fingerprints (32 bytes a pack). A
     // pack whose header lists the same is checked without a lookup per
     // blob, which at millions of tiny blobs cost more than the reading.
     let mut placed = vec![Placed::default(); index.packs().len()];
