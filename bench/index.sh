@@ -113,6 +113,34 @@ mount_peak() {
   fusermount -u "$at" 2>/dev/null || true
 }
 
+# mount_find LABEL CMD...: mounts with CMD at $work/mnt, runs `find` and
+# then `ls -lR` over its first snapshot, and appends "LABEL|find s, ls -lR
+# s|the mount process's peak RSS (MiB)|entries" to $rows_file. The kernel
+# keeps an inode for every entry it passed, and so does the mount: this is
+# the mount's memory at the snapshot's size.
+mount_find() {
+  local label=$1; shift
+  local at=$work/mnt
+  mkdir -p "$at"
+  "$@" "$at" >/dev/null 2>"$work/mount.log" &
+  local pid=$!
+  for _ in $(seq 600); do [ -d "$at/snapshots" ] && [ -n "$(ls "$at/snapshots" 2>/dev/null)" ] && break; sleep 0.1; done
+  local snap
+  snap=$(ls "$at/snapshots" 2>/dev/null | head -1)
+  [ -n "$snap" ] || { echo "the mount did not come up" >&2; cat "$work/mount.log" >&2; kill "$pid"; exit 1; }
+  local t0 t1 t2 n
+  t0=$(date +%s.%N)
+  n=$(timeout 1200 find "$at/snapshots/$snap" | wc -l)
+  t1=$(date +%s.%N)
+  timeout 1200 ls -lR "$at/snapshots/$snap" >/dev/null
+  t2=$(date +%s.%N)
+  local peak
+  peak=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$pid/status")
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  fusermount -u "$at" 2>/dev/null || umount -l "$at" 2>/dev/null || true
+  echo "$label|$(python3 -c "print(round($t1 - $t0, 1), round($t2 - $t1, 1), sep=', ')")|$peak|$n" >>"$rows_file"
+}
+
 # page_peak REPO SNAP: the page's server's peak RSS (MiB) after the
 # snapshot list, directory d000001 of SNAP, one file, and its versions.
 page_peak() {
@@ -227,12 +255,14 @@ if [ "$tiny" -gt 0 ]; then
   "$capsule" -r "$work/tiny-repo" init >/dev/null
   timed "capsule initial backup" "$capsule" -r "$work/tiny-repo" --json backup "$tree"
   timed "capsule no-change run, no journal" "$capsule" -r "$work/tiny-repo" --json backup "$tree"
+  mount_find "capsule mount: find, then ls -lR, over the snapshot (s; the mount's peak)" "$capsule" -r "$work/tiny-repo" mount
   if command -v restic >/dev/null; then
     export RESTIC_PASSWORD=bench-index RESTIC_REPOSITORY=$work/tiny-restic RESTIC_CACHE_DIR=$work/restic-cache
     rm -rf "$RESTIC_REPOSITORY" "$RESTIC_CACHE_DIR"
     restic init -q >/dev/null
     timed "$(restic version | cut -d' ' -f1,2) initial backup" restic backup -q "$tree"
     timed "$(restic version | cut -d' ' -f1,2) no-change run" restic backup -q "$tree"
+    mount_find "$(restic version | cut -d' ' -f1,2) mount: find, then ls -lR (s; the mount's peak)" restic mount
   fi
   while IFS='|' read -r label s m _; do tiny_rows+=("| $label | $s | $m |"); done <"$rows_file"
 fi

@@ -4,7 +4,7 @@
 //!
 //! Opening a directory costs its own tree (and the trees above it, once);
 //! nothing walks a whole snapshot. Decoded trees are kept up to
-//! [`TREE_CACHE_ENTRIES`] entries, blobs up to [`BLOB_CACHE_BYTES`]; a
+//! [`TREE_CACHE_BYTES`], blobs up to [`BLOB_CACHE_BYTES`]; a
 //! tree of a million entries that does not fit is still served, just not
 //! kept. File reads fetch neighbouring blobs of one pack in one ranged
 //! read, as a restore does, and a file read in order is fetched ahead of
@@ -24,8 +24,12 @@ use crate::index::{BlobLoc, MasterIndex};
 use crate::repo::{pack_name, Repository};
 use crate::treewalk::find_in;
 
-/// Tree entries kept decoded (about 150 bytes each: some 150 MiB at most).
-pub const TREE_CACHE_ENTRIES: usize = 1_000_000;
+/// Decoded trees kept, in bytes as [`tree_bytes`] counts them. A node
+/// takes about 300 bytes decoded, so this keeps some 150,000 entries: a
+/// directory of 100,000 files listed with `ls -l` stays whole, while a
+/// `find` over a snapshot of millions stays within it (it counted entries
+/// and allowed 1,000,000, about 300 MiB).
+pub const TREE_CACHE_BYTES: usize = 48 << 20;
 /// Blob bytes kept decoded.
 pub const BLOB_CACHE_BYTES: usize = 96 << 20;
 /// How far ahead of a reader reading in order its file is fetched.
@@ -37,8 +41,24 @@ const MAX_GAP: u64 = 64 << 10;
 /// Read-ahead fetches running at once, over all files.
 const MAX_AHEAD_FETCHES: usize = 4;
 
-/// A least-recently-used map bounded by the summed weight of its values.
-/// A value heavier than the bound is not kept.
+/// About the bytes `t` takes decoded: its nodes and what they point to.
+pub fn tree_bytes(t: &[Node]) -> usize {
+    t.iter()
+        .map(|n| {
+            std::mem::size_of::<Node>()
+                + n.name.len()
+                + n.target.len()
+                + n.content.len() * std::mem::size_of::<BlobId>()
+                + n.xattrs
+                    .iter()
+                    .map(|(k, v)| 48 + k.len() + v.len())
+                    .sum::<usize>()
+        })
+        .sum()
+}
+
+/// A least-recently-used map bounded by the summed weight of its values,
+/// or by the one value heavier than that.
 pub struct Lru<K, V> {
     map: HashMap<K, (V, usize, u64)>,
     order: std::collections::BTreeMap<u64, K>,
@@ -70,11 +90,10 @@ impl<K: Eq + Hash + Clone, V: Clone> Lru<K, V> {
     }
 
     /// Keeps `v` of `weight` for `k`, dropping the least recently used
-    /// until it fits.
+    /// until it fits. A value heavier than the bound is kept alone: not
+    /// keeping it would make it again on every use (a directory of
+    /// 500,000 entries read again for every page of its listing).
     pub fn put(&mut self, k: K, v: V, weight: usize) {
-        if weight > self.bound {
-            return;
-        }
         if let Some((_, w, t)) = self.map.remove(&k) {
             self.order.remove(&t);
             self.weight -= w;
@@ -151,7 +170,7 @@ impl Browser {
         Arc::new(Browser {
             repo,
             index,
-            trees: Mutex::new(Lru::new(TREE_CACHE_ENTRIES)),
+            trees: Mutex::new(Lru::new(TREE_CACHE_BYTES)),
             blobs: Mutex::new(Lru::new(BLOB_CACHE_BYTES)),
             fetching: Mutex::new(HashSet::new()),
             fetched: std::sync::Condvar::new(),
@@ -175,7 +194,7 @@ impl Browser {
             return Ok(t);
         }
         let t = Arc::new(self.repo.load_tree(&self.index, id)?);
-        lock(&self.trees).put(*id, t.clone(), t.len().max(1));
+        lock(&self.trees).put(*id, t.clone(), tree_bytes(&t).max(1));
         Ok(t)
     }
 

@@ -15,8 +15,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use capsule_engine::browse::{FileMap, Lru};
 use capsule_engine::browse::{Refresh, View};
 use capsule_format::tree::{Node, NodeKind, Timestamp};
-use capsule_format::ObjectId;
+use capsule_format::BlobId;
 use fuser::{Errno, FileAttr, FileType, INodeNo};
+
+use crate::inodes::{At, Inodes, Place, What};
 
 /// What can go wrong mounting.
 #[derive(Debug, thiserror::Error)]
@@ -70,30 +72,22 @@ pub(crate) const VERSIONS: u64 = 4;
 
 pub(crate) const LATEST: u64 = 5;
 
-/// What an inode stands for.
-#[derive(Clone)]
-pub(crate) enum What {
-    Root,
-    SnapshotsDir,
-    HostsDir,
-    Host(String),
-    VersionsRoot,
-    Link(Vec<u8>),
-    /// The root of snapshot `.0` (its index in the view), made at `.1`.
-    SnapRoot(ObjectId, i64),
-    /// An entry inside a snapshot.
-    Entry(Arc<Node>),
-    /// A directory under `versions/`: the snapshot path it mirrors.
-    VersionsDir(PathBuf),
-    /// A file under `versions/`: a directory of its versions.
-    FileVersions(PathBuf),
+/// An entry's node: in its tree (kept by the browser's cache while we
+/// hold it), or on its own (a version under `versions/`).
+pub(crate) enum NodeRef {
+    InTree(Arc<Vec<Node>>, usize),
+    Alone(Arc<Node>),
 }
 
-pub(crate) struct Ino {
-    pub(crate) what: What,
-    pub(crate) parent: u64,
-    pub(crate) name: Vec<u8>,
-    pub(crate) lookups: u64,
+impl std::ops::Deref for NodeRef {
+    type Target = Node;
+
+    fn deref(&self) -> &Node {
+        match self {
+            NodeRef::InTree(t, i) => &t[*i],
+            NodeRef::Alone(n) => n,
+        }
+    }
 }
 
 /// A file being read: where its content lies, and where the last read
@@ -116,7 +110,7 @@ pub struct CapsuleFs {
     /// How often the snapshot lists are read again, at most.
     refresh_every: Duration,
     refreshed: Mutex<Instant>,
-    pub(crate) inos: Mutex<HashMap<u64, Ino>>,
+    pub(crate) inos: Mutex<Inodes>,
     /// Files read lately, by inode.
     pub(crate) reading: Mutex<HashMap<u64, Arc<Reading>>>,
     uid: u32,
@@ -239,7 +233,8 @@ pub(crate) fn ino_of(parent: u64, name: &[u8]) -> u64 {
     let mut h = DefaultHasher::new();
     parent.hash(&mut h);
     name.hash(&mut h);
-    h.finish() | (1 << 40)
+    // The top bit is left to entries inside snapshots (`inodes::ENTRY`).
+    (h.finish() & !(1 << 63)) | (1 << 40)
 }
 
 fn time(t: Timestamp) -> SystemTime {
@@ -262,6 +257,9 @@ pub(crate) fn kind_of(n: &Node) -> FileType {
     }
 }
 
+/// A directory inside a snapshot: its tree's ID and entries.
+pub(crate) type Listed = (BlobId, Arc<Vec<Node>>);
+
 /// What a directory lists: (name, what, kind).
 type Listing = Vec<(Vec<u8>, What, FileType)>;
 
@@ -269,7 +267,7 @@ impl CapsuleFs {
     /// A file system showing `view`, listing it again through `refresh`
     /// at most once per `refresh_every`.
     pub fn new(view: View, refresh: Refresh, refresh_every: Duration) -> Self {
-        let mut inos = HashMap::new();
+        let mut inos = Inodes::default();
         let fixed = [
             (ROOT, What::Root, ""),
             (SNAPSHOTS, What::SnapshotsDir, "snapshots"),
@@ -277,15 +275,7 @@ impl CapsuleFs {
             (VERSIONS, What::VersionsRoot, "versions"),
         ];
         for (ino, what, name) in fixed {
-            inos.insert(
-                ino,
-                Ino {
-                    what,
-                    parent: ROOT,
-                    name: name.as_bytes().to_vec(),
-                    lookups: 0,
-                },
-            );
+            inos.fixed(ino, ROOT, name, what);
         }
         CapsuleFs {
             view: RwLock::new(Arc::new(ViewNames::new(view))),
@@ -353,17 +343,56 @@ impl CapsuleFs {
     }
 
     pub(crate) fn what(&self, ino: u64) -> Option<What> {
-        lock(&self.inos).get(&ino).map(|i| i.what.clone())
+        lock(&self.inos).what(ino)
+    }
+
+    /// The node `what` stands for, if it is an entry: from the browser's
+    /// cache of trees, which reads the tree again if it was dropped.
+    pub(crate) fn node(&self, what: &What) -> Option<Result<NodeRef, Errno>> {
+        match what {
+            What::Entry(at) => Some(self.entry(at)),
+            What::Version(n) => Some(Ok(NodeRef::Alone(n.clone()))),
+            _ => None,
+        }
+    }
+
+    fn entry(&self, at: &At) -> Result<NodeRef, Errno> {
+        let t = self
+            .view()
+            .view
+            .browser
+            .tree(&at.tree)
+            .map_err(|e| self.failed(Path::new(&at.tree.to_hex()), &e))?;
+        let pos = at.pos as usize;
+        if pos >= t.len() {
+            return Err(Errno::EIO);
+        }
+        Ok(NodeRef::InTree(t, pos))
     }
 
     /// The path of `ino` below the mount point, for messages.
     pub(crate) fn path_of(&self, mut ino: u64) -> PathBuf {
-        let inos = lock(&self.inos);
         let mut parts = Vec::new();
-        while ino != ROOT {
-            let Some(i) = inos.get(&ino) else { break };
-            parts.push(i.name.clone());
-            ino = i.parent;
+        // Bounded: a path is at most this deep in any tree we could list.
+        for _ in 0..4096 {
+            if ino == ROOT {
+                break;
+            }
+            let place = lock(&self.inos).place(ino);
+            match place {
+                Some(Place::Named(p, name)) => {
+                    parts.push(name);
+                    ino = p;
+                }
+                Some(Place::InTree(p, at)) => {
+                    match self.entry(&at) {
+                        Ok(n) => parts.push(n.name.clone()),
+                        Err(_) => parts.push(b"?".to_vec()),
+                    }
+                    ino = p;
+                }
+                None => break,
+            }
         }
         parts.iter().rev().map(|p| OsStr::from_bytes(p)).collect()
     }
@@ -388,29 +417,13 @@ impl CapsuleFs {
         }
     }
 
-    pub(crate) fn attr(&self, ino: u64, what: &What) -> FileAttr {
-        match what {
-            What::Entry(n) => FileAttr {
-                ino: INodeNo(ino),
-                size: if n.kind() == NodeKind::Symlink {
-                    n.target.len() as u64
-                } else {
-                    n.size
-                },
-                blocks: n.size.div_ceil(512),
-                atime: time(n.atime),
-                mtime: time(n.mtime),
-                ctime: time(n.ctime),
-                crtime: time(n.mtime),
-                kind: kind_of(n),
-                perm: (n.mode & 0o7777) as u16,
-                nlink: n.nlink.clamp(1, u64::from(u32::MAX)) as u32,
-                uid: n.uid,
-                gid: n.gid,
-                rdev: n.rdev as u32,
-                flags: 0,
-                blksize: 4096,
-            },
+    /// The attributes of `ino`, standing for `what`.
+    pub(crate) fn attr(&self, ino: u64, what: &What) -> Result<FileAttr, Errno> {
+        Ok(match what {
+            What::Entry(_) | What::Version(_) => {
+                let n = self.node(what).ok_or(Errno::EIO)??;
+                Self::entry_attr(ino, &n)
+            }
             What::Link(target) => {
                 let mut a = self.dir_attr(ino, self.view().at);
                 a.kind = FileType::Symlink;
@@ -421,6 +434,31 @@ impl CapsuleFs {
             }
             What::SnapRoot(_, t) => self.dir_attr(ino, time(Timestamp { secs: *t, nanos: 0 })),
             _ => self.dir_attr(ino, self.view().at),
+        })
+    }
+
+    /// The attributes of `ino`, entry `n` of a snapshot.
+    pub(crate) fn entry_attr(ino: u64, n: &Node) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(ino),
+            size: if n.kind() == NodeKind::Symlink {
+                n.target.len() as u64
+            } else {
+                n.size
+            },
+            blocks: n.size.div_ceil(512),
+            atime: time(n.atime),
+            mtime: time(n.mtime),
+            ctime: time(n.ctime),
+            crtime: time(n.mtime),
+            kind: kind_of(n),
+            perm: (n.mode & 0o7777) as u16,
+            nlink: n.nlink.clamp(1, u64::from(u32::MAX)) as u32,
+            uid: n.uid,
+            gid: n.gid,
+            rdev: n.rdev as u32,
+            flags: 0,
+            blksize: 4096,
         }
     }
 
@@ -527,31 +565,37 @@ impl CapsuleFs {
                             .position(|(id, _)| id.to_hex() == x.first_snapshot)
                             .map_or(x.first_time.as_str(), |i| v.name_of(i));
                         node.name = format!("{first}{ext}").into_bytes();
-                        (node.name.clone(), What::Entry(Arc::new(node)), kind)
+                        (node.name.clone(), What::Version(Arc::new(node)), kind)
                     })
                     .collect()
             }
-            What::SnapRoot(..) | What::Entry(_) | What::Link(_) => {
+            What::SnapRoot(..) | What::Entry(_) | What::Version(_) | What::Link(_) => {
                 return Err(Errno::ENOTDIR);
             }
         })
     }
 
-    /// The tree a directory inside a snapshot lists, if `what` is one.
-    pub(crate) fn tree_of(&self, what: &What) -> Option<Result<Arc<Vec<Node>>, Errno>> {
+    /// The tree a directory inside a snapshot lists, and its ID, if
+    /// `what` is one.
+    pub(crate) fn tree_of(&self, what: &What) -> Option<Result<Listed, Errno>> {
         let v = self.view();
         let id = match what {
             What::SnapRoot(id, _) => {
                 let s = v.view.snapshots.iter().find(|(i, _)| i == id)?;
                 s.1.tree.parse().ok()?
             }
-            What::Entry(n) if n.kind() == NodeKind::Dir => n.subtree?,
+            What::Entry(_) | What::Version(_) => match self.node(what)? {
+                Ok(n) if n.kind() == NodeKind::Dir => n.subtree?,
+                Ok(_) => return None,
+                Err(e) => return Some(Err(e)),
+            },
             _ => return None,
         };
         Some(
             v.view
                 .browser
                 .tree(&id)
+                .map(|t| (id, t))
                 .map_err(|e| self.failed(Path::new(&id.to_hex()), &e)),
         )
     }
@@ -566,7 +610,7 @@ impl CapsuleFs {
     }
 
     /// The inode number of entry `name` of `parent`, standing for `what`.
-    pub(crate) fn ino_for(parent: u64, name: &[u8], what: &What) -> u64 {
+    pub(crate) fn ino_for(&self, parent: u64, name: &[u8], what: &What) -> u64 {
         match what {
             What::HostsDir => HOSTS,
             What::SnapshotsDir => SNAPSHOTS,
@@ -575,28 +619,22 @@ impl CapsuleFs {
             // (FUSE_CACHE_SYMLINKS), and a new latest snapshot must be a
             // new inode, found when the entry's 1 s expires.
             What::Link(target) if parent == ROOT => ino_of(LATEST, target),
+            What::Entry(at) => lock(&self.inos).entry_ino(*at, parent),
             _ => ino_of(parent, name),
         }
     }
 
     /// Remembers entry `name` of `parent` (one more lookup) and answers.
-    pub(crate) fn remember(&self, parent: u64, name: &[u8], what: What) -> FileAttr {
-        let ino = Self::ino_for(parent, name, &what);
-        let attr = self.attr(ino, &what);
+    pub(crate) fn remember(&self, parent: u64, name: &[u8], what: What) -> Result<FileAttr, Errno> {
+        let ino = self.ino_for(parent, name, &what);
+        let attr = self.attr(ino, &what)?;
         self.note(ino, parent, name, what);
-        attr
+        Ok(attr)
     }
 
     /// Counts one lookup of `ino`, which the kernel now holds.
     pub(crate) fn note(&self, ino: u64, parent: u64, name: &[u8], what: What) {
-        let mut inos = lock(&self.inos);
-        let e = inos.entry(ino).or_insert(Ino {
-            what,
-            parent,
-            name: name.to_vec(),
-            lookups: 0,
-        });
-        e.lookups += 1;
+        lock(&self.inos).note(ino, parent, name, what);
     }
 
     /// Read-ahead across files: opening entry `index` of the tree `tree`
@@ -643,18 +681,14 @@ impl CapsuleFs {
     /// A new stretch is started only once the reader has reached the
     /// start of the last one, so at most two are cached ahead.
     fn ahead_beyond(&self, dir: u64, files: &mut Vec<Node>, bytes: &mut u64) {
-        let Some((up, name)) = lock(&self.inos)
-            .get(&dir)
-            .map(|i| (i.parent, i.name.clone()))
-        else {
+        // Only a directory inside a snapshot has siblings to fetch.
+        let Some(Place::InTree(up, at)) = lock(&self.inos).place(dir) else {
             return;
         };
-        let Some(Ok(siblings)) = self.what(up).and_then(|w| self.tree_of(&w)) else {
+        let Ok(siblings) = self.view().view.browser.tree(&at.tree) else {
             return;
         };
-        let Ok(at) = siblings.binary_search_by(|x| x.name.as_slice().cmp(&name)) else {
-            return;
-        };
+        let at = at.pos as usize;
         let start = {
             let marks = lock(&self.beyond_marks);
             match marks.get(&up) {
@@ -679,8 +713,12 @@ impl CapsuleFs {
         if let Some(r) = lock(&self.reading).get(&ino) {
             return Ok(r.clone());
         }
-        let Some(What::Entry(n)) = self.what(ino) else {
+        let Some(what) = self.what(ino) else {
             return Err(Errno::ENOENT);
+        };
+        let n = match self.node(&what) {
+            Some(n) => n?,
+            None => return Err(Errno::EISDIR),
         };
         if n.kind() != NodeKind::File {
             return Err(Errno::EISDIR);
@@ -689,15 +727,10 @@ impl CapsuleFs {
             Ok(m) => m,
             Err(e) => return Err(self.failed(&self.path_of(ino), &e)),
         };
-        let parent = lock(&self.inos)
-            .get(&ino)
-            .map(|i| (i.parent, i.name.clone()));
-        if let Some((parent, name)) = parent {
-            if let Some(Ok(tree)) = self.what(parent).and_then(|w| self.tree_of(&w)) {
-                if let Ok(i) = tree.binary_search_by(|x| x.name.as_slice().cmp(&name)) {
-                    self.read_ahead_siblings(parent, &tree, i);
-                }
-            }
+        // The table's lock is let go before the read-ahead takes it again.
+        let place = lock(&self.inos).place(ino);
+        if let (Some(Place::InTree(parent, _)), NodeRef::InTree(tree, i)) = (place, &n) {
+            self.read_ahead_siblings(parent, tree, *i);
         }
         let r = Arc::new(Reading {
             map,
@@ -713,7 +746,7 @@ impl CapsuleFs {
 
     pub(crate) fn ttl(what: &What) -> Duration {
         match what {
-            What::Entry(_) | What::SnapRoot(..) => TTL_CONTENT,
+            What::Entry(_) | What::Version(_) | What::SnapRoot(..) => TTL_CONTENT,
             _ => TTL_LISTS,
         }
     }

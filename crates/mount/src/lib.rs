@@ -13,12 +13,13 @@
 //! Everything is served from one [`Browser`](capsule_engine::browse::Browser): a directory costs its own
 //! tree, from a bounded cache; a file read fetches neighbouring blobs of a
 //! pack in one ranged read and reads ahead of a reader reading in order.
-//! Inode numbers of entries are a hash of their parent's and their name,
-//! so the same entry is the same inode however it was reached; entries the
-//! kernel holds (looked up, or listed with their attributes) are
-//! remembered until it forgets them.
+//! An entry inside a snapshot costs nothing while the kernel holds it: its
+//! inode number says which directory and which position (see `inodes`);
+//! other inodes (snapshots, hosts, `versions/`) are remembered until the
+//! kernel forgets them.
 
 mod fs;
+mod inodes;
 mod ops;
 
 use std::path::{Path, PathBuf};

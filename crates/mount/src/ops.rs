@@ -4,17 +4,17 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
-use capsule_format::tree::NodeKind;
+use capsule_format::tree::{Node, NodeKind};
 use fuser::{
     Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, LockOwner, OpenFlags, ReplyAttr,
     ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
 use super::fs::{
-    ino_of, kind_of, lock, CapsuleFs, What, HOSTS, LATEST, ROOT, SNAPSHOTS, TTL_LISTS, VERSIONS,
+    ino_of, kind_of, lock, CapsuleFs, HOSTS, LATEST, ROOT, SNAPSHOTS, TTL_LISTS, VERSIONS,
 };
+use super::inodes::{At, What};
 
 impl Filesystem for CapsuleFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
@@ -53,10 +53,21 @@ impl Filesystem for CapsuleFs {
         };
         let name = name.as_bytes();
         let found = match self.tree_of(&pw) {
-            Some(Ok(t)) => t
-                .binary_search_by(|n| n.name.as_slice().cmp(name))
-                .ok()
-                .map(|i| What::Entry(Arc::new(t[i].clone()))),
+            Some(Ok((id, t))) => {
+                let Ok(i) = t.binary_search_by(|n| n.name.as_slice().cmp(name)) else {
+                    return reply.error(Errno::ENOENT);
+                };
+                // The node is in hand: its attributes cost no lookup.
+                let what = What::Entry(At {
+                    tree: id,
+                    pos: i as u32,
+                });
+                let ino = self.ino_for(parent, name, &what);
+                let attr = Self::entry_attr(ino, &t[i]);
+                let ttl = Self::ttl(&what);
+                self.note(ino, parent, name, what);
+                return reply.entry(&ttl, &attr, Generation(0));
+            }
             Some(Err(e)) => return reply.error(e),
             None => {
                 if pw_is_snapshots(&pw) {
@@ -79,8 +90,10 @@ impl Filesystem for CapsuleFs {
         match found {
             Some(w) => {
                 let ttl = Self::ttl(&w);
-                let attr = self.remember(parent, name, w);
-                reply.entry(&ttl, &attr, Generation(0));
+                match self.remember(parent, name, w) {
+                    Ok(attr) => reply.entry(&ttl, &attr, Generation(0)),
+                    Err(e) => reply.error(e),
+                }
             }
             None => reply.error(Errno::ENOENT),
         }
@@ -91,13 +104,8 @@ impl Filesystem for CapsuleFs {
         if ino <= LATEST {
             return;
         }
-        let mut inos = lock(&self.inos);
-        if let Some(i) = inos.get_mut(&ino) {
-            i.lookups = i.lookups.saturating_sub(nlookup);
-            if i.lookups == 0 {
-                inos.remove(&ino);
-                lock(&self.reading).remove(&ino);
-            }
+        if lock(&self.inos).forget(ino, nlookup) {
+            lock(&self.reading).remove(&ino);
         }
     }
 
@@ -109,19 +117,23 @@ impl Filesystem for CapsuleFs {
         if what.as_ref().is_some_and(lists_snapshots) {
             self.maybe_refresh();
         }
-        match what {
-            Some(w) => reply.attr(&Self::ttl(&w), &self.attr(ino, &w)),
+        match what.map(|w| (Self::ttl(&w), self.attr(ino, &w))) {
+            Some((ttl, Ok(a))) => reply.attr(&ttl, &a),
+            Some((_, Err(e))) => reply.error(e),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let ino = u64::from(ino);
-        match self.what(ino) {
-            Some(What::Link(t)) => reply.data(&t),
-            Some(What::Entry(n)) if n.kind() == NodeKind::Symlink => reply.data(&n.target),
-            Some(_) => reply.error(Errno::EINVAL),
-            None => reply.error(Errno::ENOENT),
+        let Some(what) = self.what(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        match (&what, self.node(&what)) {
+            (What::Link(t), _) => reply.data(t),
+            (_, Some(Ok(n))) if n.kind() == NodeKind::Symlink => reply.data(&n.target),
+            (_, Some(Err(e))) => reply.error(e),
+            _ => reply.error(Errno::EINVAL),
         }
     }
 
@@ -134,12 +146,15 @@ impl Filesystem for CapsuleFs {
     /// directories listing snapshots is when the view last changed;
     /// inside a snapshot nothing changes.
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.what(u64::from(ino)) {
-            Some(What::Entry(n)) if n.kind() != NodeKind::Dir => reply.error(Errno::ENOTDIR),
-            Some(What::Link(_)) => reply.error(Errno::ENOTDIR),
-            Some(_) if self.bare_opendir => reply.error(Errno::ENOSYS),
-            Some(_) => reply.opened(FileHandle(0), fuser::FopenFlags::empty()),
-            None => reply.error(Errno::ENOENT),
+        let Some(what) = self.what(u64::from(ino)) else {
+            return reply.error(Errno::ENOENT);
+        };
+        match (&what, self.node(&what)) {
+            (_, Some(Err(e))) => reply.error(e),
+            (_, Some(Ok(n))) if n.kind() != NodeKind::Dir => reply.error(Errno::ENOTDIR),
+            (What::Link(_), _) => reply.error(Errno::ENOTDIR),
+            _ if self.bare_opendir => reply.error(Errno::ENOSYS),
+            _ => reply.opened(FileHandle(0), fuser::FopenFlags::empty()),
         }
     }
 
@@ -149,16 +164,19 @@ impl Filesystem for CapsuleFs {
     /// Copying a tree out of the mount then costs a READ per file, not
     /// OPEN, READ and RELEASE.
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.what(u64::from(ino)) {
-            Some(What::Entry(n)) if n.kind() == NodeKind::File && self.bare_open => {
+        let Some(what) = self.what(u64::from(ino)) else {
+            return reply.error(Errno::ENOENT);
+        };
+        match self.node(&what) {
+            Some(Ok(n)) if n.kind() == NodeKind::File && self.bare_open => {
                 reply.error(Errno::ENOSYS)
             }
-            Some(What::Entry(n)) if n.kind() == NodeKind::File => {
+            Some(Ok(n)) if n.kind() == NodeKind::File => {
                 reply.opened(FileHandle(0), fuser::FopenFlags::FOPEN_KEEP_CACHE)
             }
-            Some(What::Entry(_)) => reply.error(Errno::EINVAL),
-            Some(_) => reply.error(Errno::EISDIR),
-            None => reply.error(Errno::ENOENT),
+            Some(Ok(_)) => reply.error(Errno::EINVAL),
+            Some(Err(e)) => reply.error(e),
+            None => reply.error(Errno::EISDIR),
         }
     }
 
@@ -198,7 +216,7 @@ impl Filesystem for CapsuleFs {
         let Some(w) = self.what(ino) else {
             return reply.error(Errno::ENOENT);
         };
-        let parent = lock(&self.inos).get(&ino).map_or(ROOT, |i| i.parent);
+        let parent = lock(&self.inos).parent(ino).unwrap_or(ROOT);
         // Offsets: 1 and 2 are "." and "..", then entry k at k + 3.
         let mut at = offset;
         if at == 0 {
@@ -215,10 +233,19 @@ impl Filesystem for CapsuleFs {
         }
         let skip = (at - 2) as usize;
         match self.tree_of(&w) {
-            Some(Ok(t)) => {
+            Some(Ok((id, t))) => {
                 for (k, n) in t.iter().enumerate().skip(skip) {
+                    // The number a lookup gives, where it is known; a
+                    // listing without attributes keeps nothing.
+                    let at = At {
+                        tree: id,
+                        pos: k as u32,
+                    };
+                    let child = lock(&self.inos)
+                        .known_entry_ino(at, ino)
+                        .unwrap_or_else(|| ino_of(ino, &n.name));
                     let full = reply.add(
-                        INodeNo(ino_of(ino, &n.name)),
+                        INodeNo(child),
                         k as u64 + 3,
                         kind_of(n),
                         OsStr::from_bytes(&n.name),
@@ -263,7 +290,7 @@ impl Filesystem for CapsuleFs {
         let Some(w) = self.what(ino) else {
             return reply.error(Errno::ENOENT);
         };
-        let parent = lock(&self.inos).get(&ino).map_or(ROOT, |i| i.parent);
+        let parent = lock(&self.inos).parent(ino).unwrap_or(ROOT);
         // "." and ".." carry attributes too, but the kernel takes no
         // reference on them: they are not counted as lookups.
         let mut at = offset;
@@ -277,10 +304,18 @@ impl Filesystem for CapsuleFs {
             }
         }
         let skip = (at - 2) as usize;
-        // Entries as (name, what); only those the reply took are counted.
-        let mut add = |k: usize, name: &[u8], what: What| -> bool {
-            let child = Self::ino_for(ino, name, &what);
-            let attr = self.attr(child, &what);
+        // Entries as (name, what, their node if in hand); only those the
+        // reply took are counted.
+        let mut add = |k: usize, name: &[u8], what: What, node: Option<&Node>| -> bool {
+            let child = self.ino_for(ino, name, &what);
+            let attr = match node {
+                Some(n) => Self::entry_attr(child, n),
+                None => match self.attr(child, &what) {
+                    Ok(a) => a,
+                    // Listed without attributes the kernel would keep.
+                    Err(_) => return false,
+                },
+            };
             let ttl = Self::ttl(&what);
             let full = reply.add(
                 INodeNo(child),
@@ -296,9 +331,13 @@ impl Filesystem for CapsuleFs {
             full
         };
         match self.tree_of(&w) {
-            Some(Ok(t)) => {
+            Some(Ok((id, t))) => {
                 for (k, n) in t.iter().enumerate().skip(skip) {
-                    if add(k, &n.name, What::Entry(Arc::new(n.clone()))) {
+                    let what = What::Entry(At {
+                        tree: id,
+                        pos: k as u32,
+                    });
+                    if add(k, &n.name, what, Some(n)) {
                         break;
                     }
                 }
@@ -307,7 +346,7 @@ impl Filesystem for CapsuleFs {
             None => match self.cached_listing(ino, &w) {
                 Ok(l) => {
                     for (k, (name, what, _)) in l.iter().enumerate().skip(skip) {
-                        if add(k, name, what.clone()) {
+                        if add(k, name, what.clone(), None) {
                             break;
                         }
                     }
@@ -319,7 +358,7 @@ impl Filesystem for CapsuleFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let Some(What::Entry(n)) = self.what(u64::from(ino)) else {
+        let Some(Some(Ok(n))) = self.what(u64::from(ino)).map(|w| self.node(&w)) else {
             return reply.error(Errno::NO_XATTR);
         };
         match n
@@ -336,7 +375,7 @@ impl Filesystem for CapsuleFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let mut names = Vec::new();
-        if let Some(What::Entry(n)) = self.what(u64::from(ino)) {
+        if let Some(Some(Ok(n))) = self.what(u64::from(ino)).map(|w| self.node(&w)) {
             for (k, _) in &n.xattrs {
                 names.extend_from_slice(k);
                 names.push(0);

@@ -233,16 +233,34 @@ impl Excludes {
     /// has one, read through `read_from` (a path that reaches the same
     /// directory through its descriptor). A malformed ignore file is
     /// reported, and its valid lines still apply.
-    pub fn enter(&self, dir: &Path, read_from: &Path) -> (Self, Option<String>) {
+    ///
+    /// `listed` is the directory's sorted listing when the caller has it:
+    /// a name not in it is not looked for. Most directories have neither
+    /// an ignore file nor a marker, and each look costs a lookup through
+    /// `/proc/self/fd` (a no-change run of 53,000 files spent 3 % of its
+    /// time there).
+    pub fn enter(
+        &self,
+        dir: &Path,
+        read_from: &Path,
+        listed: Option<&[std::ffi::OsString]>,
+    ) -> (Self, Option<String>) {
+        use std::os::unix::ffi::OsStrExt;
+        let there = |name: &[u8]| {
+            listed.is_none_or(|l| l.binary_search_by(|n| n.as_bytes().cmp(name)).is_ok())
+        };
         let mut next = self.clone();
         next.marked = self
             .markers
             .iter()
-            .find(|m| m.in_dir(read_from))
+            .find(|m| there(&m.name) && m.in_dir(read_from))
             .map(|m| Arc::from(m.name.as_slice()));
         let Some(name) = &self.file_name else {
             return (next, None);
         };
+        if !there(name.as_bytes()) {
+            return (next, None);
+        }
         let f = read_from.join(name);
         if !f.is_file() {
             return (next, None);

@@ -352,7 +352,7 @@ fn save_dir(
     names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     Progress::add(&ctx.counters.scan_ns, elapsed_ns(t0));
     let here = through_fd(fd).unwrap_or_else(|| path.to_path_buf());
-    let (ex, err) = ex.enter(path, &here);
+    let (ex, err) = ex.enter(path, &here, Some(&names));
     if let Some(err) = err {
         ctx.warn(path, format!("ignore file: {err}"));
     }
@@ -428,7 +428,7 @@ fn save_on_the_way(
     let changes = ctx.changes.expect("only under a journal");
     let old = load_parent_strict(ctx, parent)?;
     let here = through_fd(fd).unwrap_or_else(|| path.to_path_buf());
-    let (ex, err) = ex.enter(path, &here);
+    let (ex, err) = ex.enter(path, &here, None);
     if let Some(err) = err {
         ctx.warn(path, format!("ignore file: {err}"));
     }

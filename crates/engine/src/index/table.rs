@@ -17,6 +17,7 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use capsule_format::{BlobId, BlobType, Id, ObjectId};
 
@@ -480,10 +481,24 @@ pub(crate) struct Table {
     pub entries: u64,
     /// One bit a page: its MAC was checked in this process.
     verified: Vec<AtomicU64>,
+    /// Pages lookups read lately, direct-mapped by page number (see
+    /// [`Table::looked_up`]); empty once the filter is dropped.
+    hot: std::sync::Mutex<Vec<HotPage>>,
     key: [u8; 32],
 }
 
+/// Pages a table keeps for lookups: up to 4 MiB, 86,000 entries, filled
+/// as lookups land. A no-change run asks whether every unchanged file's
+/// blobs are still there; in a repository of a household's size each page
+/// is then read once, not once a file (53,000 `pread`s and 4 KiB copies,
+/// about 0.05 s of a 0.3 s run at 53,000 files).
+const HOT_PAGES: usize = 1024;
+
+/// A kept page and its number.
+type HotPage = Option<(u64, Arc<Page>)>;
+
 /// A page read and checked: its entries.
+#[derive(Debug)]
 pub(crate) struct Page {
     bytes: Box<[u8; PAGE]>,
     len: usize,
@@ -628,6 +643,7 @@ impl Table {
         let verified = (0..fences.len().div_ceil(64))
             .map(|_| AtomicU64::new(0))
             .collect();
+        let hot = std::sync::Mutex::new(vec![None; fences.len().min(HOT_PAGES)]);
         Ok(Table {
             file,
             path: path.to_path_buf(),
@@ -638,6 +654,7 @@ impl Table {
             filter: std::sync::RwLock::new(Some(filter)),
             entries,
             verified,
+            hot,
             key: *key,
         })
     }
@@ -646,6 +663,33 @@ impl Table {
     /// every table. For a run that makes few lookups and holds much else.
     pub fn drop_filter(&self) {
         *self.filter.write().unwrap_or_else(|p| p.into_inner()) = None;
+        // Such a run wants its memory for other things too.
+        *self.hot.lock().unwrap_or_else(|p| p.into_inner()) = Vec::new();
+    }
+
+    /// Page `n` for a lookup: kept, so that the next lookup landing on it
+    /// reads nothing.
+    fn looked_up(&self, n: u64) -> Result<Arc<Page>, TableError> {
+        let slot = {
+            let hot = self.hot.lock().unwrap_or_else(|p| p.into_inner());
+            if hot.is_empty() {
+                None
+            } else {
+                let slot = (n % hot.len() as u64) as usize;
+                match &hot[slot] {
+                    Some((m, p)) if *m == n => return Ok(p.clone()),
+                    _ => Some(slot),
+                }
+            }
+        };
+        let page = Arc::new(self.page(n)?);
+        if let Some(slot) = slot {
+            let mut hot = self.hot.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(s) = hot.get_mut(slot) {
+                *s = Some((n, page.clone()));
+            }
+        }
+        Ok(page)
     }
 
     /// Pages in the table.
@@ -703,7 +747,7 @@ impl Table {
         let first = self.fences.partition_point(|f| *f < p).saturating_sub(1);
         let mut n = first;
         while n < self.fences.len() && (n == first || self.fences[n] <= p) {
-            let page = self.page(n as u64)?;
+            let page = self.looked_up(n as u64)?;
             let key = &id.0 .0[..];
             let (mut i, mut hi) = (0, page.len());
             while i < hi {
