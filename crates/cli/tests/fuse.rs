@@ -1,8 +1,9 @@
 //! `capsule mount` against a real FUSE mount: the mounted snapshot equals
 //! its source entry for entry (metadata and content), a directory of
 //! 100,000 entries lists whole, `versions/` holds each distinct content of
-//! a file, a damaged pack fails one file only, and a backup or forget
-//! made while mounted shows. Skipped, saying why, where there is no
+//! a file, a damaged pack fails one file only, a backup or forget made
+//! while mounted shows, and a file read after the kernel forgot others
+//! reads its own bytes. Skipped, saying why, where there is no
 //! `/dev/fuse`.
 
 // The command-line suite runs on Linux, against real servers, btrfs,
@@ -362,4 +363,46 @@ fn a_backup_and_a_forget_while_mounted_show() {
     // Unmounted, the next prune deletes what the forget left unused.
     ok(&repo, &["prune"]);
     assert_ne!(data(), before, "nothing was pruned after the mount ended");
+}
+
+/// An entry's inode number is its directory's place in the mount's table
+/// and its position in the directory, and a place is reused once the
+/// kernel has forgotten every entry of the directory there: what the mount
+/// keeps by inode number (a file's map of blobs) must go with them, or a
+/// file read after would get the bytes of one read before at the same
+/// position. Two directories with the same names, read in turn, with the
+/// kernel made to forget everything between (root only: `drop_caches`).
+#[test]
+fn a_file_read_after_the_kernel_forgot_another_in_its_place_reads_its_own_bytes() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: making the kernel forget (drop_caches) needs root");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    for d in ["a", "b"] {
+        std::fs::create_dir_all(src.join(d)).unwrap();
+        for i in 0..10 {
+            std::fs::write(src.join(d).join(format!("f{i}")), format!("{d} {i}\n")).unwrap();
+        }
+    }
+    init(&repo);
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let at = t.path().join("mnt");
+    let Some(m) = Mounted::start(&repo, &at) else {
+        return;
+    };
+    let inside = at.join("latest").join(src.strip_prefix("/").unwrap());
+    let forget = || std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    for round in 0..3 {
+        for d in ["a", "b"] {
+            for i in 0..10 {
+                let got = std::fs::read_to_string(inside.join(d).join(format!("f{i}"))).unwrap();
+                assert_eq!(got, format!("{d} {i}\n"), "round {round}: {d}/f{i}");
+            }
+            forget();
+        }
+    }
+    let (code, _, err) = m.stop();
+    assert_eq!(code, Some(0), "{err}");
 }

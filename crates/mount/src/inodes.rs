@@ -66,6 +66,23 @@ struct Dir {
 /// number itself says where it is (see [`Inodes::entry_ino`]).
 const ENTRY: u64 = 1 << 63;
 
+/// What a forget dropped.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Gone {
+    Nothing,
+    /// That inode.
+    Inode,
+    /// A directory's place, and with it the numbers of all its entries,
+    /// which the next directory there reuses: whatever is kept by inode
+    /// number for any of them must go too ([`in_place`]).
+    Dir(u32),
+}
+
+/// Whether `ino` is the number of an entry of the directory at `place`.
+pub(crate) fn in_place(ino: u64, place: u32) -> bool {
+    ino & ENTRY != 0 && ((ino & !ENTRY) >> 32) as u32 == place
+}
+
 /// The inode table.
 #[derive(Default)]
 pub(crate) struct Inodes {
@@ -185,37 +202,33 @@ impl Inodes {
         e.lookups += 1;
     }
 
-    /// Takes back `n` lookups of `ino`; true when it was dropped (for an
-    /// entry: when its directory's last entry was).
-    pub(crate) fn forget(&mut self, ino: u64, n: u64) -> bool {
+    /// Takes back `n` lookups of `ino`, and says what went with them.
+    pub(crate) fn forget(&mut self, ino: u64, n: u64) -> Gone {
         if ino & ENTRY != 0 {
             if self.dir(ino).is_none() {
-                return false;
+                return Gone::Nothing;
             }
             let i = ((ino & !ENTRY) >> 32) as u32;
             let Some(d) = self.dirs.get_mut(i as usize) else {
-                return false;
+                return Gone::Nothing;
             };
-            if d.refs == 0 {
-                return false;
-            }
             d.refs = d.refs.saturating_sub(n);
             if d.refs == 0 {
                 let key = (d.tree, d.ino);
                 self.dir_of.remove(&key);
                 self.free.push(i);
-                return true;
+                return Gone::Dir(i);
             }
-            return false;
+            return Gone::Nothing;
         }
         if let Some(o) = self.others.get_mut(&ino) {
             o.lookups = o.lookups.saturating_sub(n);
             if o.lookups == 0 {
                 self.others.remove(&ino);
-                return true;
+                return Gone::Inode;
             }
         }
-        false
+        Gone::Nothing
     }
 
     /// Keeps a fixed inode, never forgotten.
@@ -276,9 +289,12 @@ mod tests {
         assert_eq!(t.parent(z), Some(11));
         assert_eq!(t.parent(x), Some(10));
         // Directory 10 holds three lookups.
-        assert!(!t.forget(x, 2));
+        assert_eq!(t.forget(x, 2), Gone::Nothing);
         assert!(t.what(y).is_some());
-        assert!(t.forget(y, 1));
+        let Gone::Dir(place) = t.forget(y, 1) else {
+            panic!("directory 10 is gone with its last lookup");
+        };
+        assert!(in_place(x, place) && in_place(y, place) && !in_place(z, place));
         assert_eq!(t.len(), (1, 1));
         assert!(
             t.what(x).is_none(),
@@ -289,9 +305,15 @@ mod tests {
         t.note(w, 0, b"", at(8, 5));
         assert_eq!(t.parent(w), Some(12));
         assert_eq!(t.parent(z), Some(11));
-        assert!(t.forget(z, 1) && t.forget(w, 7));
+        assert!(matches!(t.forget(z, 1), Gone::Dir(_)));
+        assert!(matches!(t.forget(w, 7), Gone::Dir(_)));
         assert_eq!(t.len(), (0, 1));
         assert!(t.what(1).is_some());
-        assert!(!t.forget(w, 1), "forgetting again changes nothing");
+        assert_eq!(
+            t.forget(w, 1),
+            Gone::Nothing,
+            "forgetting again changes nothing"
+        );
+        assert_eq!(t.forget(1, 1), Gone::Inode);
     }
 }

@@ -14,7 +14,7 @@ use fuser::{
 use super::fs::{
     ino_of, kind_of, lock, CapsuleFs, HOSTS, LATEST, ROOT, SNAPSHOTS, TTL_LISTS, VERSIONS,
 };
-use super::inodes::{At, What};
+use super::inodes::{in_place, At, Gone, What};
 
 impl Filesystem for CapsuleFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
@@ -104,8 +104,16 @@ impl Filesystem for CapsuleFs {
         if ino <= LATEST {
             return;
         }
-        if lock(&self.inos).forget(ino, nlookup) {
-            lock(&self.reading).remove(&ino);
+        let gone = lock(&self.inos).forget(ino, nlookup);
+        match gone {
+            Gone::Nothing => {}
+            Gone::Inode => {
+                lock(&self.reading).remove(&ino);
+            }
+            // The numbers of that directory's entries will stand for
+            // other files: a kept map under one of them would be read for
+            // another file's bytes.
+            Gone::Dir(place) => lock(&self.reading).retain(|k, _| !in_place(*k, place)),
         }
     }
 
