@@ -18,7 +18,7 @@ use capsule_format::tree::{Node, NodeKind, Timestamp};
 use capsule_format::BlobId;
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 
-use crate::inodes::{At, Inodes, Place, What};
+use crate::inodes::{in_place, At, Gone, Inodes, Place, What};
 
 /// What can go wrong mounting.
 #[derive(Debug, thiserror::Error)]
@@ -609,8 +609,10 @@ impl CapsuleFs {
         }
     }
 
-    /// The inode number of entry `name` of `parent`, standing for `what`.
-    pub(crate) fn ino_for(&self, parent: u64, name: &[u8], what: &What) -> u64 {
+    /// The inode number of entry `name` of `parent`, standing for `what`,
+    /// other than an entry inside a snapshot (numbered as it is held:
+    /// [`Self::hold`]).
+    fn ino_for(parent: u64, name: &[u8], what: &What) -> u64 {
         match what {
             What::HostsDir => HOSTS,
             What::SnapshotsDir => SNAPSHOTS,
@@ -619,22 +621,41 @@ impl CapsuleFs {
             // (FUSE_CACHE_SYMLINKS), and a new latest snapshot must be a
             // new inode, found when the entry's 1 s expires.
             What::Link(target) if parent == ROOT => ino_of(LATEST, target),
-            What::Entry(at) => lock(&self.inos).entry_ino(*at, parent),
             _ => ino_of(parent, name),
+        }
+    }
+
+    /// Counts one lookup of entry `name` of `parent`, standing for `what`:
+    /// the kernel is about to hold it. Its inode number.
+    pub(crate) fn hold(&self, parent: u64, name: &[u8], what: What) -> u64 {
+        let mut inos = lock(&self.inos);
+        if let What::Entry(at) = what {
+            return inos.hold_entry(at, parent);
+        }
+        let ino = Self::ino_for(parent, name, &what);
+        inos.note(ino, parent, name, what);
+        ino
+    }
+
+    /// Takes back `n` lookups of `ino`, and what was kept for it.
+    pub(crate) fn let_go(&self, ino: u64, n: u64) {
+        let gone = lock(&self.inos).forget(ino, n);
+        match gone {
+            Gone::Nothing => {}
+            Gone::Inode => {
+                lock(&self.reading).remove(&ino);
+            }
+            // The numbers of that directory's entries will stand for
+            // other files: a kept map under one of them would be read for
+            // another file's bytes.
+            Gone::Dir(place) => lock(&self.reading).retain(|k, _| !in_place(*k, place)),
         }
     }
 
     /// Remembers entry `name` of `parent` (one more lookup) and answers.
     pub(crate) fn remember(&self, parent: u64, name: &[u8], what: What) -> Result<FileAttr, Errno> {
-        let ino = self.ino_for(parent, name, &what);
-        let attr = self.attr(ino, &what)?;
-        self.note(ino, parent, name, what);
-        Ok(attr)
-    }
-
-    /// Counts one lookup of `ino`, which the kernel now holds.
-    pub(crate) fn note(&self, ino: u64, parent: u64, name: &[u8], what: What) {
-        lock(&self.inos).note(ino, parent, name, what);
+        let ino = self.hold(parent, name, what.clone());
+        self.attr(ino, &what).inspect_err(|_| self.let_go(ino, 1))
     }
 
     /// Read-ahead across files: opening entry `index` of the tree `tree`

@@ -103,10 +103,22 @@ impl Inodes {
     /// The inode number of entry `at.pos` of directory `parent`, whose
     /// tree is `at.tree`: the directory's place in the table and the
     /// position, so that an entry costs nothing here while the kernel
-    /// holds it. The directory is kept from now on (counted by
-    /// [`Inodes::note`]); while any of its entries is held, the same
+    /// holds it. While any of the directory's entries is held, the same
     /// entry reached the same way has the same number.
-    pub(crate) fn entry_ino(&mut self, at: At, parent: u64) -> u64 {
+    ///
+    /// The number is given and counted as held in one step, under the
+    /// table's one lock: given first and counted after, a forget of the
+    /// directory's last other entry in between would free its place, and
+    /// the count would land on whatever directory took the place next.
+    pub(crate) fn hold_entry(&mut self, at: At, parent: u64) -> u64 {
+        let ino = self.entry_ino(at, parent);
+        if let Some(d) = self.dirs.get_mut(((ino & !ENTRY) >> 32) as usize) {
+            d.refs += 1;
+        }
+        ino
+    }
+
+    fn entry_ino(&mut self, at: At, parent: u64) -> u64 {
         let d = match self.dir_of.get(&(at.tree, parent)) {
             Some(&d) => d,
             None => {
@@ -184,15 +196,10 @@ impl Inodes {
     }
 
     /// Counts one lookup of `ino`, entry `name` of `parent` standing for
-    /// `what`: the kernel now holds it.
+    /// `what`: the kernel now holds it. Not for entries inside snapshots
+    /// ([`Inodes::hold_entry`]).
     pub(crate) fn note(&mut self, ino: u64, parent: u64, name: &[u8], what: What) {
-        if ino & ENTRY != 0 {
-            let d = ((ino & !ENTRY) >> 32) as usize;
-            if let Some(d) = self.dirs.get_mut(d) {
-                d.refs += 1;
-            }
-            return;
-        }
+        debug_assert!(ino & ENTRY == 0, "entries are held by hold_entry");
         let e = self.others.entry(ino).or_insert(Other {
             what,
             parent,
@@ -255,13 +262,6 @@ impl Inodes {
 mod tests {
     use super::*;
 
-    fn at(t: u8, pos: u32) -> What {
-        What::Entry(At {
-            tree: BlobId(capsule_format::Id([t; 32])),
-            pos,
-        })
-    }
-
     #[test]
     fn an_entrys_number_says_where_it_is_and_its_directory_goes_with_its_last_lookup() {
         let mut t = Inodes::default();
@@ -272,18 +272,15 @@ mod tests {
         };
         // Two entries of one tree under directory 10, one of the same
         // tree under directory 11 (a directory two snapshots share).
-        let x = t.entry_ino(a(7, 0), 10);
-        let y = t.entry_ino(a(7, 1), 10);
-        let z = t.entry_ino(a(7, 0), 11);
+        let x = t.hold_entry(a(7, 0), 10);
+        let y = t.hold_entry(a(7, 1), 10);
+        let z = t.hold_entry(a(7, 0), 11);
         assert!(x != y && x != z && y != z);
         assert_eq!(
-            t.entry_ino(a(7, 0), 10),
+            t.hold_entry(a(7, 0), 10),
             x,
             "the same entry, the same number"
         );
-        for (i, w) in [(x, at(7, 0)), (y, at(7, 1)), (z, at(7, 0)), (x, at(7, 0))] {
-            t.note(i, 0, b"", w);
-        }
         assert_eq!(t.len(), (2, 1));
         assert!(matches!(t.what(y), Some(What::Entry(a)) if a.pos == 1));
         assert_eq!(t.parent(z), Some(11));
@@ -301,8 +298,7 @@ mod tests {
             "a forgotten directory's entries are gone"
         );
         // Its place is reused, under the new directory.
-        let w = t.entry_ino(a(8, 5), 12);
-        t.note(w, 0, b"", at(8, 5));
+        let w = t.hold_entry(a(8, 5), 12);
         assert_eq!(t.parent(w), Some(12));
         assert_eq!(t.parent(z), Some(11));
         assert!(matches!(t.forget(z, 1), Gone::Dir(_)));

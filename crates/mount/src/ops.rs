@@ -14,7 +14,7 @@ use fuser::{
 use super::fs::{
     ino_of, kind_of, lock, CapsuleFs, HOSTS, LATEST, ROOT, SNAPSHOTS, TTL_LISTS, VERSIONS,
 };
-use super::inodes::{in_place, At, Gone, What};
+use super::inodes::{At, What};
 
 impl Filesystem for CapsuleFs {
     fn init(&mut self, _req: &Request, config: &mut fuser::KernelConfig) -> std::io::Result<()> {
@@ -62,10 +62,9 @@ impl Filesystem for CapsuleFs {
                     tree: id,
                     pos: i as u32,
                 });
-                let ino = self.ino_for(parent, name, &what);
-                let attr = Self::entry_attr(ino, &t[i]);
                 let ttl = Self::ttl(&what);
-                self.note(ino, parent, name, what);
+                let ino = self.hold(parent, name, what);
+                let attr = Self::entry_attr(ino, &t[i]);
                 return reply.entry(&ttl, &attr, Generation(0));
             }
             Some(Err(e)) => return reply.error(e),
@@ -104,17 +103,7 @@ impl Filesystem for CapsuleFs {
         if ino <= LATEST {
             return;
         }
-        let gone = lock(&self.inos).forget(ino, nlookup);
-        match gone {
-            Gone::Nothing => {}
-            Gone::Inode => {
-                lock(&self.reading).remove(&ino);
-            }
-            // The numbers of that directory's entries will stand for
-            // other files: a kept map under one of them would be read for
-            // another file's bytes.
-            Gone::Dir(place) => lock(&self.reading).retain(|k, _| !in_place(*k, place)),
-        }
+        self.let_go(ino, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -312,19 +301,22 @@ impl Filesystem for CapsuleFs {
             }
         }
         let skip = (at - 2) as usize;
-        // Entries as (name, what, their node if in hand); only those the
-        // reply took are counted.
+        // Entries as (name, what, their node if in hand): held as they
+        // are numbered, let go again unless the reply took them.
         let mut add = |k: usize, name: &[u8], what: What, node: Option<&Node>| -> bool {
-            let child = self.ino_for(ino, name, &what);
+            let ttl = Self::ttl(&what);
+            let child = self.hold(ino, name, what.clone());
             let attr = match node {
                 Some(n) => Self::entry_attr(child, n),
                 None => match self.attr(child, &what) {
                     Ok(a) => a,
                     // Listed without attributes the kernel would keep.
-                    Err(_) => return false,
+                    Err(_) => {
+                        self.let_go(child, 1);
+                        return false;
+                    }
                 },
             };
-            let ttl = Self::ttl(&what);
             let full = reply.add(
                 INodeNo(child),
                 k as u64 + 3,
@@ -333,8 +325,8 @@ impl Filesystem for CapsuleFs {
                 &attr,
                 Generation(0),
             );
-            if !full {
-                self.note(child, ino, name, what);
+            if full {
+                self.let_go(child, 1);
             }
             full
         };
