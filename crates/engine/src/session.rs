@@ -272,6 +272,13 @@ pub fn list_sessions(repo: &Repository) -> Result<Vec<(String, Vec<String>, Sess
             Ok(i) => i,
             // Renewed (and the old object removed) between list and get.
             Err(EngineError::Backend(e)) if e.kind == ErrorKind::NotFound => continue,
+            // The destination failed to answer, which says nothing about the
+            // object: ended (gone) since the listing, or an error to report,
+            // never damage.
+            Err(EngineError::Backend(e)) => match repo.backend().stat(&newest) {
+                Err(s) if s.kind == ErrorKind::NotFound => continue,
+                _ => return Err(e.into()),
+            },
             // Damaged: held (as a backup's) until its lease would have run
             // out, counted from when the destination last saw it written,
             // or from now where the listing gives no time. Treating it as

@@ -82,14 +82,24 @@ impl std::fmt::Debug for SmbBackend {
 }
 
 fn smb_err(op: &'static str, name: &str, e: smb2::Error) -> BackendError {
+    use smb2::types::status::NtStatus;
     use smb2::ErrorKind as K;
-    let transient = e.is_retryable();
+    // Objects are never rewritten in place, so another client holding one
+    // open exclusively is a delete of it in flight (the delete's CREATE
+    // shares only delete access for one round trip): worth asking again.
+    let sharing = e.kind() == K::SharingViolation;
+    let transient = e.is_retryable() || sharing;
     let kind = match e.kind() {
+        // Deleted by another client that has not yet closed its handle: it
+        // is gone for every purpose of ours (a listing then a read of a
+        // session being ended must not call it unreadable).
+        _ if e.status() == Some(NtStatus::DELETE_PENDING) => ErrorKind::NotFound,
         K::NotFound => ErrorKind::NotFound,
         K::AlreadyExists => ErrorKind::AlreadyExists,
         K::AccessDenied => ErrorKind::PermissionDenied,
         K::AuthRequired | K::GuestSessionRefused => ErrorKind::AuthFailed,
         K::DiskFull => ErrorKind::NoSpace,
+        K::SharingViolation => ErrorKind::Io,
         K::ConnectionLost | K::TimedOut | K::SessionExpired => ErrorKind::Unreachable,
         _ if transient => ErrorKind::Unreachable,
         _ => ErrorKind::Io,
@@ -813,5 +823,37 @@ impl LabBackend for SmbBackend {
             self.dirs.lock().unwrap_or_else(|p| p.into_inner()).clear();
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use smb2::types::status::NtStatus;
+    use smb2::types::Command;
+
+    fn status(s: NtStatus) -> BackendError {
+        smb_err(
+            "get",
+            "sessions/x",
+            smb2::Error::Protocol {
+                status: s,
+                command: Command::Create,
+            },
+        )
+    }
+
+    /// What a read meets when another client deletes the object at that
+    /// moment: the delete's exclusive open (asked again) or its pending
+    /// removal (gone). Neither may read as damage.
+    #[test]
+    fn a_delete_in_flight_is_gone_or_worth_asking_again_never_an_error_of_the_object() {
+        let pending = status(NtStatus::DELETE_PENDING);
+        assert_eq!(pending.kind, ErrorKind::NotFound);
+        let sharing = status(NtStatus::SHARING_VIOLATION);
+        assert!(sharing.transient, "{sharing}");
+        assert_eq!(sharing.kind, ErrorKind::Io);
+        let denied = status(NtStatus::ACCESS_DENIED);
+        assert!(!denied.transient);
     }
 }
