@@ -64,6 +64,24 @@ fn roundtrip(kind: Kind) {
     assert_same_tree(&src, &restored(&target, &src), false);
     let check = r.json(&["check", "--read-data"]);
     assert_eq!(check["ok"], true, "{check}");
+    // A pack damaged on the server is found by the network read (streamed
+    // into one buffer; on SMB in reads kept in flight) and named.
+    if let Some(dir) = &r.local_dir {
+        let victim = pack_files(dir)
+            .into_iter()
+            .filter(|p| p.starts_with(dir.join("data")))
+            .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+            .unwrap();
+        let mut bytes = std::fs::read(&victim).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x40;
+        std::fs::write(&victim, &bytes).unwrap();
+        let o = r.run(&["check", "--read-data"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(12), "{kind:?}: {err}");
+        let name = victim.file_name().unwrap().to_str().unwrap();
+        assert!(err.contains(name), "{kind:?}: {name} not named: {err}");
+    }
 }
 
 /// The connection dies after `limit` bytes, again and again: every object

@@ -33,8 +33,13 @@ use crate::url::SmbTarget;
 /// Objects up to this size go in one compound request; larger ones are
 /// written with pipelined WRITEs.
 const COMPOUND_MAX: usize = 1 << 20;
-/// Chunk for streamed reads.
-const STREAM_CHUNK: usize = 4 << 20;
+/// Chunk for streamed reads, [`READS_IN_FLIGHT`] of them asked for at
+/// once on one handle (what smbclient does): one 4 MiB READ at a time made
+/// a 16 MiB pack four round trips end to end, and `check --read-data` read
+/// 102 MiB/s at 10 ms where four smbclients read 250 (`bench/verify.sh`).
+/// The bytes in flight stay what one 4 MiB chunk was.
+const STREAM_CHUNK: usize = 1 << 20;
+const READS_IN_FLIGHT: usize = 4;
 /// Chunk for streamed writes. The writer pipelines its WRITEs in a window
 /// of its own (up to 4 MiB in flight), so a larger chunk only adds copies
 /// per upload: ours, and the writer's pending buffer. With 4 MiB chunks,
@@ -609,16 +614,22 @@ impl SmbBackend {
             .await
             .map_err(|e| smb_err("get", name, e))?;
         let res = async {
+            use futures::StreamExt;
             let r = range.unwrap_or(0..reader.size());
             check_range(name, &r, reader.size())?;
-            let mut off = r.start;
-            while off < r.end {
-                let n = (r.end - off).min(STREAM_CHUNK as u64);
-                let d = reader
-                    .read_at(off, n)
-                    .await
-                    .map_err(|e| smb_err("get", name, e))?;
-                if d.is_empty() {
+            let reader = &reader;
+            // In order: `buffered` keeps READS_IN_FLIGHT reads going and
+            // hands them back as asked.
+            let mut reads = futures::stream::iter(
+                (r.start..r.end)
+                    .step_by(STREAM_CHUNK)
+                    .map(|off| (off, (r.end - off).min(STREAM_CHUNK as u64))),
+            )
+            .map(|(off, n)| async move { (n, reader.read_at(off, n).await) })
+            .buffered(READS_IN_FLIGHT);
+            while let Some((n, d)) = reads.next().await {
+                let d = d.map_err(|e| smb_err("get", name, e))?;
+                if (d.len() as u64) < n {
                     return Err(BackendError::new(
                         ErrorKind::Io,
                         "get",
@@ -627,7 +638,6 @@ impl SmbBackend {
                     ));
                 }
                 sink(&d)?;
-                off += d.len() as u64;
             }
             Ok(r.end - r.start)
         }
