@@ -43,7 +43,7 @@ source bench/lib.sh
 use_servers
 if [ "$pin_it" = 1 ]; then pin_servers; taskset -cp "${pin[2]}" $$ >/dev/null; fi
 
-export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench RESTIC_PASSWORD2=bench
+export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench RESTIC_FROM_PASSWORD=bench
 export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
 export CAPSULE_SFTP_KEY=$CAPSULE_TEST_SFTP_KEY
 export AWS_ACCESS_KEY_ID=$CAPSULE_TEST_S3_KEY AWS_SECRET_ACCESS_KEY=$CAPSULE_TEST_S3_SECRET

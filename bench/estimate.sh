@@ -34,6 +34,8 @@
 #              a tree the model was not fitted on
 #   usrshare   this machine's /usr/share (~50,000 files, ~760 MB): another
 #              unseen tree
+#   hidden     the Go toolchain, /usr/share and /usr/include (~76,000
+#              files): issue 62's tree for the restore estimate's swings
 #   sources    the crate sources cargo fetched (~/.cargo/registry/src, about
 #              28,000 files) with a Rust toolchain's lib (rlibs and shared
 #              objects, ~500 MB) and /usr/lib/python3: a source tree of many
@@ -119,6 +121,11 @@ PY
     docs) cp -r "$(ls -d ~/.rustup/toolchains/*/share/doc/rust/html/std | head -1)" "$dir/std" ;;
     toolchain) cp -r "$(ls -d ~/.rustup/toolchains/stable-*/share/doc | head -1)" "$dir/doc" ;;
     usrshare) cp -r /usr/share "$dir/share" 2>/dev/null || true ;;
+    hidden)
+      cp -r "$(go env GOROOT)" "$dir/go"
+      cp -r /usr/share "$dir/share" 2>/dev/null || true
+      cp -r /usr/include "$dir/include" 2>/dev/null || true
+      ;;
     sources)
       cp -r ~/.cargo/registry/src "$dir/src"
       cp -r "$(ls -d ~/.rustup/toolchains/stable-*/lib | head -1)" "$dir/lib"
