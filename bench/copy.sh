@@ -27,20 +27,13 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$(id -u)" != 0 ]; then echo "needs root (drop_caches, apt-get)" >&2; exit 2; fi
-missing=()
-for p in restic:restic rclone:rclone jq:jq; do
-  command -v "${p%%:*}" >/dev/null || missing+=("${p#*:}")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-
 cargo build --release -q -p capsule
 capsule=$PWD/target/release/capsule
 work=$(mktemp -d /tmp/capsule-copybench.XXXXXX)
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 use_servers
+need restic:restic rclone:rclone jq:jq
 if [ "$pin_it" = 1 ]; then pin_servers; taskset -cp "${pin[2]}" $$ >/dev/null; fi
 
 export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench RESTIC_FROM_PASSWORD=bench
@@ -63,73 +56,30 @@ for i in range($small):
 sync
 total=$(du -sm "$work/data" | cut -f1)
 
-cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
-secs() {
-  local t0 t1
-  t0=$(date +%s.%N)
-  if ! "$@" >"$work/last.log" 2>"$work/last.err"; then
-    echo "  FAILED: $*" >&2; tail -3 "$work/last.err" >&2
-    echo nan; return 0
-  fi
-  t1=$(date +%s.%N)
-  python3 -c "print(f'{$t1 - $t0:.2f}')"
-}
-rate() { python3 -c "s='$1'; print('failed' if s == 'nan' else f'{$2 / float(s):.0f} MiB/s')"; }
-
 # The source repositories, written once without the proxy.
-up_url() {
-  case $1 in
-    S3) echo "s3+http://$CAPSULE_TEST_S3_UPSTREAM/capsule-test/$name-c" ;;
-    SFTP) echo "sftp://root@$CAPSULE_TEST_SFTP_UPSTREAM$sftp_dir/$name-c" ;;
-    SMB) echo "smb://backup@$CAPSULE_TEST_SMB_UPSTREAM/backup/$name-c" ;;
-  esac
-}
 mkdir -p "$smb_dir/$name-c" "$smb_dir/$name-r" "$sftp_dir/$name-c"
-restic_s3() { restic -r "s3:http://$1/capsule-test/$name-r" "${@:2}"; }
-restic_sftp() { restic -o sftp.command="ssh $ssh_opts -p ${1#*:} root@${1%:*} -s sftp" -r "sftp:root@${1%:*}:$sftp_dir/$name-r" "${@:2}"; }
-restic_smb() {
-  RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${1%:*} RCLONE_CONFIG_NAS_PORT=${1#*:} \
-    RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD") \
-    restic "${@:2}"
-}
-restic_src() { # DEST HOST: the source repository option for restic copy
-  case $1 in
-    S3) echo "s3:http://$2/capsule-test/$name-r" ;;
-    SFTP) echo "sftp:root@${2%:*}:$sftp_dir/$name-r" ;;
-    SMB) echo "rclone:nas:backup/$name-r" ;;
-  esac
-}
 for dest in S3 SFTP SMB; do
-  "$capsule" -r "$(up_url $dest)" -q init
-  "$capsule" -r "$(up_url $dest)" -q backup "$work/data"
+  up=$(eval echo "\$CAPSULE_TEST_${dest}_UPSTREAM")
+  "$capsule" -r "$(capsule_url $dest "$up")" -q init
+  "$capsule" -r "$(capsule_url $dest "$up")" -q backup "$work/data"
+  restic_on $dest "$up" init -q >/dev/null
+  restic_on $dest "$up" backup -q "$work/data" >/dev/null
 done
-restic_s3 "$CAPSULE_TEST_S3_UPSTREAM" init -q >/dev/null && restic_s3 "$CAPSULE_TEST_S3_UPSTREAM" backup -q "$work/data" >/dev/null
-restic_sftp "$CAPSULE_TEST_SFTP_UPSTREAM" init -q >/dev/null && restic_sftp "$CAPSULE_TEST_SFTP_UPSTREAM" backup -q "$work/data" >/dev/null
-restic_smb "$CAPSULE_TEST_SMB_UPSTREAM" -r "rclone:nas:backup/$name-r" init -q >/dev/null
-restic_smb "$CAPSULE_TEST_SMB_UPSTREAM" -r "rclone:nas:backup/$name-r" backup -q "$work/data" >/dev/null
 
 rows=()
 for rtt in $rtts; do
-  smb=$(proxy "smb-c$rtt" "$CAPSULE_TEST_SMB_UPSTREAM" "$rtt")
-  sftp=$(proxy "sftp-c$rtt" "$CAPSULE_TEST_SFTP_UPSTREAM" "$rtt")
-  s3=$(proxy "s3-c$rtt" "$CAPSULE_TEST_S3_UPSTREAM" "$rtt")
-  kh="$work/kh-$rtt"
-  printf '[%s]:%s %s\n' "${sftp%:*}" "${sftp#*:}" "$(cut -d' ' -f1,2 "$servers/ssh/host_key.pub")" >"$kh"
-  export CAPSULE_SFTP_KNOWN_HOSTS=$kh
+  proxies "c$rtt" "$rtt"
   for dest in S3 SFTP SMB; do
-    case $dest in
-      S3) url="s3+http://$s3/capsule-test/$name-c" host=$s3 ;;
-      SFTP) url="sftp://root@$sftp$sftp_dir/$name-c" host=$sftp ;;
-      SMB) url="smb://backup@$smb/backup/$name-c" host=$smb ;;
-    esac
     lower=$(echo "$dest" | tr 'A-Z' 'a-z')
+    host=${!lower}
+    url=$(capsule_url $dest "$host")
     rm -rf "$work/out" "$work/same" "$work/own" "$work/restic-local"
-    cold; restored=$(secs "$capsule" -r "$url" -q --no-cache restore latest --target "$work/out")
+    cold; restored=$(wall "$capsule" -r "$url" -q --no-cache restore latest --target "$work/out")
     rm -rf "$work/out"
     "$capsule" -r "$work/same" -q init --copy-chunker-params-from "$url"
-    cold; same=$(secs "$capsule" -r "$url" -q --no-cache copy --to "$work/same")
+    cold; same=$(wall "$capsule" -r "$url" -q --no-cache copy --to "$work/same")
     "$capsule" -r "$work/own" -q init
-    cold; own=$(secs "$capsule" -r "$url" -q --no-cache copy --to "$work/own")
+    cold; own=$(wall "$capsule" -r "$url" -q --no-cache copy --to "$work/own")
     # Both copies must hold the same files as the source.
     for t in same own; do
       "$capsule" -r "$work/$t" -q restore latest --target "$work/check-$t"
@@ -137,8 +87,8 @@ for rtt in $rtts; do
       rm -rf "$work/check-$t"
     done
     restic -r "$work/restic-local" init -q >/dev/null
-    cold; r=$(secs "restic_$lower" "$host" -r "$work/restic-local" copy --from-repo "$(restic_src $dest "$host")")
-    rows+=("$dest|$rtt|$restored s, $(rate "$restored" "$total")|$same s, $(rate "$same" "$total")|$own s, $(rate "$own" "$total")|$r s, $(rate "$r" "$total")")
+    cold; r=$(wall restic_on $dest "$host" -r "$work/restic-local" copy --from-repo "$(restic_repo $dest "$host")")
+    rows+=("$dest|$rtt|$restored s, $(per_sec "$restored" "$total")|$same s, $(per_sec "$same" "$total")|$own s, $(per_sec "$own" "$total")|$r s, $(per_sec "$r" "$total")")
     echo "  $dest $rtt ms: restore $restored s, copy (same chunker) $same s, copy (re-chunked) $own s, restic copy $r s" >&2
   done
 done

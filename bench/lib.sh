@@ -153,3 +153,68 @@ run_by_daemon() {
   done
   [ "$started" = "$now" ] || { echo "the daemon made no run at $now" >&2; cat "$w/daemon.log" >&2; exit 1; }
 }
+
+# need PROGRAM:PACKAGE...: installs (apt-get) the packages whose programs
+# are missing.
+need() {
+  local missing=() p
+  for p in "$@"; do command -v "${p%%:*}" >/dev/null || missing+=("${p#*:}"); done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+# cold: writes dirty pages out and drops the page cache (root).
+cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+# wall CMD...: prints the wall seconds CMD took (its output in
+# $work/last.log and $work/last.err), or nan when it failed.
+wall() {
+  local t0 t1
+  t0=$(date +%s.%N)
+  if ! "$@" >"$work/last.log" 2>"$work/last.err"; then
+    echo "  FAILED: $*" >&2; tail -3 "$work/last.err" >&2
+    echo nan; return 0
+  fi
+  t1=$(date +%s.%N)
+  python3 -c "print(f'{$t1 - $t0:.2f}')"
+}
+
+# per_sec SECS MIB: "N MiB/s", or "failed" for nan.
+per_sec() { python3 -c "s='$1'; print('failed' if s == 'nan' else f'{$2 / float(s):.0f} MiB/s')"; }
+
+# restic_on DEST HOST ARGS...: restic on the repository "$name-r" at DEST
+# (S3, SFTP or SMB, through rclone) reached at HOST (host:port). Needs
+# $name, $ssh_opts and $sftp_dir.
+# (A later -r in ARGS wins: `restic_on SMB HOST -r LOCAL copy --from-repo
+# "$(restic_repo SMB HOST)"` copies out of it.)
+restic_on() {
+  local dest=$1 host=$2; shift 2
+  case $dest in
+    S3) restic -r "$(restic_repo S3 "$host")" "$@" ;;
+    SFTP) restic -o sftp.command="ssh $ssh_opts -p ${host#*:} root@${host%:*} -s sftp" \
+      -r "$(restic_repo SFTP "$host")" "$@" ;;
+    SMB) RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${host%:*} RCLONE_CONFIG_NAS_PORT=${host#*:} \
+      RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD") \
+      restic -r "$(restic_repo SMB "$host")" "$@" ;;
+  esac
+}
+
+# restic_repo DEST HOST: restic's name for the repository restic_on uses.
+restic_repo() {
+  case $1 in
+    S3) echo "s3:http://$2/capsule-test/$name-r" ;;
+    SFTP) echo "sftp:root@${2%:*}:$sftp_dir/$name-r" ;;
+    SMB) echo "rclone:nas:backup/$name-r" ;;
+  esac
+}
+
+# capsule_url DEST HOST: the URL of the capsule repository "$name-c" at
+# DEST reached at HOST.
+capsule_url() {
+  case $1 in
+    S3) echo "s3+http://$2/capsule-test/$name-c" ;;
+    SFTP) echo "sftp://root@$2$sftp_dir/$name-c" ;;
+    SMB) echo "smb://backup@$2/backup/$name-c" ;;
+  esac
+}

@@ -26,20 +26,13 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$(id -u)" != 0 ]; then echo "needs root (drop_caches, apt-get)" >&2; exit 2; fi
-missing=()
-for p in restic:restic rclone:rclone smbclient:smbclient jq:jq; do
-  command -v "${p%%:*}" >/dev/null || missing+=("${p#*:}")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-
 cargo build --release -q -p capsule
 capsule=$PWD/target/release/capsule
 work=$(mktemp -d /tmp/capsule-verifybench.XXXXXX)
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 use_servers
+need restic:restic rclone:rclone smbclient:smbclient jq:jq
 # Pinned, this script (and so every client it starts) runs on the cores the
 # servers do not.
 if [ "$pin_it" = 1 ]; then pin_servers; taskset -cp "${pin[2]}" $$ >/dev/null; fi
@@ -59,40 +52,16 @@ for i in $(seq 0 15); do
 done
 sync
 
-cold() { sync; echo 3 >/proc/sys/vm/drop_caches; }
-# secs CMD...: wall seconds of CMD (its output in $work/last.log), or nan.
-secs() {
-  local t0 t1
-  t0=$(date +%s.%N)
-  if ! "$@" >"$work/last.log" 2>"$work/last.err"; then
-    echo "  FAILED: $*" >&2; tail -3 "$work/last.err" >&2
-    echo nan; return 0
-  fi
-  t1=$(date +%s.%N)
-  python3 -c "print(f'{$t1 - $t0:.2f}')"
-}
-rate() { python3 -c "s='$1'; print('failed' if s == 'nan' else f'{$2 / float(s):.0f}')"; }
-
 # The repositories, written once without the proxy.
 export CAPSULE_SFTP_KNOWN_HOSTS=$CAPSULE_TEST_KNOWN_HOSTS
 "$capsule" -r "$work/local" -q init && "$capsule" -r "$work/local" -q backup "$work/data"
 mkdir -p "$smb_dir/$name-c" "$smb_dir/$name-r" "$sftp_dir/$name-c"
-"$capsule" -r "smb://backup@$CAPSULE_TEST_SMB_UPSTREAM/backup/$name-c" -q init
-"$capsule" -r "smb://backup@$CAPSULE_TEST_SMB_UPSTREAM/backup/$name-c" -q backup "$work/data"
-"$capsule" -r "sftp://root@$CAPSULE_TEST_SFTP_UPSTREAM$sftp_dir/$name-c" -q init
-"$capsule" -r "sftp://root@$CAPSULE_TEST_SFTP_UPSTREAM$sftp_dir/$name-c" -q backup "$work/data"
-"$capsule" -r "s3+http://$CAPSULE_TEST_S3_UPSTREAM/capsule-test/$name-c" -q init
-"$capsule" -r "s3+http://$CAPSULE_TEST_S3_UPSTREAM/capsule-test/$name-c" -q backup "$work/data"
-restic_s3() { restic -r "s3:http://$1/capsule-test/$name-r" "${@:2}"; }
-restic_sftp() { restic -o sftp.command="ssh $ssh_opts -p ${1#*:} root@${1%:*} -s sftp" -r "sftp:root@${1%:*}:$sftp_dir/$name-r" "${@:2}"; }
-restic_smb() {
-  RCLONE_CONFIG_NAS_TYPE=smb RCLONE_CONFIG_NAS_HOST=${1%:*} RCLONE_CONFIG_NAS_PORT=${1#*:} \
-    RCLONE_CONFIG_NAS_USER=backup RCLONE_CONFIG_NAS_PASS=$(rclone obscure "$CAPSULE_TEST_SMB_PASSWORD") \
-    restic -r "rclone:nas:backup/$name-r" "${@:2}"
-}
-for p in s3:$CAPSULE_TEST_S3_UPSTREAM sftp:$CAPSULE_TEST_SFTP_UPSTREAM smb:$CAPSULE_TEST_SMB_UPSTREAM; do
-  "restic_${p%%:*}" "${p#*:}" init -q >/dev/null
-  "restic_${p%%:*}" "${p#*:}" backup -q "$work/data" >/dev/null
+for dest in S3 SFTP SMB; do
+  up=$(eval echo "\$CAPSULE_TEST_${dest}_UPSTREAM")
+  "$capsule" -r "$(capsule_url $dest "$up")" -q init
+  "$capsule" -r "$(capsule_url $dest "$up")" -q backup "$work/data"
+  restic_on $dest "$up" init -q >/dev/null
+  restic_on $dest "$up" backup -q "$work/data" >/dev/null
 done
 
 # The link's own rate: the capsule repository's pack files read by four
@@ -128,35 +97,26 @@ link_smb() {
 }
 
 rows=()
-# check_row LABEL RTT URL: capsule's check, its report, its peak memory.
+# capsule_check URL: capsule's check, its report, its peak memory.
 capsule_check() {
   cold
   local s
-  s=$(secs /usr/bin/time -f "%M" -o "$work/rss" "$capsule" -r "$1" --json check --read-data)
+  s=$(wall /usr/bin/time -f "%M" -o "$work/rss" "$capsule" -r "$1" --json check --read-data)
   if [ "$s" = nan ]; then echo "nan||"; return; fi
   echo "$s|$(jq -r '.report.read | "\(.bytes_per_sec / 1048576 | floor) MiB/s read, bound \(.bound)"' "$work/last.log")|$(( $(cat "$work/rss") / 1024 ))"
 }
 
 s=$(capsule_check "$work/local")
-rows+=("local disk|0|${s%%|*}|$(rate "${s%%|*}" "$mib")|$(echo "$s" | cut -d'|' -f2)|$(echo "$s" | cut -d'|' -f3)|—|—")
+rows+=("local disk|0|${s%%|*}|$(per_sec "${s%%|*}" "$mib")|$(echo "$s" | cut -d'|' -f2)|$(echo "$s" | cut -d'|' -f3)|—|—")
 for rtt in $rtts; do
-  smb=$(proxy "smb-v$rtt" "$CAPSULE_TEST_SMB_UPSTREAM" "$rtt")
-  sftp=$(proxy "sftp-v$rtt" "$CAPSULE_TEST_SFTP_UPSTREAM" "$rtt")
-  s3=$(proxy "s3-v$rtt" "$CAPSULE_TEST_S3_UPSTREAM" "$rtt")
-  kh="$work/kh-$rtt"
-  printf '[%s]:%s %s\n' "${sftp%:*}" "${sftp#*:}" "$(cut -d' ' -f1,2 "$servers/ssh/host_key.pub")" >"$kh"
-  export CAPSULE_SFTP_KNOWN_HOSTS=$kh
+  proxies "v$rtt" "$rtt"
   for dest in S3 SFTP SMB; do
-    case $dest in
-      S3) url="s3+http://$s3/capsule-test/$name-c" host=$s3 ;;
-      SFTP) url="sftp://root@$sftp$sftp_dir/$name-c" host=$sftp ;;
-      SMB) url="smb://backup@$smb/backup/$name-c" host=$smb ;;
-    esac
     lower=$(echo "$dest" | tr 'A-Z' 'a-z')
-    s=$(capsule_check "$url")
-    cold; l=$(secs "link_$lower" "$host")
-    cold; r=$(secs "restic_$lower" "$host" check --read-data)
-    rows+=("$dest|$rtt|${s%%|*}|$(rate "${s%%|*}" "$mib")|$(echo "$s" | cut -d'|' -f2)|$(echo "$s" | cut -d'|' -f3)|$l s, $(rate "$l" "$mib") MiB/s|$r s, $(rate "$r" "$mib") MiB/s")
+    host=${!lower}
+    s=$(capsule_check "$(capsule_url $dest "$host")")
+    cold; l=$(wall "link_$lower" "$host")
+    cold; r=$(wall restic_on $dest "$host" check --read-data)
+    rows+=("$dest|$rtt|${s%%|*}|$(per_sec "${s%%|*}" "$mib")|$(echo "$s" | cut -d'|' -f2)|$(echo "$s" | cut -d'|' -f3)|$l s, $(per_sec "$l" "$mib")|$r s, $(per_sec "$r" "$mib")")
     echo "  $dest $rtt ms: capsule ${s%%|*} s, link $l s, restic $r s" >&2
   done
 done
