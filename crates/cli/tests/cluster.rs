@@ -25,8 +25,21 @@ use common::s3::{Creds, S3};
 use common::said;
 use common::{capsule_cmd, noise, TestEnv, NOW, PASSWORD};
 
+/// The store is one for every test here: a test that kills, restarts or
+/// wipes nodes runs alone, the others together. Run beside the node kills,
+/// the append-only test's backup waited 63 s for its node and failed.
+static STORE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// A test's turn on the store, held while the test runs.
+#[allow(dead_code)] // held, never read
+enum Turn {
+    Shared(std::sync::RwLockReadGuard<'static, ()>),
+    Alone(std::sync::RwLockWriteGuard<'static, ()>),
+}
+
 /// The distributed store `scripts/servers.sh` started.
 struct Cluster {
+    _turn: Turn,
     /// `ADDR:PORT` of each node.
     nodes: Vec<String>,
     /// The directory `scripts/cluster.sh` keeps it in.
@@ -37,13 +50,30 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// The store, beside the other tests that leave its nodes alone.
     fn new() -> Option<Cluster> {
+        Self::with(false)
+    }
+
+    /// The store, for a test that kills, restarts or wipes nodes.
+    fn alone() -> Option<Cluster> {
+        Self::with(true)
+    }
+
+    fn with(alone: bool) -> Option<Cluster> {
         let url = env("CAPSULE_TEST_CLUSTER")?;
+        // A test that failed holding its turn leaves the store as it is.
+        let turn = if alone {
+            Turn::Alone(STORE.write().unwrap_or_else(|p| p.into_inner()))
+        } else {
+            Turn::Shared(STORE.read().unwrap_or_else(|p| p.into_inner()))
+        };
         let nodes = env("CAPSULE_TEST_CLUSTER_NODES")?
             .split_whitespace()
             .map(str::to_string)
             .collect();
         Some(Cluster {
+            _turn: turn,
             nodes,
             dir: PathBuf::from(env("CAPSULE_TEST_CLUSTER_DIR")?),
             bucket: url.rsplit('/').next()?.to_string(),
@@ -186,7 +216,7 @@ impl<'a> Repo<'a> {
 ///   snapshot restores equal to its source.
 #[test]
 fn eight_machines_ride_out_a_lost_node_and_a_wiped_drive_with_prune_beside_them() {
-    let Some(c) = Cluster::new() else { return };
+    let Some(c) = Cluster::alone() else { return };
     let repo = Repo::new(&c, "eight-machines");
     let work = repo.work();
     let run = |node: usize, name: &str, args: &[&str]| repo.run(node, name, args);
