@@ -147,7 +147,9 @@ fn fetch_pack(
     if local {
         return repo.backend().get(name, None);
     }
-    let mut whole = Vec::with_capacity(size as usize);
+    // The index's size is a hint only: capped, so a wrong one costs a
+    // regrowth, never an allocation the machine cannot make.
+    let mut whole = Vec::with_capacity(size.min(64 << 20) as usize);
     repo.backend().get_stream(name, None, &mut whole)?;
     Ok(whole)
 }
