@@ -34,16 +34,7 @@ work=$(mktemp -d /tmp/capsule-copybench.XXXXXX)
 source bench/lib.sh
 use_servers
 need restic:restic rclone:rclone jq:jq
-if [ "$pin_it" = 1 ]; then pin_servers; taskset -cp "${pin[2]}" $$ >/dev/null; fi
-
-export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench RESTIC_FROM_PASSWORD=bench
-export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
-export CAPSULE_SFTP_KEY=$CAPSULE_TEST_SFTP_KEY
-export AWS_ACCESS_KEY_ID=$CAPSULE_TEST_S3_KEY AWS_SECRET_ACCESS_KEY=$CAPSULE_TEST_S3_SECRET
-export CAPSULE_SFTP_KNOWN_HOSTS=$CAPSULE_TEST_KNOWN_HOSTS
-ssh_opts="-i $CAPSULE_TEST_SFTP_KEY -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
-smb_dir=$CAPSULE_TEST_SMB_DIR sftp_dir=$CAPSULE_TEST_SFTP_DIR
-name=${work##*.}
+net_bench_env
 
 echo "generating $mib MiB and $small small files in $work" >&2
 mkdir -p "$work/data/small"

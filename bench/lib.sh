@@ -218,3 +218,20 @@ capsule_url() {
     SMB) echo "smb://backup@$2/backup/$name-c" ;;
   esac
 }
+
+# net_bench_env: what the network benchmarks share once the servers are up
+# (use_servers): with pin_it=1 the servers on the last core and this
+# script (so every client it starts) on the others; the servers'
+# credentials for capsule and restic; $ssh_opts, $smb_dir, $sftp_dir, and
+# $name, this run's prefix for repository names.
+net_bench_env() {
+  if [ "${pin_it:-0}" = 1 ]; then pin_servers; taskset -cp "${pin[2]}" $$ >/dev/null; fi
+  export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench RESTIC_FROM_PASSWORD=bench
+  export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
+  export CAPSULE_SFTP_KEY=$CAPSULE_TEST_SFTP_KEY
+  export AWS_ACCESS_KEY_ID=$CAPSULE_TEST_S3_KEY AWS_SECRET_ACCESS_KEY=$CAPSULE_TEST_S3_SECRET
+  export CAPSULE_SFTP_KNOWN_HOSTS=$CAPSULE_TEST_KNOWN_HOSTS
+  ssh_opts="-i $CAPSULE_TEST_SFTP_KEY -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+  smb_dir=$CAPSULE_TEST_SMB_DIR sftp_dir=$CAPSULE_TEST_SFTP_DIR
+  name=${work##*.}
+}

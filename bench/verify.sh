@@ -33,17 +33,7 @@ work=$(mktemp -d /tmp/capsule-verifybench.XXXXXX)
 source bench/lib.sh
 use_servers
 need restic:restic rclone:rclone smbclient:smbclient jq:jq
-# Pinned, this script (and so every client it starts) runs on the cores the
-# servers do not.
-if [ "$pin_it" = 1 ]; then pin_servers; taskset -cp "${pin[2]}" $$ >/dev/null; fi
-
-export CAPSULE_PASSWORD=bench RESTIC_PASSWORD=bench
-export CAPSULE_SMB_PASSWORD=$CAPSULE_TEST_SMB_PASSWORD
-export CAPSULE_SFTP_KEY=$CAPSULE_TEST_SFTP_KEY
-export AWS_ACCESS_KEY_ID=$CAPSULE_TEST_S3_KEY AWS_SECRET_ACCESS_KEY=$CAPSULE_TEST_S3_SECRET
-ssh_opts="-i $CAPSULE_TEST_SFTP_KEY -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
-smb_dir=$CAPSULE_TEST_SMB_DIR sftp_dir=$CAPSULE_TEST_SFTP_DIR
-name=${work##*.}
+net_bench_env
 
 echo "generating $mib MiB in $work" >&2
 mkdir -p "$work/data"
@@ -53,7 +43,6 @@ done
 sync
 
 # The repositories, written once without the proxy.
-export CAPSULE_SFTP_KNOWN_HOSTS=$CAPSULE_TEST_KNOWN_HOSTS
 "$capsule" -r "$work/local" -q init && "$capsule" -r "$work/local" -q backup "$work/data"
 mkdir -p "$smb_dir/$name-c" "$smb_dir/$name-r" "$sftp_dir/$name-c"
 for dest in S3 SFTP SMB; do
