@@ -37,6 +37,11 @@ def parse():
     p.add_argument("--mib", type=int, default=20, help="source size per client")
     p.add_argument("--shared", type=float, default=0.8)
     p.add_argument("--pin", action="store_true")
+    p.add_argument("--uplink", type=int, default=0, metavar="MBIT",
+                   help="shape the clients' one way to the store to MBIT Mbit/s "
+                        "(a household's uplink; tbf on the bridge)")
+    p.add_argument("--alone", action="store_true",
+                   help="back up with --alone: first backups do not meet (no claims)")
     return p.parse_args()
 
 
@@ -48,6 +53,7 @@ NODES = os.environ["CAPSULE_TEST_CLUSTER_NODES"].split()
 KEY = os.environ["CAPSULE_TEST_CLUSTER_KEY"]
 SECRET = os.environ["CAPSULE_TEST_CLUSTER_SECRET"]
 BUCKET = os.environ["CAPSULE_TEST_CLUSTER"].rsplit("/", 1)[1]
+BRIDGE = os.environ.get("CLUSTER_BRIDGE", "capbench-br0")
 work = tempfile.mkdtemp(prefix="capsule-cluster-bench.")
 clock = os.path.join(work, "clock")
 client_cpu = []
@@ -146,6 +152,13 @@ def restart(n):
     ctl("restart", n)
     pin_servers()
 
+# -- a household's uplink: everything the clients send to the store leaves
+#    through the bridge, so one token bucket there is one shared uplink
+if A.uplink:
+    subprocess.run(["tc", "qdisc", "replace", "dev", BRIDGE, "root", "tbf", "rate",
+                    f"{A.uplink}mbit", "burst", "256kb", "latency", "200ms"], check=True)
+    log(f"uplink: {A.uplink} Mbit/s (tbf on {BRIDGE})")
+
 # -- the store's own bound: a plain parallel PUT of the same bytes, one
 #    stream per client, each through the node that client uses
 signed("s3", "DELETE", "capsule-bound", "-H", "x-minio-force-delete: true")
@@ -220,7 +233,9 @@ for rnd in range(A.rounds):
         ctl("wipe", 3, 1)
         faults.append("node 3's drive 1 emptied before round 4 (healed by the store)")
     t0 = time.monotonic()
-    procs = [capsule(i, f"m{i}", "bench", "--json", "backup", "--host", f"m{i}", srcs[i], popen=True)
+    alone = ["--alone"] if A.alone else []
+    procs = [capsule(i, f"m{i}", "bench", "--json", "backup", *alone, "--host", f"m{i}", srcs[i],
+                     popen=True)
              for i in range(A.clients)]
     if rnd == 2:
         time.sleep(1.0)
@@ -309,6 +324,7 @@ while not heals() and time.monotonic() < deadline:
 heal = heals()
 
 r1_secs, r1_sent, _ = rounds[0]
+r1_distinct = shared_total + A.clients * own_total
 tput = source_bytes / r1_secs / mib
 bound = source_bytes / bound_secs / mib
 lost = 0 if check.returncode == 0 else "check failed"
@@ -320,7 +336,7 @@ print(f"""
 | snapshots made / runs failed | {len(made)} / {len(failed)} |
 | lost | {lost}: `check --read-data` {'clean' if check.returncode == 0 else 'FAILED'}, {restored_ok}/{A.clients} hosts' newest snapshots restored equal to their sources, {len(live_ids)} live snapshots |
 | stored after prune | {stored / mib:.1f} MiB for {distinct / mib:.1f} MiB distinct ({stored / distinct:.2f}×; sources hold {source_bytes / mib:.0f} MiB before the rounds' new files) |
-| round 1 (all first backups at once) | {r1_secs:.1f} s, {tput:.1f} MiB/s of source, {r1_sent / mib:.1f} MiB sent |
+| round 1 (all first backups at once) | {r1_secs:.1f} s, {tput:.1f} MiB/s of source, {r1_sent / mib:.1f} MiB sent for {r1_distinct / mib:.1f} MiB distinct (**{r1_sent / r1_distinct:.2f}×**) |
 | parallel PUT of the same {source_bytes / mib:.0f} MiB ({A.clients} streams) | {bound_secs:.1f} s, {bound:.1f} MiB/s |
 | throughput / bound | **{tput / bound:.2f}** |
 | no-change run, {A.clients} hosts vs alone (median of 3) | {shared_nc[0]:.2f} s vs {alone_nc[0]:.2f} s ({shared_nc[0] / alone_nc[0]:.2f}×); {shared_nc[1]:.0f} vs {alone_nc[1]:.0f} requests ({shared_nc[1] / max(alone_nc[1], 1):.2f}×); {shared_nc[2] / 1024:.0f} vs {alone_nc[2] / 1024:.0f} KiB read |

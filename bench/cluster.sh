@@ -9,6 +9,7 @@
 # Prints a Markdown table (bench/cluster.py does the work).
 #
 #   bench/cluster.sh [--pin] [--clients N] [--rounds R] [--mib M] [--shared F]
+#                     [--uplink MBIT] [--alone]
 #
 # --pin puts the store's four nodes on the last core and the clients on the
 # others, as a NAS or object store has CPUs of its own; run it both ways.

@@ -672,3 +672,177 @@ fn a_prune_names_the_sessions_it_waits_for_and_wait_sweeps_after_them() {
     let idle = json(&repo, &["prune"]);
     assert_eq!(idle["prune"]["packs_deleted"], 0, "{idle}");
 }
+
+/// Two machines' first backups of the same data, started together: `a`
+/// sees `b`'s session, claims every large blob and stops before its last
+/// pack is sent; `b` then claims the same blobs, loses the shared ones to
+/// `a` and stops once its own are indexed; `a` finishes. Returns the repo,
+/// the sources, `a` (paused before its packs are flushed) and `b` (paused
+/// waiting for `a`'s blobs) with their gates, and the shared bytes.
+struct Pair {
+    repo: std::path::PathBuf,
+    src: [std::path::PathBuf; 2],
+    gate_a: std::path::PathBuf,
+    gate_b: std::path::PathBuf,
+    shared: u64,
+}
+
+fn first_backups_at_once(t: &Path) -> (Pair, std::process::Child, std::process::Child) {
+    let repo = t.join("repo");
+    init(&repo);
+    let shared = noise(6_000_000, 40);
+    let src = [t.join("a"), t.join("b")];
+    for (i, s) in src.iter().enumerate() {
+        std::fs::create_dir_all(s).unwrap();
+        std::fs::write(s.join("shared"), &shared).unwrap();
+        std::fs::write(s.join("own"), noise(1_000_000, 41 + i as u64)).unwrap();
+    }
+    let spawn = |host: &str, s: &Path, pauses: String, wait: &Path| {
+        let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
+        c.arg("--repo")
+            .arg(&repo)
+            .args(["--json", "backup", "--host", host, s.to_str().unwrap()])
+            .env("CAPSULE_TEST_NOW", NOW.to_string())
+            .env("CAPSULE_TEST_PAUSE", pauses)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let waiting = wait.with_extension("waiting");
+        for _ in 0..1200 {
+            if waiting.exists() {
+                return child;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        panic!(
+            "{host} never reached {}: {}",
+            wait.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let (b_start, gate_b, gate_a) = (t.join("b-start"), t.join("b-wait"), t.join("a-finish"));
+    // b's session is on the destination, so a meets it and claims.
+    let b = spawn(
+        "b",
+        &src[1],
+        format!(
+            "rendezvous:{};claims-wait:{}",
+            b_start.display(),
+            gate_b.display()
+        ),
+        &b_start,
+    );
+    let a = spawn(
+        "a",
+        &src[0],
+        format!("saver-finish:{}", gate_a.display()),
+        &gate_a,
+    );
+    // Claims are ordered by the destination's clock in seconds, then by
+    // name: b's come a second after a's.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    std::fs::write(&b_start, b"").unwrap();
+    let waiting = gate_b.with_extension("waiting");
+    for _ in 0..1200 {
+        if waiting.exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(waiting.exists(), "b never waited for a's blobs");
+    let p = Pair {
+        repo,
+        src,
+        gate_a,
+        gate_b,
+        shared: shared.len() as u64,
+    };
+    (p, a, b)
+}
+
+fn bytes_up(out: &std::process::Output) -> u64 {
+    assert!(out.status.success(), "{}", said(out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["destination"]["bytes_up"].as_u64().unwrap()
+}
+
+fn restores_both(p: &Pair, t: &Path) {
+    let check = capsule(&p.repo, &["check", "--read-data"]);
+    assert!(check.status.success(), "{}", said(&check));
+    let snaps = json(&p.repo, &["snapshots"]);
+    for (host, src) in ["a", "b"].iter().zip(&p.src) {
+        let target = t.join(format!("restored-{host}"));
+        let id = snaps
+            .as_array()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|s| s["snapshot"]["hostname"] == *host)
+            .map(|s| s["id"].as_str().unwrap().to_string())
+            .unwrap_or_else(|| panic!("no snapshot of {host}: {snaps}"));
+        ok(
+            &p.repo,
+            &["restore", &id, "--target", target.to_str().unwrap()],
+        );
+        assert_same_tree(src, &restored(&target, src), false);
+    }
+    let claims = files_under(&p.repo.join("claims"));
+    assert!(claims.is_empty(), "claims left behind: {claims:?}");
+}
+
+/// Issue 62: machines set up at once send what they share once. `b` loses
+/// the shared blobs to `a`, waits for `a`'s index, and sends only its own
+/// file; both restore, check is clean, and no claim is left.
+#[test]
+fn first_backups_at_once_send_what_they_share_once() {
+    let t = tempfile::tempdir().unwrap();
+    let (p, a, b) = first_backups_at_once(t.path());
+    std::fs::write(&p.gate_a, b"").unwrap();
+    let up_a = bytes_up(&a.wait_with_output().unwrap());
+    std::fs::write(&p.gate_b, b"").unwrap();
+    let up_b = bytes_up(&b.wait_with_output().unwrap());
+    assert!(
+        up_a > p.shared,
+        "a sent {up_a} bytes, the shared file is {}",
+        p.shared
+    );
+    assert!(
+        up_b < p.shared / 3,
+        "b sent {up_b} bytes: the shared {} again",
+        p.shared
+    );
+    restores_both(&p, t.path());
+}
+
+/// The machine that claimed the shared blobs dies before sending them: the
+/// other waits for it (its session is still on the destination) at most a
+/// minute, then sends them itself, and nothing is lost.
+#[test]
+fn a_first_backup_sends_what_a_machine_that_died_claimed() {
+    let t = tempfile::tempdir().unwrap();
+    let (p, mut a, b) = first_backups_at_once(t.path());
+    a.kill().unwrap();
+    let _ = a.wait();
+    std::fs::write(&p.gate_b, b"").unwrap();
+    let up_b = bytes_up(&b.wait_with_output().unwrap());
+    assert!(
+        up_b > p.shared,
+        "b sent {up_b} bytes, the shared file is {}",
+        p.shared
+    );
+    // a's snapshot was never made: back it up again (its blobs are b's now).
+    ok_at(
+        &p.repo,
+        NOW,
+        &["backup", "-q", "--host", "a", p.src[0].to_str().unwrap()],
+    );
+    // The claims a left behind go with the next prune (its session, never
+    // ended, is revoked only after its lease: delete it as that prune would).
+    for s in files_under(&p.repo.join("sessions")) {
+        std::fs::remove_file(s).unwrap();
+    }
+    ok(&p.repo, &["prune"]);
+    restores_both(&p, t.path());
+}

@@ -24,6 +24,7 @@ pub mod progress;
 pub mod prune;
 pub mod quota;
 mod reach;
+pub mod rendezvous;
 mod repack;
 pub mod repair;
 pub mod repo;

@@ -37,6 +37,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use crate::error::{EngineError, Result};
 use crate::index::{save_index_file, MasterIndex};
 use crate::journal::Journal;
+use crate::rendezvous::{Claim, Rendezvous, CLAIM_MIN};
 use crate::repo::{pack_name, put_addressed_file, put_addressed_owned, Repository};
 
 /// Packs per index file written during a backup.
@@ -282,6 +283,8 @@ struct Shared {
     /// A dry run: blobs are compressed and sealed, to count what a backup
     /// would send, and then dropped; nothing is written anywhere.
     dry_run: bool,
+    /// A first backup's rendezvous with the other machines writing.
+    rendezvous: Option<Arc<Rendezvous>>,
 }
 
 impl Shared {
@@ -307,7 +310,10 @@ impl Shared {
             }
             std::mem::take(&mut *p)
         };
-        save_index_file(&*self.repo, &f)?;
+        let written = save_index_file(&*self.repo, &f)?;
+        if let Some(r) = &self.rendezvous {
+            r.wrote_index(written);
+        }
         self.stats.index_files.fetch_add(1, Ordering::Relaxed);
         self.indexed
             .lock()
@@ -362,33 +368,46 @@ pub struct BlobSaver {
     shared: Arc<Shared>,
     seal_tx: Option<Sender<SealJob>>,
     upload_tx: Option<Sender<FinishedPack>>,
+    claim_tx: Option<Sender<Sealed>>,
     seal_threads: Vec<JoinHandle<()>>,
+    claim_threads: Vec<JoinHandle<()>>,
     upload_threads: Vec<JoinHandle<()>>,
+}
+
+/// A sealed data blob on its way to be claimed (see [`crate::rendezvous`]).
+struct Sealed {
+    t: BlobType,
+    id: BlobId,
+    env: Vec<u8>,
+    raw_len: usize,
 }
 
 impl BlobSaver {
     /// Starts seal and upload workers.
     pub fn start(repo: Arc<Repository>, index: Arc<MasterIndex>, threads: usize) -> Self {
-        Self::start_with(repo, index, threads, None)
+        Self::start_with(repo, index, threads, None, None)
     }
 
     /// Like [`BlobSaver::start`], keeping a [`Journal`] of packs landed but
     /// not yet indexed at `journal.0`. `journal.1` are packs recovered from
     /// an earlier run's journal (already in `index`): they are listed in this
-    /// run's first index file.
+    /// run's first index file. With a `rendezvous` (a first backup), large
+    /// data blobs are claimed before they are packed, and blobs other
+    /// machines index meanwhile are not sent again.
     pub fn start_with(
         repo: Arc<Repository>,
         index: Arc<MasterIndex>,
         threads: usize,
         journal: Option<(std::path::PathBuf, Vec<IndexPack>)>,
+        rendezvous: Option<Arc<Rendezvous>>,
     ) -> Self {
-        Self::start_full(repo, index, threads, journal, false)
+        Self::start_full(repo, index, threads, journal, false, rendezvous)
     }
 
     /// A saver that counts what it would store, and stores nothing
     /// (`backup --dry-run`).
     pub fn start_dry(repo: Arc<Repository>, index: Arc<MasterIndex>, threads: usize) -> Self {
-        Self::start_full(repo, index, threads, None, true)
+        Self::start_full(repo, index, threads, None, true, None)
     }
 
     fn start_full(
@@ -397,6 +416,7 @@ impl BlobSaver {
         threads: usize,
         journal: Option<(std::path::PathBuf, Vec<IndexPack>)>,
         dry_run: bool,
+        rendezvous: Option<Arc<Rendezvous>>,
     ) -> Self {
         let caps = repo.backend().capabilities();
         let uploads = caps.concurrency.max(1);
@@ -433,15 +453,35 @@ impl BlobSaver {
             indexed: Mutex::new(Vec::new()),
             stats,
             dry_run,
+            rendezvous,
         });
+        // Claims are round trips: several in flight, as uploads are.
+        let (claim_tx, claim_rx) = bounded::<Sealed>(uploads * 2);
+        let claim_threads = if shared.rendezvous.is_some() {
+            (0..uploads.clamp(2, 8))
+                .map(|i| {
+                    let s = shared.clone();
+                    let rx = claim_rx.clone();
+                    let tx = upload_tx.clone();
+                    std::thread::Builder::new()
+                        .name(format!("claim-{i}"))
+                        .spawn(move || claim_worker(&s, rx, tx))
+                        .expect("spawn claim worker")
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let claim_tx = shared.rendezvous.is_some().then_some(claim_tx);
         let seal_threads = (0..threads)
             .map(|i| {
                 let s = shared.clone();
                 let rx = seal_rx.clone();
                 let tx = upload_tx.clone();
+                let claims = claim_tx.clone();
                 std::thread::Builder::new()
                     .name(format!("seal-{i}"))
-                    .spawn(move || seal_worker(&s, rx, tx))
+                    .spawn(move || seal_worker(&s, rx, tx, claims))
                     .expect("spawn seal worker")
             })
             .collect();
@@ -459,7 +499,9 @@ impl BlobSaver {
             shared,
             seal_tx: Some(seal_tx),
             upload_tx: Some(upload_tx),
+            claim_tx,
             seal_threads,
+            claim_threads,
             upload_threads,
         }
     }
@@ -492,7 +534,7 @@ impl BlobSaver {
         if self.shared.failed.load(Ordering::Relaxed) {
             return Err(self.failure());
         }
-        if self.shared.index.contains(&id) {
+        if self.shared.index.contains(&id) || self.learned(&id) {
             return Ok(false);
         }
         if !self
@@ -511,9 +553,15 @@ impl BlobSaver {
         Ok(true)
     }
 
+    /// Whether another machine indexed the blob during this run.
+    fn learned(&self, id: &BlobId) -> bool {
+        self.shared.rendezvous.as_ref().is_some_and(|r| r.knows(id))
+    }
+
     /// Whether the blob is stored or being stored.
     pub fn has(&self, id: &BlobId) -> bool {
         self.shared.index.contains(id)
+            || self.learned(id)
             || self
                 .shared
                 .claimed
@@ -541,6 +589,11 @@ impl BlobSaver {
         for h in self.seal_threads.drain(..) {
             let _ = h.join();
         }
+        drop(self.claim_tx.take());
+        for h in self.claim_threads.drain(..) {
+            let _ = h.join();
+        }
+        crate::pause::test_pause("saver-finish");
         if !self.shared.failed.load(Ordering::SeqCst) {
             if let Some(tx) = self.upload_tx.as_ref() {
                 for p in &self.shared.packers {
@@ -576,6 +629,18 @@ impl BlobSaver {
             return Err(e);
         }
         self.shared.flush_index(true)?;
+        let mut packs_indexed = Vec::new();
+        if let Some(r) = &self.shared.rendezvous {
+            self.settle(r)?;
+            packs_indexed = r.packs_used();
+        }
+        packs_indexed.extend(std::mem::take(
+            &mut *self
+                .shared
+                .indexed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        ));
         let s = &self.shared.stats;
         Ok(SaverStatsSnapshot {
             blobs_added: s.blobs_added.load(Ordering::Relaxed),
@@ -587,14 +652,41 @@ impl BlobSaver {
             compress_secs: s.compress_ns.load(Ordering::Relaxed) as f64 / 1e9,
             encrypt_secs: s.encrypt_ns.load(Ordering::Relaxed) as f64 / 1e9,
             upload_secs: s.upload_ns.load(Ordering::Relaxed) as f64 / 1e9,
-            packs_indexed: std::mem::take(
-                &mut *self
-                    .shared
-                    .indexed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()),
-            ),
+            packs_indexed,
         })
+    }
+
+    /// Once this run's own packs are indexed: the blobs other machines
+    /// claimed are either indexed by them by now or uploaded here, and
+    /// indexed, before the snapshot may refer to them.
+    fn settle(&self, r: &Rendezvous) -> Result<()> {
+        let s = &*self.shared;
+        let target = s.repo.config().pack_size as usize;
+        let (blobs, raw, stored) = r.settle(|t, id, env, raw_len| {
+            let full = {
+                let mut p = s.packers[0].lock().unwrap_or_else(|p| p.into_inner());
+                append_blob(s, &mut p, t, id, env, raw_len, target)?
+            };
+            if let Some(fp) = full {
+                land(s, fp)?;
+            }
+            Ok(())
+        })?;
+        let last = s.packers[0]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take(&s.repo)?;
+        if let Some(fp) = last {
+            land(s, fp)?;
+        }
+        s.flush_index(true)?;
+        // Counted when sealed; stored by another machine instead.
+        s.stats.blobs_added.fetch_sub(blobs, Ordering::Relaxed);
+        s.stats.raw_bytes_added.fetch_sub(raw, Ordering::Relaxed);
+        s.stats
+            .stored_bytes_added
+            .fetch_sub(stored, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -603,10 +695,12 @@ impl Drop for BlobSaver {
         // Dropped without finish (an error path): stop workers, write nothing more.
         self.shared.failed.store(true, Ordering::SeqCst);
         drop(self.seal_tx.take());
+        drop(self.claim_tx.take());
         drop(self.upload_tx.take());
         for h in self
             .seal_threads
             .drain(..)
+            .chain(self.claim_threads.drain(..))
             .chain(self.upload_threads.drain(..))
         {
             let _ = h.join();
@@ -646,7 +740,12 @@ fn nanos_since(t: std::time::Instant) -> u64 {
     t.elapsed().as_nanos() as u64
 }
 
-fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
+fn seal_worker(
+    s: &Shared,
+    rx: Receiver<SealJob>,
+    tx: Sender<FinishedPack>,
+    claims: Option<Sender<Sealed>>,
+) {
     let level = s.repo.config().compression;
     let target = s.repo.config().pack_size as usize;
     let mut zstd = zstd::bulk::Compressor::new(level)
@@ -685,6 +784,22 @@ fn seal_worker(s: &Shared, rx: Receiver<SealJob>, tx: Sender<FinishedPack>) {
             .stored_bytes_added
             .fetch_add(env.len() as u64, Ordering::Relaxed);
         if s.dry_run {
+            continue;
+        }
+        if let Some(c) = claims.as_ref().filter(|_| {
+            job.t == BlobType::Data
+                && job.raw_len >= CLAIM_MIN
+                && s.rendezvous.as_ref().is_some_and(|r| r.active())
+        }) {
+            let sealed = Sealed {
+                t: job.t,
+                id: job.id,
+                env,
+                raw_len: job.raw_len,
+            };
+            if c.send(sealed).is_err() {
+                s.fail(EngineError::Interrupted);
+            }
             continue;
         }
         let slot = match job.t {
@@ -773,53 +888,97 @@ fn upload_pack(s: &Shared, name: &str, fp: &FinishedPack) -> Result<()> {
     r
 }
 
+/// Claims each sealed blob: packs those this run won, keeps aside those
+/// another machine claimed first.
+fn claim_worker(s: &Shared, rx: Receiver<Sealed>, tx: Sender<FinishedPack>) {
+    let Some(r) = s.rendezvous.as_ref() else {
+        return;
+    };
+    let target = s.repo.config().pack_size as usize;
+    for b in rx {
+        if s.failed.load(Ordering::Relaxed) {
+            continue;
+        }
+        if r.knows(&b.id) {
+            // Another machine indexed it since it was read: counted when
+            // sealed, stored by them instead.
+            s.stats.blobs_added.fetch_sub(1, Ordering::Relaxed);
+            s.stats
+                .raw_bytes_added
+                .fetch_sub(b.raw_len as u64, Ordering::Relaxed);
+            s.stats
+                .stored_bytes_added
+                .fetch_sub(b.env.len() as u64, Ordering::Relaxed);
+            continue;
+        }
+        let done = match r.claim(&b.id) {
+            Claim::Lost(winner) => r.defer(b.t, b.id, &b.env, b.raw_len, winner).map(|_| None),
+            Claim::Won => {
+                let mut p = s.packers[0].lock().unwrap_or_else(|p| p.into_inner());
+                append_blob(s, &mut p, b.t, b.id, &b.env, b.raw_len, target)
+            }
+        };
+        match done {
+            Ok(Some(fp)) => {
+                if tx.send(fp).is_err() {
+                    s.fail(EngineError::Interrupted);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => s.fail(e),
+        }
+    }
+}
+
 fn upload_worker(s: &Shared, rx: Receiver<FinishedPack>) {
     for fp in rx {
         if s.failed.load(Ordering::Relaxed) {
             continue;
         }
-        let id = fp.id;
-        let t0 = std::time::Instant::now();
-        let t = fp
-            .entries
-            .first()
-            .map(|e| e.blob_type)
-            .unwrap_or(BlobType::Data);
-        let size = fp.size;
-        let r = upload_pack(s, &pack_name(&id, t), &fp);
-        if r.is_ok() {
-            s.spills
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(fp.file);
-        }
-        s.stats
-            .upload_ns
-            .fetch_add(nanos_since(t0), Ordering::Relaxed);
-        if let Err(e) = r {
-            s.fail(e);
-            continue;
-        }
-        s.stats.packs.fetch_add(1, Ordering::Relaxed);
-        let p = IndexPack {
-            id,
-            size,
-            entries: fp.entries,
-        };
-        // Journal first: once the pack is in `pending`, another uploader's
-        // flush may index it and drop it from the journal.
-        if let Some(j) = &s.journal {
-            j.landed(&s.repo, &p);
-        }
-        s.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .packs
-            .push(p);
-        if let Err(e) = s.flush_index(false) {
+        if let Err(e) = land(s, fp) {
             s.fail(e);
         }
     }
+}
+
+/// Uploads a finished pack, journals it and queues it for the index.
+fn land(s: &Shared, fp: FinishedPack) -> Result<()> {
+    let id = fp.id;
+    let t0 = std::time::Instant::now();
+    let t = fp
+        .entries
+        .first()
+        .map(|e| e.blob_type)
+        .unwrap_or(BlobType::Data);
+    let size = fp.size;
+    let r = upload_pack(s, &pack_name(&id, t), &fp);
+    if r.is_ok() {
+        s.spills
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(fp.file);
+    }
+    s.stats
+        .upload_ns
+        .fetch_add(nanos_since(t0), Ordering::Relaxed);
+    r?;
+    s.stats.packs.fetch_add(1, Ordering::Relaxed);
+    let p = IndexPack {
+        id,
+        size,
+        entries: fp.entries,
+    };
+    // Journal first: once the pack is in `pending`, another uploader's
+    // flush may index it and drop it from the journal.
+    if let Some(j) = &s.journal {
+        j.landed(&s.repo, &p);
+    }
+    s.pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .packs
+        .push(p);
+    s.flush_index(false)
 }
 
 #[cfg(test)]

@@ -201,3 +201,20 @@ pub(crate) fn excluded_by_system(
 /// The extended attribute `tmutil addexclusion` sets.
 #[cfg(target_os = "macos")]
 const TM_EXCLUDE: &str = "com.apple.metadata:com_apple_backup_excludeItem";
+
+/// Whether process `pid` of this machine is alive (a restore it runs may
+/// still be writing; a backup whose session is on the destination may
+/// still be sending what it claimed).
+pub(crate) fn alive(pid: u32) -> bool {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return false;
+    };
+    // EPERM: it exists, as another user's.
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) => true,
+        Err(e) => e == rustix::io::Errno::PERM,
+    }
+}

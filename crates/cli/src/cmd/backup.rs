@@ -60,6 +60,12 @@ pub struct BackupArgs {
     /// write nothing (no snapshot, no data, no run record).
     #[arg(short = 'n', long)]
     dry_run: bool,
+    /// A first backup normally meets the first backups other machines are
+    /// running into the same repository (small claim objects), so that
+    /// what they share is uploaded once. This turns that off: each
+    /// uploads everything itself, with fewer requests.
+    #[arg(long, env = "CAPSULE_ALONE")]
+    alone: bool,
     /// Tag the snapshot (repeatable, or "a,b").
     #[arg(long = "tag", value_delimiter = ',')]
     tags: Vec<String>,
@@ -365,6 +371,7 @@ pub fn backup(
         verify_packs: a.force,
         source_snapshot: a.source_snapshot.unwrap_or_default(),
         dry_run: a.dry_run,
+        alone: a.alone,
         ..BackupOptions::default()
     };
     let profile = settings.profile.clone().unwrap_or_default();

@@ -417,10 +417,20 @@ pub fn backup(
     } else {
         opts.threads
     };
+    // A first backup may be one of several machines set up at once: it
+    // meets the others (crate::rendezvous) so that what they share is sent
+    // once. Only an optimisation: a destination that cannot be listed now
+    // fails the backup where it matters, not here.
+    let rendezvous = match (&session, &parent) {
+        (Some(s), None) if !opts.alone => {
+            crate::rendezvous::Rendezvous::start(repo.clone(), s.id(), &index).ok()
+        }
+        _ => None,
+    };
     let saver = if opts.dry_run {
         BlobSaver::start_dry(repo.clone(), index.clone(), cores)
     } else {
-        BlobSaver::start_with(repo.clone(), index.clone(), cores, journal)
+        BlobSaver::start_with(repo.clone(), index.clone(), cores, journal, rendezvous)
     };
     let skip: Vec<PathBuf> = opts
         .skip_dirs

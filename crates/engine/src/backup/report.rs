@@ -61,6 +61,9 @@ pub struct BackupOptions {
     /// would be sent, and store nothing (no packs, index, session or
     /// snapshot). The report's `snapshot_id` is then empty.
     pub dry_run: bool,
+    /// A first backup does not meet other machines' first backups
+    /// (crate::rendezvous): it uploads what they share itself, as before.
+    pub alone: bool,
     /// Read the sources from a snapshot of their file systems taken when
     /// the walk starts (see `capsule_snap`), not from live files.
     pub source_snapshot: capsule_snap::Mode,

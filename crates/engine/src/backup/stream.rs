@@ -77,7 +77,7 @@ pub fn backup_stream(
     let saver = if opts.dry_run {
         BlobSaver::start_dry(repo.clone(), index.clone(), cores)
     } else {
-        BlobSaver::start_with(repo.clone(), index.clone(), cores, None)
+        BlobSaver::start_with(repo.clone(), index.clone(), cores, None, None)
     };
     let read = read_chunks(&repo, &saver, stream.reader, progress);
     // The stream's end is judged before the saver's: a command that failed

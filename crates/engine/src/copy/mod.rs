@@ -125,7 +125,7 @@ pub fn copy(
     };
     let dst_index = Arc::new(dst_index);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let saver = BlobSaver::start_with(dst.clone(), dst_index.clone(), cores, journal);
+    let saver = BlobSaver::start_with(dst.clone(), dst_index.clone(), cores, journal, None);
 
     let sent = if report.rechunked {
         rechunk(src, dst, &src_index, &saver, &todo, &mut report, progress)

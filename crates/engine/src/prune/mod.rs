@@ -290,6 +290,13 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     };
     let held: HashMap<&str, &crate::session::SessionInfo> =
         sessions.iter().map(|(id, _, i)| (id.as_str(), i)).collect();
+    if !opts.dry_run {
+        // Claims of first backups that died (crate::rendezvous). They only
+        // ever decide who uploads first, so one left or lost costs an
+        // upload at most: not worth failing a prune over.
+        let live: HashSet<String> = held.keys().map(|s| s.to_string()).collect();
+        let _ = crate::rendezvous::sweep_claims(repo, &live);
+    }
     // Trees a running backup reused may sit in marked packs, out of the
     // index: the walk reads them there.
     let mut marked_index = MasterIndex::default();

@@ -79,21 +79,6 @@ fn part_owner(name: &[u8]) -> Option<u32> {
     u32::from_str_radix(pid, 16).ok()
 }
 
-/// Whether process `pid` is alive (a restore it runs may still be writing).
-fn alive(pid: u32) -> bool {
-    let Some(pid) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return false;
-    };
-    // EPERM: it exists, as another user's.
-    match rustix::process::test_kill_process(pid) {
-        Ok(()) => true,
-        Err(e) => e == rustix::io::Errno::PERM,
-    }
-}
-
 fn dir_flags() -> OFlags {
     OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
@@ -291,7 +276,7 @@ impl<'a, L: Layout> Target<'a, L> {
             let Some(pid) = part_owner(name.to_bytes()) else {
                 continue;
             };
-            if pid != self.pid && alive(pid) {
+            if pid != self.pid && crate::platform::alive(pid) {
                 continue;
             }
             let st = rustix::fs::statat(&*fd, name, AtFlags::SYMLINK_NOFOLLOW)?;
