@@ -20,7 +20,6 @@
 //! hold a whole request body (S3) get one of [`PACK_BUFFER_BYTES`]' worth
 //! of reusable buffers, so at most that much pack data is in memory at once.
 
-use std::collections::HashSet;
 use std::fs::File;
 use std::io::{Seek, Write};
 use std::path::PathBuf;
@@ -39,6 +38,7 @@ use crate::index::{save_index_file, MasterIndex};
 use crate::journal::Journal;
 use crate::rendezvous::{Claim, Rendezvous, CLAIM_MIN};
 use crate::repo::{pack_name, put_addressed_file, put_addressed_owned, Repository};
+use crate::sorted::IdSet;
 
 /// Packs per index file written during a backup.
 pub const INDEX_EVERY: usize = 4;
@@ -259,7 +259,7 @@ pub struct SaverStats {
 struct Shared {
     repo: Arc<Repository>,
     index: Arc<MasterIndex>,
-    claimed: Mutex<Claims>,
+    claimed: Mutex<IdSet>,
     packers: [Mutex<PackBuilder>; 2],
     pending: Mutex<IndexFile>,
     journal: Option<Journal>,
@@ -327,39 +327,6 @@ impl Shared {
             j.indexed(&self.repo, &ids);
         }
         Ok(())
-    }
-}
-
-/// The blobs this run has taken to store: exact (a blob wrongly taken for
-/// stored would be lost), and compact, since an initial backup of a
-/// million tiny files claims a million blobs: a sorted array of IDs (32
-/// bytes each, against about 100 in a hash set while it grows) and a
-/// small set of the latest, merged in when it fills.
-#[derive(Debug, Default)]
-struct Claims {
-    sorted: Vec<BlobId>,
-    fresh: HashSet<BlobId>,
-}
-
-/// Claims held in the small set before a merge.
-const FRESH_CLAIMS: usize = 1 << 16;
-
-impl Claims {
-    /// Claims `id`; false when it was claimed already.
-    fn insert(&mut self, id: BlobId) -> bool {
-        if self.sorted.binary_search(&id).is_ok() || !self.fresh.insert(id) {
-            return false;
-        }
-        if self.fresh.len() >= FRESH_CLAIMS {
-            let mut fresh: Vec<BlobId> = self.fresh.drain().collect();
-            fresh.sort_unstable();
-            crate::sorted::merge_in(&mut self.sorted, &fresh);
-        }
-        true
-    }
-
-    fn contains(&self, id: &BlobId) -> bool {
-        self.fresh.contains(id) || self.sorted.binary_search(id).is_ok()
     }
 }
 
@@ -441,7 +408,7 @@ impl BlobSaver {
         let shared = Arc::new(Shared {
             repo,
             index,
-            claimed: Mutex::new(Claims::default()),
+            claimed: Mutex::new(IdSet::default()),
             packers: [Mutex::default(), Mutex::default()],
             pending: Mutex::new(pending),
             journal,
@@ -979,30 +946,4 @@ fn land(s: &Shared, fp: FinishedPack) -> Result<()> {
         .packs
         .push(p);
     s.flush_index(false)
-}
-
-#[cfg(test)]
-mod claims_tests {
-    use super::*;
-
-    #[test]
-    fn claims_are_exact_across_merges() {
-        let id = |n: u32| {
-            let mut b = [0u8; 32];
-            b[..4].copy_from_slice(&n.wrapping_mul(2_654_435_761).to_be_bytes());
-            b[4..8].copy_from_slice(&n.to_le_bytes());
-            BlobId(capsule_format::Id(b))
-        };
-        let mut c = Claims::default();
-        let n = FRESH_CLAIMS as u32 * 3 + 5;
-        for k in 0..n {
-            assert!(c.insert(id(k)), "{k} is new");
-        }
-        for k in 0..n {
-            assert!(!c.insert(id(k)), "{k} was claimed");
-            assert!(c.contains(&id(k)));
-        }
-        assert!(!c.contains(&id(n)));
-        assert!(c.sorted.windows(2).all(|w| w[0] < w[1]));
-    }
 }
