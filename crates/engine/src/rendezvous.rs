@@ -6,8 +6,9 @@
 //! itself (the 32-client benchmark sent 3.1–3.5× the distinct data in its
 //! first round; a prune gives the storage back, not the uplink).
 //!
-//! A first backup (one with no parent snapshot) that sees other sessions on
-//! the destination does two things:
+//! A first backup (one with no parent snapshot) that sees other writers'
+//! sessions on the destination (backups and copies; not a mount, a check or
+//! a prune) does two things:
 //!
 //! * **It learns what landed meanwhile.** Every few seconds it lists
 //!   `index/` and reads the index files written since it loaded the index,
@@ -105,8 +106,12 @@ pub(crate) enum Claim {
 pub struct Rendezvous {
     repo: Arc<Repository>,
     me: String,
-    /// Session IDs on the destination besides ours (as last listed).
+    /// Sessions of other writers on the destination (as last listed).
     others: RwLock<HashSet<String>>,
+    /// Whether each session seen holds a writer (a backup or a copy):
+    /// read once per session, since a mount, a check or a prune beside a
+    /// first backup is no reason to claim.
+    writers: Mutex<HashMap<String, bool>>,
     learned: RwLock<Learned>,
     /// Our claim objects, deleted at the end.
     claims: Mutex<Vec<String>>,
@@ -126,6 +131,7 @@ impl Rendezvous {
             repo,
             me,
             others: RwLock::default(),
+            writers: Mutex::default(),
             learned: RwLock::new(Learned {
                 files: index.files().iter().copied().collect(),
                 ..Learned::default()
@@ -168,9 +174,9 @@ impl Rendezvous {
         Ok(r)
     }
 
-    /// Whether other sessions are on the destination (claims are made only
+    /// Whether other writers are on the destination (claims are made only
     /// then).
-    pub(crate) fn active(&self) -> bool {
+    pub fn active(&self) -> bool {
         !self.read_others().is_empty()
     }
 
@@ -190,13 +196,27 @@ impl Rendezvous {
             Err(e) if e.kind == ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(e.into()),
         };
-        let ids: HashSet<String> = objs
-            .iter()
-            .filter_map(|o| o.name.strip_prefix(SESSIONS_PREFIX))
-            .filter_map(|n| n.split('-').next())
-            .filter(|id| *id != self.me && !id.starts_with("probe"))
-            .map(str::to_string)
-            .collect();
+        let mut writers = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids = HashSet::new();
+        for o in &objs {
+            let Some(id) = o
+                .name
+                .strip_prefix(SESSIONS_PREFIX)
+                .and_then(|n| n.split('-').next())
+                .filter(|id| *id != self.me && !id.starts_with("probe"))
+            else {
+                continue;
+            };
+            let writer = *writers.entry(id.to_string()).or_insert_with(|| {
+                // One that cannot be read (renewed or ended meanwhile,
+                // damaged) counts as a writer: a claim too many costs
+                // three requests, a claim too few an upload.
+                crate::session::kind_of(&self.repo, &o.name).map_or(true, |k| k == "backup")
+            });
+            if writer {
+                ids.insert(id.to_string());
+            }
+        }
         *self.others.write().unwrap_or_else(|p| p.into_inner()) = ids;
         Ok(())
     }

@@ -299,6 +299,11 @@ pub fn list_sessions(repo: &Repository) -> Result<Vec<(String, Vec<String>, Sess
     Ok(out)
 }
 
+/// What holds the session whose object is `name` ("backup", "prune", …).
+pub(crate) fn kind_of(repo: &Repository, name: &str) -> Result<String> {
+    Ok(load(repo, name)?.kind)
+}
+
 fn load(repo: &Repository, name: &str) -> Result<SessionInfo> {
     let b = repo.backend().get(name, None)?;
     let p = repo

@@ -907,3 +907,25 @@ fn snapshots_and_index_files_are_read_at_once_on_one_core() {
     assert!(index_files > 1, "{index_files} index files");
     assert!(far.most.load(Relaxed) > 1, "index files read one at a time");
 }
+
+/// A first backup meets other writers only (issue 62): a check's session
+/// beside it is no reason to claim blobs; another backup's is.
+#[test]
+fn a_first_backup_meets_backups_not_readers() {
+    use capsule_engine::rendezvous::Rendezvous;
+    use capsule_engine::session::Session;
+    let lab = Lab::new();
+    let repo = Arc::new(lab.open().0);
+    let me = Session::start(&repo).unwrap();
+    let check = Session::start_kind(&repo, "check").unwrap();
+    let index = MasterIndex::default();
+    let alone = Rendezvous::start(repo.clone(), me.id(), &index).unwrap();
+    assert!(!alone.active(), "a check beside it is not a writer");
+    let other = Session::start(&repo).unwrap();
+    let met = Rendezvous::start(repo.clone(), me.id(), &index).unwrap();
+    assert!(met.active(), "another backup is");
+    drop((alone, met));
+    for s in [me, check, other] {
+        assert!(s.end());
+    }
+}
