@@ -125,12 +125,30 @@ fn paused_backup(
 /// Starts `capsule args` at test time `when`, stopping at `point`
 /// (CAPSULE_TEST_PAUSE), and returns it once it is waiting there.
 fn paused(repo: &Path, args: &[&str], when: &str, point: &str, gate: &Path) -> std::process::Child {
+    paused_at(
+        repo,
+        args,
+        when,
+        &format!("{point}:{}", gate.display()),
+        gate,
+    )
+}
+
+/// [`paused`] with every `point:gate` pair of `pauses` (`;` between them),
+/// returned once it waits at `gate`.
+fn paused_at(
+    repo: &Path,
+    args: &[&str],
+    when: &str,
+    pauses: &str,
+    gate: &Path,
+) -> std::process::Child {
     let mut c = capsule_cmd(&TestEnv::beside(repo).password(PASSWORD));
     c.arg("--repo")
         .arg(repo)
         .args(args)
         .env("CAPSULE_TEST_NOW", when)
-        .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
+        .env("CAPSULE_TEST_PAUSE", pauses)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let mut child = c.spawn().unwrap();
@@ -144,7 +162,7 @@ fn paused(repo: &Path, args: &[&str], when: &str, point: &str, gate: &Path) -> s
     let _ = child.kill();
     let out = child.wait_with_output().unwrap();
     panic!(
-        "capsule {args:?} never reached {point}: {}",
+        "capsule {args:?} never reached {pauses}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -697,30 +715,10 @@ fn first_backups_at_once(t: &Path) -> (Pair, std::process::Child, std::process::
         std::fs::write(s.join("shared"), &shared).unwrap();
         std::fs::write(s.join("own"), noise(1_000_000, 41 + i as u64)).unwrap();
     }
+    let when = NOW.to_string();
     let spawn = |host: &str, s: &Path, pauses: String, wait: &Path| {
-        let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
-        c.arg("--repo")
-            .arg(&repo)
-            .args(["--json", "backup", "--host", host, s.to_str().unwrap()])
-            .env("CAPSULE_TEST_NOW", NOW.to_string())
-            .env("CAPSULE_TEST_PAUSE", pauses)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let waiting = wait.with_extension("waiting");
-        for _ in 0..1200 {
-            if waiting.exists() {
-                return child;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let out = child.wait_with_output().unwrap();
-        panic!(
-            "{host} never reached {}: {}",
-            wait.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let args = ["--json", "backup", "--host", host, s.to_str().unwrap()];
+        paused_at(&repo, &args, &when, &pauses, wait)
     };
     let (b_start, gate_b, gate_a) = (t.join("b-start"), t.join("b-wait"), t.join("a-finish"));
     // b's session is on the destination, so a meets it and claims.

@@ -630,11 +630,7 @@ impl BlobSaver {
         let s = &*self.shared;
         let target = s.repo.config().pack_size as usize;
         let (blobs, raw, stored) = r.settle(|t, id, env, raw_len| {
-            let full = {
-                let mut p = s.packers[0].lock().unwrap_or_else(|p| p.into_inner());
-                append_blob(s, &mut p, t, id, env, raw_len, target)?
-            };
-            if let Some(fp) = full {
+            if let Some(fp) = pack_blob(s, t, id, env, raw_len, target)? {
                 land(s, fp)?;
             }
             Ok(())
@@ -647,12 +643,7 @@ impl BlobSaver {
             land(s, fp)?;
         }
         s.flush_index(true)?;
-        // Counted when sealed; stored by another machine instead.
-        s.stats.blobs_added.fetch_sub(blobs, Ordering::Relaxed);
-        s.stats.raw_bytes_added.fetch_sub(raw, Ordering::Relaxed);
-        s.stats
-            .stored_bytes_added
-            .fetch_sub(stored, Ordering::Relaxed);
+        uncount(s, blobs, raw, stored);
         Ok(())
     }
 }
@@ -769,24 +760,53 @@ fn seal_worker(
             }
             continue;
         }
-        let slot = match job.t {
-            BlobType::Data => 0,
-            BlobType::Tree => 1,
-        };
-        let finished = {
-            let mut p = s.packers[slot].lock().unwrap_or_else(|p| p.into_inner());
-            append_blob(s, &mut p, job.t, job.id, &env, job.raw_len, target)
-        };
-        match finished {
-            Ok(Some(fp)) => {
-                if tx.send(fp).is_err() {
-                    s.fail(EngineError::Interrupted);
-                }
-            }
-            Ok(None) => {}
-            Err(e) => s.fail(e),
-        }
+        hand_on(
+            s,
+            &tx,
+            pack_blob(s, job.t, job.id, &env, job.raw_len, target),
+        );
     }
+}
+
+/// Adds a sealed blob to the pack of its type being filled; returns the
+/// pack once it is full.
+fn pack_blob(
+    s: &Shared,
+    t: BlobType,
+    id: BlobId,
+    env: &[u8],
+    raw_len: usize,
+    target: usize,
+) -> Result<Option<FinishedPack>> {
+    let slot = match t {
+        BlobType::Data => 0,
+        BlobType::Tree => 1,
+    };
+    let mut p = s.packers[slot].lock().unwrap_or_else(|p| p.into_inner());
+    append_blob(s, &mut p, t, id, env, raw_len, target)
+}
+
+/// Passes a pack that filled to the uploaders; a failure stops the pipeline.
+fn hand_on(s: &Shared, tx: &Sender<FinishedPack>, packed: Result<Option<FinishedPack>>) {
+    match packed {
+        Ok(Some(fp)) => {
+            if tx.send(fp).is_err() {
+                s.fail(EngineError::Interrupted);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => s.fail(e),
+    }
+}
+
+/// Takes back what the seal workers counted for blobs another machine
+/// stored instead.
+fn uncount(s: &Shared, blobs: u64, raw: u64, stored: u64) {
+    s.stats.blobs_added.fetch_sub(blobs, Ordering::Relaxed);
+    s.stats.raw_bytes_added.fetch_sub(raw, Ordering::Relaxed);
+    s.stats
+        .stored_bytes_added
+        .fetch_sub(stored, Ordering::Relaxed);
 }
 
 /// Blobs a pack holds at most, whatever its size. A pack of tiny files
@@ -867,33 +887,15 @@ fn claim_worker(s: &Shared, rx: Receiver<Sealed>, tx: Sender<FinishedPack>) {
             continue;
         }
         if r.knows(&b.id) {
-            // Another machine indexed it since it was read: counted when
-            // sealed, stored by them instead.
-            s.stats.blobs_added.fetch_sub(1, Ordering::Relaxed);
-            s.stats
-                .raw_bytes_added
-                .fetch_sub(b.raw_len as u64, Ordering::Relaxed);
-            s.stats
-                .stored_bytes_added
-                .fetch_sub(b.env.len() as u64, Ordering::Relaxed);
+            // Another machine indexed it since it was read.
+            uncount(s, 1, b.raw_len as u64, b.env.len() as u64);
             continue;
         }
         let done = match r.claim(&b.id) {
             Claim::Lost(winner) => r.defer(b.t, b.id, &b.env, b.raw_len, winner).map(|_| None),
-            Claim::Won => {
-                let mut p = s.packers[0].lock().unwrap_or_else(|p| p.into_inner());
-                append_blob(s, &mut p, b.t, b.id, &b.env, b.raw_len, target)
-            }
+            Claim::Won => pack_blob(s, b.t, b.id, &b.env, b.raw_len, target),
         };
-        match done {
-            Ok(Some(fp)) => {
-                if tx.send(fp).is_err() {
-                    s.fail(EngineError::Interrupted);
-                }
-            }
-            Ok(None) => {}
-            Err(e) => s.fail(e),
-        }
+        hand_on(s, &tx, done);
     }
 }
 
