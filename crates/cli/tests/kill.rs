@@ -25,9 +25,10 @@ fn count(dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
-fn spawn_backup(repo: &Path, src: &Path) -> std::process::Child {
+fn spawn_backup(repo: &Path, src: &Path, pause: &str) -> std::process::Child {
     // The same cache (and so the same journal) as the helpers use.
     capsule_cmd(&TestEnv::beside(repo).password(PASSWORD))
+        .env("CAPSULE_TEST_PAUSE", pause)
         .args([
             "--repo",
             repo.to_str().unwrap(),
@@ -64,21 +65,26 @@ fn killed_before_its_first_index_the_next_run_indexes_landed_packs() {
     }
     init(&repo);
 
-    // Kill once packs have landed (and are journalled) but before the
-    // first index file: without the journal they would all be sent again.
-    let mut child = spawn_backup(&repo, &src);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !(data_packs(&repo) >= 2 && journal(&repo).is_some()) && Instant::now() < deadline {
+    // Kill once a pack has landed and is journalled but before the first
+    // index file: without the journal it would be sent again. The run
+    // stops at that point (a pause hook) rather than being watched for it,
+    // which a busy machine turned into a race with the journal's write.
+    let go = t.path().join("go");
+    let mut child = spawn_backup(&repo, &src, &format!("journal-landed:{}", go.display()));
+    let waiting = go.with_extension("waiting");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !waiting.exists() && Instant::now() < deadline {
         assert!(
             child.try_wait().unwrap().is_none(),
-            "backup finished before it could be killed; make the source larger"
+            "the backup ended before its first pack landed"
         );
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(20));
     }
+    assert!(waiting.exists(), "no pack landed within 300 s");
     child.kill().unwrap();
     child.wait().unwrap();
     let landed = data_packs(&repo);
-    assert!(landed >= 2, "no packs landed before the deadline");
+    assert!(landed >= 1, "no pack landed");
     let before = json(&repo, &["check"]);
     let unindexed = before["report"]["unindexed_packs"]
         .as_array()
@@ -140,7 +146,7 @@ fn kill_mid_backup_leaves_repository_valid_and_resumable() {
     let idx0 = count(&repo.join("index"));
 
     // Kill 1: as soon as the backup has indexed some packs (mid-way).
-    let mut child = spawn_backup(&repo, &src);
+    let mut child = spawn_backup(&repo, &src, "");
     let deadline = Instant::now() + Duration::from_secs(60);
     while count(&repo.join("index")) == idx0 && Instant::now() < deadline {
         if child.try_wait().unwrap().is_some() {
@@ -157,7 +163,7 @@ fn kill_mid_backup_leaves_repository_valid_and_resumable() {
     );
 
     // Kill 2: very early, while the first packs are being written.
-    let mut child = spawn_backup(&repo, &src);
+    let mut child = spawn_backup(&repo, &src, "");
     std::thread::sleep(Duration::from_millis(150));
     child.kill().unwrap();
     child.wait().unwrap();

@@ -93,6 +93,10 @@ impl Journal {
         if ok.is_ok() {
             g.insert(p.id);
         }
+        drop(g);
+        // A test kills the run here: a pack landed and journalled, and no
+        // index file yet (tests/kill.rs).
+        crate::pause::test_pause("journal-landed");
     }
 
     /// Forgets packs that a stored index file now lists.

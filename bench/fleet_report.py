@@ -1,0 +1,192 @@
+"""The outputs of bench/fleet_year.py: runs.csv, faults.csv, fleet-year.svg
+and summary.md (printed too)."""
+import csv
+import os
+import statistics
+
+from fleet_faults import KINDS
+from year import svg_chart
+
+D = 86400
+MIB = 1 << 20
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def outcome(f, runs):
+    """What a fault did, from the runs of its step."""
+    if f.get("skipped"):
+        return "not applied: " + f["skipped"]
+    k = f["kind"]
+    if k in ("node-kill", "link-down", "node-kill-prune", "drive-wipe"):
+        return "applied" if f.get("applied_at") else "not applied"
+    mine = [r for r in runs if r["step"] == f["step"]]
+    if k.startswith("kill-") and k != "kill-backup":
+        hit = [r for r in mine if r["kind"] == f.get("target")]
+        if not hit:
+            return "no run to kill"
+        return "killed mid-run" if hit[0]["exit"] == -9 else f"ended before the kill (exit {hit[0]['exit']})"
+    hit = [r for r in mine if r["host"] == f"h{f['host']}" and k in r["faults"].split("+")]
+    if not hit:
+        return "host asleep"
+    codes = ",".join(str(r["exit"]) for r in hit)
+    if k == "kill-backup":
+        return "killed mid-run" if hit[0]["exit"] == -9 else f"ended before the kill (exit {codes})"
+    return f"exit {codes}"
+
+
+def fault_panel(faults, x0, x1, w=900):
+    kinds = [k for k, _ in KINDS]
+    left, top, row = 70, 30, 12
+    h = top + row * len(kinds) + 30
+    pw = w - left - 20
+    out = [f'<g><text x="{left}" y="18" font-size="14">Faults on the time axis</text>']
+    for i, k in enumerate(kinds):
+        y = top + i * row
+        out.append(f'<text x="4" y="{y + 9}" font-size="9">{k}</text>')
+        for f in faults:
+            if f["kind"] == k:
+                x = left + (f["when"] - x0) / max(x1 - x0, 1) * pw
+                out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + row - 2}" stroke="#d62728"/>')
+    out.append("</g>")
+    return "\n".join(out), h
+
+
+def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_code,
+           end_restores, year_secs, steps, start, prefix):
+    cols = ["step", "when", "host", "kind", "exit", "secs", "requests", "bytes_up",
+            "peak_rss_kib", "faults", "run", "hourly", "store_out", "sampled", "note"]
+    with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(runs)
+    for f in faults:
+        f["outcome"] = outcome(f, runs)
+    with open(os.path.join(out, "faults.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, ["step", "when", "kind", "host", "node", "delay", "secs", "jump",
+                               "outcome"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(faults)
+
+    x0, x1 = start, steps[-1]
+    backups = [r for r in runs if r["kind"] in ("backup", "second")]
+    clean = [r for r in backups if r["exit"] == 0 and not r["faults"] and not r["store_out"]]
+    charts = [
+        svg_chart([("stored (MiB)", "#1f77b4", [(s[0], s[1] / MIB) for s in storage]),
+                   ("distinct kept (MiB)", "#2ca02c", [(s[0], s[2] / MIB) for s in storage])],
+                  "Repository size after each prune against the distinct data it keeps", "MiB",
+                  x0, x1, max([s[1] / MIB for s in storage] + [1]) * 1.1),
+        svg_chart([("last 24 h", "#2ca02c", [(t[0], t[1]) for t in tiers]),
+                   ("daily (30 d)", "#ff7f0e", [(t[0], t[2]) for t in tiers]),
+                   ("weekly", "#9467bd", [(t[0], t[3]) for t in tiers])],
+                  "Snapshots per tier (all hosts)", "", x0, x1,
+                  max([max(t[1:]) for t in tiers] + [1]) * 1.1),
+        svg_chart([("backup (s)", "#1f77b4", [(r["when"], r["secs"]) for r in clean])],
+                  "Seconds per clean backup", "s", x0, x1,
+                  max([r["secs"] for r in clean] + [1]) * 1.1),
+        svg_chart([("requests", "#8c564b", [(r["when"], r["requests"]) for r in clean])],
+                  "Requests per clean backup", "", x0, x1,
+                  max([r["requests"] for r in clean] + [1]) * 1.1),
+        fault_panel(faults, x0, x1),
+    ]
+    y, body = 0, []
+    for svg, h in charts:
+        body.append(f'<g transform="translate(0,{y})">{svg}</g>')
+        y += h
+    with open(os.path.join(out, "fleet-year.svg"), "w") as f:
+        f.write(f'<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{y}" '
+                f'font-family="sans-serif">\n' + "\n".join(body) + "\n</svg>\n")
+
+    # Months: twelve equal parts of the simulated span.
+    span = (A.days * D) / 12
+
+    def month(t):
+        return min(11, int((t - start) // span))
+    lines = ["| month | backups (exit 0 / all) | faults | median s, clean hourly run | "
+             "median requests | peak memory MiB | stored / distinct after prune (last, max) |",
+             "|---|---|---|---|---|---|---|"]
+    hourly_by_month = {}
+    for m in range(12):
+        mb = [r for r in backups if month(r["when"]) == m]
+        hr = [r for r in clean if month(r["when"]) == m and r["hourly"]]
+        hourly_by_month[m] = hr
+        st = [s for s in storage if month(s[0]) == m and s[2]]
+        ratios = [s[1] / s[2] for s in st]
+        lines.append(
+            f"| {m + 1} | {sum(r['exit'] == 0 for r in mb)} / {len(mb)} | "
+            f"{sum(month(f['when']) == m for f in faults)} | "
+            f"{med([r['secs'] for r in hr]):.2f} | {med([r['requests'] for r in hr]):.0f} | "
+            f"{max([r['peak_rss_kib'] for r in mb] + [0]) / 1024:.0f} | "
+            + (f"{ratios[-1]:.2f}, {max(ratios):.2f} |" if ratios else "— |"))
+    # The second month's hourly runs (or the first month after the first
+    # that has any) against the latest month's.
+    early = next((m for m in range(1, 11) if hourly_by_month[m]), None)
+    last = next((m for m in range(11, 0, -1) if hourly_by_month[m]), None)
+    flat = ""
+    if early is not None and last is not None and last > early:
+        e, l_ = hourly_by_month[early], hourly_by_month[last]
+        flat = (f"month {early + 1} {med([r['secs'] for r in e]):.2f} s against month {last + 1} "
+                f"{med([r['secs'] for r in l_]):.2f} s "
+                f"(**{med([r['secs'] for r in l_]) / med([r['secs'] for r in e]):.2f}×**; "
+                f"requests {med([r['requests'] for r in e]):.0f} → {med([r['requests'] for r in l_]):.0f})")
+    by_kind = {}
+    for f in faults:
+        by_kind.setdefault(f["kind"], []).append(f["outcome"])
+    fault_lines = ["| fault | count | what it did |", "|---|---:|---|"]
+    for k, _ in KINDS:
+        oc = by_kind.get(k, [])
+        counts = {}
+        for o in oc:
+            counts[o] = counts.get(o, 0) + 1
+        fault_lines.append(f"| {k} | {len(oc)} | "
+                           + "; ".join(f"{n}× {o}" for o, n in sorted(counts.items(), key=lambda x: -x[1]))
+                           + " |")
+    codes = {}
+    for r in backups:
+        codes[r["exit"]] = codes.get(r["exit"], 0) + 1
+    jobs = [r for r in runs if r["kind"] not in ("backup", "second")]
+    lost = [p for p in problems if "LOST" in p]
+    less = [p for p in problems if "with less" in p or "exit 0 with" in p]
+    ratios = [s[1] / s[2] for s in storage if s[2]]
+    use = [s for s in storage if s[4] and s[2]]
+    waiting = (f"last {use[-1][1] / use[-1][4]:.2f}×, highest {max(s[1] / s[4] for s in use):.2f}×"
+               if use else "—")
+    granular = (f"last {use[-1][4] / use[-1][2]:.2f}×, highest {max(s[4] / s[2] for s in use):.2f}×"
+                if use else "—")
+    sp = ""
+    if speed:
+        old, new = sum(s[1] for s in speed), sum(s[2] for s in speed)
+        sp = f"{old:.2f} s against {new:.2f} s from a fresh repository (**{old / new:.2f}×**, {len(speed)} hosts, median of 3 each)"
+    summary = f"""| fleet year (seed {A.seed}) | value |
+|---|---|
+| simulated | {A.days} days, {A.hosts} hosts (a desktop always on, laptops asleep 23:00–08:00 and two holiday weeks), {len(steps)} steps: one run a day at 20:00, hourly on days {A.sampled_days} and the last {A.hourly_days} days |
+| runs | {len(backups)} backups ({", ".join(f"exit {c}: {n}" for c, n in sorted(codes.items()))}); {len(jobs)} forget / prune / check jobs |
+| faults | {len(faults)} (table below) |
+| lost | **{len(lost)}** ({sum(1 for r in runs if r.get('sampled'))} runs restored during the year and {end_restores} kept snapshots at the end compared byte for byte) |
+| exit 0 with less than the source | **{len(less)}** |
+| kept set = Time Machine schedule | {sum(p[2] for p in policy.values())} of {len(policy)} hosts ({", ".join(f"{h}: {p[0]}" for h, p in policy.items())} kept) |
+| `check --read-data` at the end | {"clean" if check_code == 0 else f"FAILED (exit {check_code})"}; during the year: {sum(1 for r in jobs if r['kind'] == 'check-read-data' and r['exit'] == 0)} clean of {sum(1 for r in jobs if r['kind'] == 'check-read-data')} |
+| stored / distinct after prune | last {ratios[-1] if ratios else float('nan'):.2f}×, highest {max(ratios) if ratios else float('nan'):.2f}× ({storage[-1][1] / MIB if storage else 0:.0f} MiB for {storage[-1][2] / MIB if storage else 0:.0f} MiB) |
+| of which: stored / packs in use (waiting for the sweep) | {waiting} |
+| of which: packs in use / distinct (chunks against 1 MiB blocks) | {granular} |
+| per-run cost, clean hourly runs | {flat or "—"} |
+| newest snapshots restored, year-old repository vs fresh | {sp or "—"} |
+| wall time of the year | {year_secs / 60:.1f} min |
+| problems | {len(problems)} |
+
+{chr(10).join(fault_lines)}
+
+{chr(10).join(lines)}
+"""
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(summary)
+        for p in problems:
+            f.write(f"- {p}\n")
+    print(summary)
+    for p in problems[:50]:
+        print("problem:", p)
+    notes = [r for r in runs if r.get("note")]
+    for r in notes[:20]:
+        print(f"note: step {r['step']} {r['host']} {r['kind']} exit {r['exit']}: {r['note']}")
