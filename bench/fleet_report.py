@@ -159,6 +159,13 @@ def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_
     if speed:
         old, new = sum(s[1] for s in speed), sum(s[2] for s in speed)
         sp = f"{old:.2f} s against {new:.2f} s from a fresh repository (**{old / new:.2f}×**, {len(speed)} hosts, median of 3 each)"
+        if len(speed[0]) > 3:
+            # What the median restores fetched: requests, bytes, packs.
+            ro, rn = sum(s[3][0] for s in speed), sum(s[4][0] for s in speed)
+            bo, bn = sum(s[3][1] for s in speed), sum(s[4][1] for s in speed)
+            po, pn = sum(s[3][2] for s in speed), sum(s[4][2] for s in speed)
+            sp += (f"; they fetched {ro} against {rn} requests, {bo / MIB:.0f} against {bn / MIB:.0f} MiB"
+                   f" from {po} against {pn} packs")
     summary = f"""| fleet year (seed {A.seed}) | value |
 |---|---|
 | simulated | {A.days} days, {A.hosts} hosts (a desktop always on, laptops asleep 23:00–08:00 and two holiday weeks), {len(steps)} steps: one run a day at 20:00, hourly on days {A.sampled_days} and the last {A.hourly_days} days |

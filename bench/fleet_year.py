@@ -593,15 +593,19 @@ if check.code != 0:
 # The newest snapshot of every host restored, against the same tree from a
 # fresh repository (median of three each, in turns).
 def restore_secs(h, repo_args, sid):
+    """Seconds of one restore and what it fetched (requests, bytes, packs)."""
     target = os.path.join(work, "restore")
     shutil.rmtree(target, ignore_errors=True)
     e = dict(h.env(now), CAPSULE_PASSWORD="fleet")
-    p = Proc([A.capsule, *repo_args, "restore", sid, "--target", target], e, "restore")
+    p = Proc([A.capsule, *repo_args, "--json", "restore", sid, "--target", target], e, "restore")
     p.wait()
     shutil.rmtree(target, ignore_errors=True)
     if p.code != 0:
         log(f"{h.name}: restore for the speed check exited {p.code}: {p.stderr[-300:]}")
-    return p.secs if p.code == 0 else None
+        return None
+    f = (p.json() or {}).get("fetch", {})
+    return (p.secs, f.get("requests", 0), f.get("bytes_fetched", 0), f.get("packs", 0),
+            f.get("bytes_needed", 0), (f.get("bound") or {}).get("kind", ""))
 
 
 speed = []
@@ -623,7 +627,11 @@ if Proc([A.capsule, *fresh_repo, "init"], dict(hosts[0].env(now), CAPSULE_PASSWO
             old.append(restore_secs(h, ["--profile", h.name], newest[1]))
             new.append(restore_secs(h, [*fresh_repo], fsid))
         if None not in old and None not in new:
-            speed.append((h.name, statistics.median(old), statistics.median(new)))
+            # The median run by time, with what it fetched.
+            mo = sorted(old)[1]
+            mn = sorted(new)[1]
+            speed.append((h.name, mo[0], mn[0], mo[1:], mn[1:]))
+            log(f"{h.name}: restore {mo} (year-old) against {mn} (fresh)")
 
 report(A, out=A.out, runs=runs, faults=faults, storage=storage, tiers=tiers, policy=policy,
        problems=problems, speed=speed, check_code=check.code, end_restores=end_restores,

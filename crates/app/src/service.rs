@@ -19,8 +19,10 @@ pub enum Manager {
 pub struct Service {
     /// The capsule binary.
     pub exe: PathBuf,
-    /// The configuration file the daemon reads.
-    pub config: PathBuf,
+    /// The configuration file the daemon reads; `None` leaves it to the
+    /// daemon's default (the user's `~/.config/capsule/capsule.toml`), as
+    /// a package's user unit must, being one file for every user.
+    pub config: Option<PathBuf>,
     /// Restart this many seconds after a failure.
     pub restart_secs: u32,
     /// Boot (system) rather than login (user).
@@ -35,16 +37,20 @@ pub const LABEL: &str = "org.capsule.daemon";
 impl Service {
     /// The systemd unit.
     pub fn systemd_unit(&self) -> String {
+        let (of, arg) = match &self.config {
+            Some(c) => (systemd_quote(c), format!(" --config {}", systemd_quote(c))),
+            None => ("~/.config/capsule/capsule.toml".to_string(), String::new()),
+        };
         format!(
             "# Written by `capsule schedule install`; `capsule schedule remove` removes it.\n\
              [Unit]\n\
-             Description=capsule backups (the profiles of {config})\n\
+             Description=capsule backups (the profiles of {of})\n\
              Wants=network-online.target\n\
              After=network-online.target\n\
              \n\
              [Service]\n\
              Type=simple\n\
-             ExecStart={exe} --config {config} daemon\n\
+             ExecStart={exe}{arg} daemon\n\
              ExecReload=/bin/kill -HUP $MAINPID\n\
              Restart=on-failure\n\
              RestartSec={restart}\n\
@@ -54,7 +60,6 @@ impl Service {
              [Install]\n\
              WantedBy={wanted}\n",
             exe = systemd_quote(&self.exe),
-            config = systemd_quote(&self.config),
             restart = self.restart_secs,
             wanted = if self.system {
                 "multi-user.target"
@@ -73,6 +78,18 @@ impl Service {
                 .replace('<', "&lt;")
                 .replace('>', "&gt;")
         };
+        let config = match &self.config {
+            Some(c) => format!(
+                "\t\t<string>--config</string>\n\t\t<string>{}</string>\n",
+                esc(c)
+            ),
+            None => String::new(),
+        };
+        // Beside the configuration; launchd needs a fixed path otherwise.
+        let log = match &self.config {
+            Some(c) => esc(&c.with_file_name("capsule-daemon.log")),
+            None => "/tmp/capsule-daemon.log".to_string(),
+        };
         format!(
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n\
              <!DOCTYPE plist PUBLIC \"-//Apple//DTD PLIST 1.0//EN\" \"http://www.apple.com/DTDs/PropertyList-1.0.dtd\">\n\
@@ -81,7 +98,7 @@ impl Service {
              <dict>\n\
              \t<key>Label</key>\n\t<string>{LABEL}</string>\n\
              \t<key>ProgramArguments</key>\n\t<array>\n\
-             \t\t<string>{exe}</string>\n\t\t<string>--config</string>\n\t\t<string>{config}</string>\n\t\t<string>daemon</string>\n\
+             \t\t<string>{exe}</string>\n{config}\t\t<string>daemon</string>\n\
              \t</array>\n\
              \t<key>RunAtLoad</key>\n\t<true/>\n\
              \t<key>KeepAlive</key>\n\t<dict>\n\t\t<key>SuccessfulExit</key>\n\t\t<false/>\n\t</dict>\n\
@@ -91,9 +108,7 @@ impl Service {
              </dict>\n\
              </plist>\n",
             exe = esc(&self.exe),
-            config = esc(&self.config),
             restart = self.restart_secs,
-            log = esc(&self.config.with_file_name("capsule-daemon.log")),
         )
     }
 }

@@ -1,4 +1,5 @@
-//! Exit codes (documented in the README).
+//! Exit codes (the user guide's reference/exit-codes.md is generated from
+//! these doc comments by scripts/book.sh).
 
 /// Success.
 pub const OK: u8 = 0;

@@ -326,10 +326,10 @@ fn keep_a_copy(src: &Path, to: &Path) -> PathBuf {
     to.to_path_buf()
 }
 
-/// The client's key as the README's append-only policy has it.
+/// The client's key as the user guide's append-only policy has it.
 const APPEND_ONLY: &str = r#""s3:GetObject","s3:PutObject","s3:ListBucket","s3:GetBucketLocation""#;
 
-/// The drill in governance mode, with the README's append-only key.
+/// The drill in governance mode, with the user guide's append-only key.
 #[test]
 fn ransomware_holding_an_append_only_key_loses_no_snapshot_in_governance_mode() {
     drill("governance", APPEND_ONLY);
@@ -541,7 +541,7 @@ fn sftp_as(url_host: &str, port: &str, key: &str, known: &str, dir: &Path, cmd: 
 }
 
 /// The drill over SFTP: an OpenSSH account whose server refuses removal,
-/// renames, permission changes and links (the README's append-only
+/// renames, permission changes and links (the user guide's append-only
 /// account) backs up; then an attacker holding that account tries to
 /// delete, rename, chmod, overwrite and link over every object and to
 /// remove every directory. Only new files are accepted, and every snapshot
@@ -673,7 +673,7 @@ fn walk_all(d: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Issue 59, 5: a key with more rights than the README's changes what no
+/// Issue 59, 5: a key with more rights than the user guide's changes what no
 /// capsule command read before: a lifecycle rule that deletes older
 /// versions after a day, and the default retention loosened to governance
 /// and shortened. `check` and `prune` read the bucket's lifecycle and lock

@@ -74,7 +74,7 @@ pub struct LockReport {
 /// lock period, each naming what to change: versioning off, the default
 /// retention removed, loosened to governance or shortened below what the
 /// repository's own `config` is still locked for (a key with more rights
-/// than the README's can do that), and lifecycle rules that expire
+/// than the user guide's can do that), and lifecycle rules that expire
 /// objects or older versions sooner. Nothing for a destination without
 /// versioning, or a bucket that never had object lock.
 pub fn settings_warnings(repo: &Repository) -> Vec<String> {

@@ -32,17 +32,21 @@ impl From<ShellArg> for Shell {
 #[derive(Args, Debug)]
 pub struct CompletionsArgs {
     /// Print the completion script for this shell.
-    #[arg(required_unless_present_any = ["install", "man"])]
+    #[arg(required_unless_present_any = ["install", "man", "markdown"])]
     shell: Option<ShellArg>,
     /// Write completions for bash, zsh and fish, and the man pages, where
     /// each looks for a user's own (under ~/.local/share, ~/.zfunc and
     /// ~/.config/fish).
-    #[arg(long, conflicts_with_all = ["shell", "man"])]
+    #[arg(long, conflicts_with_all = ["shell", "man", "markdown"])]
     install: bool,
     /// Write the man pages (capsule.1, capsule-backup.1, …) into this
     /// directory.
     #[arg(long, value_name = "DIR", conflicts_with = "shell")]
     man: Option<PathBuf>,
+    /// Write the command reference as Markdown (the user guide's
+    /// reference/commands.md) to this file; `-` for stdout.
+    #[arg(long, value_name = "FILE", conflicts_with = "shell")]
+    markdown: Option<PathBuf>,
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -92,6 +96,21 @@ pub fn completions(cli: &clap::Command, out: &Output, a: CompletionsArgs) -> Res
             Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
             _ => Ok(exit::OK),
         };
+    }
+    if let Some(file) = a.markdown {
+        let md = super::reference::markdown(cli);
+        if file.as_os_str() == "-" {
+            print!("{md}");
+        } else {
+            write(&file, md.as_bytes())?;
+            out.say(format!(
+                "the command reference written to {}",
+                file.display()
+            ));
+        }
+        if a.man.is_none() {
+            return Ok(exit::OK);
+        }
     }
     if let Some(dir) = a.man {
         let n = man_pages(cli, &dir)?;

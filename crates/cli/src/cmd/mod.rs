@@ -17,6 +17,7 @@ pub mod key;
 pub mod lab;
 pub mod mount;
 pub mod quota;
+pub mod reference;
 pub mod restore;
 pub mod rewrite;
 pub mod schedule;

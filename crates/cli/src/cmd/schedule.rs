@@ -23,6 +23,27 @@ pub enum ScheduleCommand {
     Remove(ScheduleArgs),
     /// Say whether the service is installed and running.
     Status(ScheduleArgs),
+    /// Print the service file `install` would write, writing nothing (the
+    /// Debian package's units are made with it).
+    Unit(UnitArgs),
+}
+
+/// What `schedule unit` prints.
+#[derive(Args, Debug)]
+pub struct UnitArgs {
+    /// The system service (started at boot, as root).
+    #[arg(long)]
+    system: bool,
+    /// Which service manager (default: this system's).
+    #[arg(long, value_enum)]
+    manager: Option<ManagerArg>,
+    /// The capsule binary the service runs (default: this one).
+    #[arg(long, value_name = "PATH")]
+    exe: Option<PathBuf>,
+    /// The configuration file the daemon reads (default: none given, so
+    /// the daemon reads the user's own, `~/.config/capsule/capsule.toml`).
+    #[arg(long = "daemon-config", value_name = "FILE")]
+    daemon_config: Option<PathBuf>,
 }
 
 /// Where and how.
@@ -56,7 +77,11 @@ pub enum ManagerArg {
 }
 
 fn manager(a: &ScheduleArgs) -> Manager {
-    match a.manager {
+    manager_of(a.manager)
+}
+
+fn manager_of(m: Option<ManagerArg>) -> Manager {
+    match m {
         Some(ManagerArg::Systemd) => Manager::Systemd,
         Some(ManagerArg::Launchd) => Manager::Launchd,
         None => service::this_system(),
@@ -108,20 +133,21 @@ pub fn schedule(settings: &Settings, out: &Output, c: ScheduleCommand) -> Result
                 .context("no configuration directory: give --config")?;
             if !config.exists() {
                 return Err(capsule_app::config::ConfigError(format!(
-                    "{}: no configuration file; the daemon runs its profiles (see README, \"Profiles\")",
+                    "{}: no configuration file; the daemon runs its profiles (see \"A profile\" in the user guide, book/src/getting-started.md)",
                     config.display()
                 ))
                 .into());
             }
             // Checked now, not at the first scheduled run.
             capsule_app::config::Config::load(&config)?;
+            let config = std::fs::canonicalize(&config)?;
+            fit_for_a_service("the configuration file", &config)?;
             let svc = Service {
                 exe: std::env::current_exe()?,
-                config: std::fs::canonicalize(&config)?,
+                config: Some(config),
                 restart_secs: 30,
                 system: a.system,
             };
-            fit_for_a_service("the configuration file", &svc.config)?;
             fit_for_a_service("capsule's program file", &svc.exe)?;
             let path = file(&a)?;
             if let Some(d) = path.parent() {
@@ -158,6 +184,29 @@ pub fn schedule(settings: &Settings, out: &Output, c: ScheduleCommand) -> Result
                 }
                 out.result("the daemon is running and starts at login (boot, with --system)");
             }
+            Ok(exit::OK)
+        }
+        ScheduleCommand::Unit(a) => {
+            let svc = Service {
+                exe: match a.exe {
+                    Some(e) => e,
+                    None => std::env::current_exe()?,
+                },
+                config: a.daemon_config,
+                restart_secs: 30,
+                system: a.system,
+            };
+            fit_for_a_service("capsule's program file", &svc.exe)?;
+            if let Some(c) = &svc.config {
+                fit_for_a_service("the configuration file", c)?;
+            }
+            print!(
+                "{}",
+                match manager_of(a.manager) {
+                    Manager::Systemd => svc.systemd_unit(),
+                    Manager::Launchd => svc.launchd_plist(),
+                }
+            );
             Ok(exit::OK)
         }
         ScheduleCommand::Remove(a) => {
