@@ -121,8 +121,20 @@ class Links(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
         self.hrefs, self.ids = [], set()
+        self.code, self.raw = 0, []
+
+    def handle_endtag(self, tag):
+        if tag in ("code", "pre", "script", "style"):
+            self.code -= 1
+
+    def handle_data(self, data):
+        # Markdown that did not render as a link: "[text](target" in prose.
+        if not self.code and "](" in data:
+            self.raw.append(data.strip()[:80])
 
     def handle_starttag(self, tag, attrs):
+        if tag in ("code", "pre", "script", "style"):
+            self.code += 1
         a = dict(attrs)
         if "id" in a:
             self.ids.add(a["id"])
@@ -143,6 +155,8 @@ def check_links(htmldir, problems):
     for page, p in pages.items():
         if page in ("print.html", "404.html", "toc.html"):
             continue
+        for r in p.raw:
+            problems.append(f"{page}: a link that did not render: {r!r}")
         for href in p.hrefs:
             u = urllib.parse.urlparse(href)
             if u.scheme in ("http", "https", "mailto") or href.startswith("//"):

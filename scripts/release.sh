@@ -56,7 +56,9 @@ stage=target/dist/stage
 rm -rf "$stage"
 mkdir -p "$stage"/{man/man1,completions/bash,completions/zsh,completions/fish,systemd/system,systemd/user}
 cp "$bin" "$stage/capsule"
-[ $profile = release ] && strip "$stage/capsule"
+# Debug symbols stay out of both (a debug build's too: the test's package
+# would otherwise be hundreds of MB to compress).
+strip "$stage/capsule"
 "$bin" --quiet completions --man "$stage/man/man1" >/dev/null
 "$bin" completions bash > "$stage/completions/bash/capsule"
 "$bin" completions zsh > "$stage/completions/zsh/_capsule"
@@ -72,7 +74,9 @@ name=capsule-$version$suffix-x86_64-linux
 epoch=$(git log -1 --format=%ct 2>/dev/null || echo 0)
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" \
   --transform "s,^target/dist/stage,$name," -czf "$out/$name.tar.gz" "$stage"
-SOURCE_DATE_EPOCH=$epoch "$cargo_deb" -p capsule --no-build --no-strip \
+fast=
+[ $profile = debug ] && fast=--fast
+SOURCE_DATE_EPOCH=$epoch "$cargo_deb" -p capsule --no-build --no-strip $fast \
   -o "$out/capsule_${version}-1_amd64.deb" >/dev/null
 (cd "$out" && for f in "$name.tar.gz" "capsule_${version}-1_amd64.deb"; do
   sha256sum "$f" > "$f.sha256"
