@@ -116,25 +116,36 @@ if A.pin:
 store = fleet_faults.Store(CTL, CDIR, pin_servers if A.pin else None)
 
 
+# GNU time measures a run's own peak memory. wait4 cannot: a child forked
+# from this (large, growing) Python process starts with its resident pages,
+# and the kernel keeps that high-water mark across exec, so wait4 would
+# report the harness's memory once it outgrows capsule's.
+GNU_TIME = "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
+
+
 class Proc:
-    """A capsule process: output to files (never a full pipe), waited with
-    wait4 for its peak memory."""
+    """A capsule process: output to files (never a full pipe), its peak
+    memory from GNU time, in a process group of its own so that a kill
+    reaches capsule itself at once."""
 
     def __init__(self, cmd, env, label):
         self.label = label
         self.out, self.err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self.rss_file = tempfile.NamedTemporaryFile(prefix="rss.") if GNU_TIME else None
+        timed = [GNU_TIME, "-f", "%M", "-o", self.rss_file.name] if GNU_TIME else []
         self.t0 = time.monotonic()
-        self.p = subprocess.Popen([*CLIENT_CPU, *cmd], env=env, stdout=self.out, stderr=self.err)
+        self.p = subprocess.Popen([*timed, *CLIENT_CPU, *cmd], env=env, stdout=self.out,
+                                  stderr=self.err, start_new_session=True)
         self.code = self.secs = self.rss_kib = None
         self.stdout = self.stderr = ""
 
     def kill(self):
-        # os.kill, not Popen.send_signal: that polls, and would reap the
-        # child before wait4 can read its memory. Until wait4 reaps it, its
-        # PID cannot name another process.
+        # os.killpg, not Popen.send_signal: that polls, and would reap the
+        # child before wait4 could; until it is reaped, its PID (the
+        # group's ID) cannot name another process.
         if self.code is None:
             try:
-                os.kill(self.p.pid, signal.SIGKILL)
+                os.killpg(self.p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
@@ -143,7 +154,17 @@ class Proc:
             _, status, ru = os.wait4(self.p.pid, 0)
             self.p.returncode = self.code = os.waitstatus_to_exitcode(status)
             self.secs = time.monotonic() - self.t0
-            self.rss_kib = ru.ru_maxrss
+            if self.rss_file:
+                # %M is the file's last word (after "Command exited with
+                # non-zero status N" when it did); a killed run has none.
+                try:
+                    lines = open(self.rss_file.name).read().split()
+                    self.rss_kib = int(lines[-1]) if lines and lines[-1].isdigit() else 0
+                except OSError:
+                    self.rss_kib = 0
+                self.rss_file.close()
+            else:
+                self.rss_kib = 0
             for f, attr in ((self.out, "stdout"), (self.err, "stderr")):
                 f.seek(0)
                 setattr(self, attr, f.read().decode(errors="replace"))
