@@ -11,7 +11,9 @@
 #   bench/fleet-year.sh [--pin] [--seed S] [--days N] [--hosts N] [--faults N]
 #                       [--hourly-days N] [--out DIR]
 #
-# The full year takes about an hour here. The test command runs a month of
+# The full year needs the machine to itself: about 10 s a simulated day at
+# first, more as the repository grows (run it before anything else; beside
+# the test command a day took 26-200 s). The test command runs a month of
 # 3 hosts with 50 faults (crates/cli/tests/fleet_year.rs).
 # Needs root (namespaces, tmpfs) and MinIO as scripts/servers.sh builds it.
 # Starts a cluster of its own (names capyear-*, 10.231.91.0/24), so it can

@@ -13,7 +13,7 @@ so it cannot be driven through a year in an hour.
 
 Time is compressed: one run a day (20:00) on most days; every hour, as the
 daemon runs it, on the `--sampled-days` (one in the second month, one
-mid-year) and on every day of the last `--hourly-days` (14). Forget runs daily, prune and check weekly,
+mid-year) and on every day of the last `--hourly-days` (7). Forget runs daily, prune and check weekly,
 `check --read-data-subset next/12` monthly, a full `check --read-data` at
 seeded points, all beside the backups of their step.
 
@@ -63,7 +63,7 @@ def parse_args():
     p.add_argument("--capsule", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--days", type=int, default=365)
-    p.add_argument("--hourly-days", type=int, default=14,
+    p.add_argument("--hourly-days", type=int, default=7,
                    help="the last N days run every hour")
     p.add_argument("--sampled-days", default="44,194",
                    help="days (from 0) run every hour besides the last ones: by default one "
