@@ -134,7 +134,8 @@ struct Fresh {
     tables: Vec<table::Table>,
     /// Files whose table could not be written: held in memory.
     in_memory: Vec<(ObjectId, IndexFile)>,
-    failed: Vec<EngineError>,
+    /// Files that could not be read, with why.
+    failed: Vec<(ObjectId, EngineError)>,
 }
 
 /// Stored bytes of index files read at once: a few large files (a prune
@@ -207,10 +208,12 @@ fn build_fresh(
     // prune could write one index file for every blob).
     let width = store.reads_in_flight();
     for group in read_groups(&ids, width) {
-        let loaded: Vec<Result<(ObjectId, IndexFile)>> =
-            crate::flight::map_in_flight(group, width, |(id, _)| {
-                load_index_file(store, id).map(|f| (*id, f))
-            });
+        type Loaded = std::result::Result<(ObjectId, IndexFile), (ObjectId, EngineError)>;
+        let loaded: Vec<Loaded> = crate::flight::map_in_flight(group, width, |(id, _)| {
+            load_index_file(store, id)
+                .map(|f| (*id, f))
+                .map_err(|e| (*id, e))
+        });
         for r in loaded {
             let (id, f) = match r {
                 Ok(x) => x,
@@ -332,6 +335,7 @@ impl MasterIndex {
         };
         let mut tables = set::open_all(&dir, &home.key, &mut notes);
         let mut bad = Vec::new();
+        let mut vanished_files: Vec<(ObjectId, EngineError)> = Vec::new();
         let mut in_memory = Vec::new();
         let mut listed = HashSet::new();
         let mut sizes: HashMap<ObjectId, u64> = HashMap::new();
@@ -343,6 +347,7 @@ impl MasterIndex {
         for attempt in 0..VANISHED_RETRIES {
             listed.clear();
             bad.clear();
+            vanished_files.clear();
             for (o, size) in store.list(FileType::Index)? {
                 match o.trim_start_matches(FileType::Index.prefix()).parse() {
                     Ok(id) => {
@@ -368,8 +373,14 @@ impl MasterIndex {
             let fresh = build_fresh(store, &dir, &home.key, missing, &mut notes);
             tables.extend(fresh.tables);
             in_memory.extend(fresh.in_memory);
-            let vanished = fresh.failed.iter().any(is_not_found);
-            bad.extend(fresh.failed);
+            let vanished = fresh.failed.iter().any(|(_, e)| is_not_found(e));
+            for (id, e) in fresh.failed {
+                if is_not_found(&e) {
+                    vanished_files.push((id, e));
+                } else {
+                    bad.push(e);
+                }
+            }
             if !vanished || attempt + 1 == VANISHED_RETRIES {
                 break;
             }
@@ -381,6 +392,22 @@ impl MasterIndex {
             .filter(|(id, _)| listed.contains(id))
             .flat_map(|(_, s)| s.iter().copied())
             .collect();
+        // A file still listed but gone, that a file read supersedes, was
+        // deleted by the prune that wrote its replacement: a store may list
+        // a deleted object for a while (a distributed store's node that was
+        // away when it was deleted, until it heals), and the reads above
+        // found it gone each time. What it held is in the replacement. Any
+        // other file gone is a loss: its packs could be taken for unused.
+        for (id, e) in vanished_files {
+            if superseded.contains(&id) {
+                notes.push(format!(
+                    "index file {} is listed but gone: it was replaced by a prune, whose file was read instead",
+                    id.short()
+                ));
+            } else {
+                bad.push(e);
+            }
+        }
         let live: HashSet<ObjectId> = supersedes
             .keys()
             .filter(|id| listed.contains(id) && !superseded.contains(id))
@@ -622,7 +649,7 @@ impl MasterIndex {
             .collect();
         let mut notes = Vec::new();
         let fresh = build_fresh(&**source, dir, &self.key, ids, &mut notes);
-        if let Some(f) = fresh.failed.first() {
+        if let Some((_, f)) = fresh.failed.first() {
             return fail(f.to_string());
         }
         if !fresh.in_memory.is_empty() || fresh.tables.len() != 1 {

@@ -18,6 +18,9 @@ use super::*;
 #[derive(Clone)]
 struct MemStore {
     objs: Arc<Mutex<BTreeMap<String, Vec<u8>>>>,
+    /// Names listed but not there: a deleted object a distributed store
+    /// still lists (a node that missed the delete, until it heals).
+    ghosts: Arc<Mutex<BTreeSet<String>>>,
     dir: Arc<tempfile::TempDir>,
 }
 
@@ -25,6 +28,7 @@ impl MemStore {
     fn new() -> Self {
         MemStore {
             objs: Arc::default(),
+            ghosts: Arc::default(),
             dir: Arc::new(tempfile::tempdir().unwrap()),
         }
     }
@@ -44,9 +48,11 @@ impl MemStore {
 impl SealedStore for MemStore {
     fn list(&self, t: FileType) -> Result<Vec<(String, u64)>> {
         let m = self.objs.lock().unwrap();
+        let ghosts = self.ghosts.lock().unwrap();
         Ok(m.iter()
-            .filter(|(k, _)| k.starts_with(t.prefix()))
             .map(|(k, v)| (k.clone(), v.len() as u64))
+            .chain(ghosts.iter().map(|k| (k.clone(), 0)))
+            .filter(|(k, _)| k.starts_with(t.prefix()))
             .collect())
     }
     fn read_sealed(&self, t: FileType, id: &ObjectId, _: Aad<'_>) -> Result<Vec<u8>> {
@@ -644,4 +650,59 @@ fn index_files_are_read_many_small_or_a_few_large_at_once() {
         .collect();
     assert_eq!(sizes, [8, 1]);
     assert!(super::read_groups(&[], 8).is_empty());
+}
+
+/// Issue 63's month on the distributed store: a prune refused ("run
+/// `capsule repair index` first") because the store still listed an index
+/// file a prune had deleted once its replacement was stored. Such a file
+/// is not a loss; one that nothing replaced is.
+#[test]
+fn a_listed_file_that_is_gone_is_a_loss_only_when_nothing_replaced_it() {
+    let store = MemStore::new();
+    let old = save_index_file(
+        &store,
+        &IndexFile {
+            supersedes: vec![],
+            packs: vec![pack(1, &[1, 2])],
+        },
+    )
+    .unwrap();
+    // The prune's file: the same pack, superseding the old file, which it
+    // then deletes; the store goes on listing it.
+    save_index_file(
+        &store,
+        &IndexFile {
+            supersedes: vec![old],
+            packs: vec![pack(1, &[1, 2])],
+        },
+    )
+    .unwrap();
+    let name = FileType::Index.name(&old);
+    store.objs.lock().unwrap().remove(&name);
+    store.ghosts.lock().unwrap().insert(name);
+    let (idx, bad) = MasterIndex::load(&store).unwrap();
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(locs(&idx, &blob(1)).len(), 1);
+    assert!(
+        idx.notes().iter().any(|n| n.contains("listed but gone")),
+        "{:?}",
+        idx.notes()
+    );
+
+    // A file nothing supersedes, gone: its packs would be unindexed, so it
+    // is reported and a prune refuses.
+    let lost = save_index_file(
+        &store,
+        &IndexFile {
+            supersedes: vec![],
+            packs: vec![pack(2, &[3])],
+        },
+    )
+    .unwrap();
+    let name = FileType::Index.name(&lost);
+    store.objs.lock().unwrap().remove(&name);
+    store.ghosts.lock().unwrap().insert(name);
+    let (_, bad) = MasterIndex::load(&store).unwrap();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(is_not_found(&bad[0]), "{bad:?}");
 }
