@@ -15,7 +15,8 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "deb-test: needs root (chroot)" >&2; exit 2; }
 deb=${1:-$(ls -t target/dist/capsule_*_amd64.deb 2>/dev/null | head -1)}
 [ -f "$deb" ] || { echo "deb-test: no package: run scripts/release.sh first" >&2; exit 2; }
-command -v mmdebstrap >/dev/null || apt-get install -y -qq mmdebstrap >/dev/null
+command -v mmdebstrap >/dev/null ||
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null; }
 root=$(mktemp -d /tmp/capsule-debroot.XXXXXX)
 cleanup() {
   umount -R "$root/dev" 2>/dev/null || true
