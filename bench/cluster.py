@@ -47,12 +47,7 @@ def parse():
 
 A = parse()
 CAPSULE = os.environ["CAPSULE_BIN"]
-CTL = os.environ["CLUSTER_CTL"]
-CDIR = os.environ["CAPSULE_TEST_CLUSTER_DIR"]
-NODES = os.environ["CAPSULE_TEST_CLUSTER_NODES"].split()
-KEY = os.environ["CAPSULE_TEST_CLUSTER_KEY"]
-SECRET = os.environ["CAPSULE_TEST_CLUSTER_SECRET"]
-BUCKET = os.environ["CAPSULE_TEST_CLUSTER"].rsplit("/", 1)[1]
+from cluster_env import BUCKET, CDIR, CTL, KEY, NODES, SECRET  # noqa: E402
 BRIDGE = os.environ.get("CLUSTER_BRIDGE", "capbench-br0")
 work = tempfile.mkdtemp(prefix="capsule-cluster-bench.")
 clock = os.path.join(work, "clock")

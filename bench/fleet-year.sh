@@ -23,15 +23,9 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tmpfs)" >&2; exit 2; }
 [ -x "${CAPSULE_TOOLS_DIR:-$HOME/.cache/capsule-servers/bin}/minio" ] ||
   { echo "no MinIO: run scripts/servers.sh start DIR once (it builds it)" >&2; exit 2; }
-out=bench/fleet-year
-args=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) out=$2; shift ;;
-    *) args+=("$1") ;;
-  esac
-  shift
-done
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+take_out bench/fleet-year "$@"
 cargo build --release --locked -q -p capsule
 dir=$(mktemp -d /tmp/capsule-fleet-cluster.XXXXXX)
 trap 'scripts/cluster.sh stop "$dir"; rm -rf "$dir"' EXIT

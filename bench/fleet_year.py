@@ -83,12 +83,7 @@ def parse_args():
 
 
 A = parse_args()
-CTL = os.environ["CLUSTER_CTL"]
-CDIR = os.environ["CAPSULE_TEST_CLUSTER_DIR"]
-NODES = os.environ["CAPSULE_TEST_CLUSTER_NODES"].split()
-KEY = os.environ["CAPSULE_TEST_CLUSTER_KEY"]
-SECRET = os.environ["CAPSULE_TEST_CLUSTER_SECRET"]
-BUCKET = os.environ["CAPSULE_TEST_CLUSTER"].rsplit("/", 1)[1]
+from cluster_env import BUCKET, CDIR, CTL, KEY, NODES, SECRET  # noqa: E402
 PREFIX = f"fleet-{A.seed}-{os.getpid()}"
 work = tempfile.mkdtemp(prefix="capsule-fleet.")
 os.makedirs(A.out, exist_ok=True)

@@ -235,3 +235,19 @@ net_bench_env() {
   smb_dir=$CAPSULE_TEST_SMB_DIR sftp_dir=$CAPSULE_TEST_SFTP_DIR
   name=${work##*.}
 }
+
+# take_out DEFAULT ARGS...: sets $out (--out DIR, else DEFAULT) and the array
+# $args (every other argument, in order), for scripts that hand their
+# arguments on to a Python body (year.sh, fleet-year.sh).
+take_out() {
+  out=$1
+  shift
+  args=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --out) out=$2; shift ;;
+      *) args+=("$1") ;;
+    esac
+    shift
+  done
+}

@@ -9,15 +9,9 @@
 # A full year (8,760 backups) takes about an hour here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=bench/year
-args=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --out) out=$2; shift ;;
-    *) args+=("$1") ;;
-  esac
-  shift
-done
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+take_out bench/year "$@"
 cargo build --release -q -p capsule
 work=$(mktemp -d /tmp/capsule-year.XXXXXX)
 trap 'umount "$work/mnt" 2>/dev/null || true; rm -rf "$work"' EXIT

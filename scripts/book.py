@@ -40,7 +40,7 @@ def doc_fields(path, struct):
         s = line.strip()
         if s.startswith("///"):
             doc.append(s[3:].strip())
-        elif s.startswith("#[serde") or s.startswith('rename ='):
+        elif s.startswith(("#[serde", "rename =")):
             r = re.search(r'rename = "([^"]+)"', s)
             rename = r.group(1) if r else rename
         elif s.startswith("pub "):
@@ -48,8 +48,6 @@ def doc_fields(path, struct):
             if f:
                 out.append((rename or kebab(f.group(1)), " ".join(doc), f.group(2)))
             doc, rename = [], None
-        elif s.startswith("rename"):
-            pass
     return out
 
 
@@ -261,8 +259,6 @@ def check_commands(capsule, problems):
         if h is None:
             problems.append(f"{path}:{n}: `capsule {' '.join(cmd)}` does not exist")
             continue
-        if subcommands(h) and not any(w in subcommands(h) for w in words):
-            pass
         for name, at in flags:
             if name not in {**globals_, **options(help_of(capsule, at, cache) or "")} \
                     and name not in options(h):
