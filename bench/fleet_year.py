@@ -368,13 +368,19 @@ def sample_restore(h, rid, snap, manifest, when, skip=()):
 def fill(path):
     """Fills the file system at path; returns the filler to remove."""
     filler = os.path.join(path, "filler")
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * (1 << 20))
-                f.flush()
-        except OSError:
-            pass
+    # Unbuffered: a buffered file keeps what a short write left over and
+    # raises ENOSPC again when it is closed.
+    block = b"\0" * (1 << 20)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for _ in range(1 << 16):
+            try:
+                if os.write(fd, block) == 0:
+                    break
+            except OSError:
+                break
+    finally:
+        os.close(fd)
     return filler
 
 
