@@ -82,6 +82,7 @@ pub fn cache_json(s: &capsule_backend::CacheStats) -> serde_json::Value {
         "fetched": s.fetched.load(Relaxed),
         "fetched_bytes": s.fetched_bytes.load(Relaxed),
         "repaired": s.repaired.load(Relaxed),
+        "dropped": s.dropped.load(Relaxed),
     })
 }
 

@@ -15,8 +15,10 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use crate::contract::{Backend, BackendError, ErrorKind, LabBackend};
+use capsule_format::layout::TEMP_PREFIX;
 
 /// The largest object the cache keeps (a tree pack is at most 512 MiB):
 /// anything larger in the cache directory was not written by it.
@@ -33,6 +35,9 @@ pub struct CacheStats {
     pub fetched_bytes: AtomicU64,
     /// Cached copies found damaged and replaced.
     pub repaired: AtomicU64,
+    /// Cached copies dropped because the repository no longer holds their
+    /// object (another machine's prune or forget removed it).
+    pub dropped: AtomicU64,
 }
 
 /// A backend with a local cache directory in front of it.
@@ -47,6 +52,13 @@ pub struct CachingBackend {
 /// The repository layout says which kinds are cached.
 fn cacheable(name: &str) -> bool {
     capsule_format::FileType::of_name(name).is_some_and(|t| t.cached())
+}
+
+/// The kind the cache keeps whose whole directory `prefix` names.
+fn cached_kind(prefix: &str) -> Option<capsule_format::FileType> {
+    capsule_format::FileType::ALL
+        .into_iter()
+        .find(|t| t.cached() && t.prefix() == prefix)
 }
 
 /// The object ID in a content-addressed name (its last segment).
@@ -97,6 +109,67 @@ impl CachingBackend {
         self.dir.join(name)
     }
 
+    /// Drops the cached copies under `prefix` whose objects `keep` rejects
+    /// and that were stored before `since` (a copy stored later may be of
+    /// an object written after the listing or index that `keep` comes
+    /// from), and the temporaries of copies cut short (a killed run) an
+    /// hour old. Without this, everything another machine's prunes and
+    /// forgets removed stays here for ever: a laptop's cache grew by what
+    /// the household's repository turned over until its disk was full, and
+    /// from then on every run fetched every index file again (the fleet
+    /// year, day 203 on). Best effort, like every write of the cache.
+    fn drop_unkept(&self, prefix: &str, keep: &dyn Fn(&str) -> bool, since: SystemTime) {
+        let Some(kind) = cached_kind(prefix) else {
+            return;
+        };
+        // Packs fan out over one level of subdirectories; the rest are flat.
+        let fanned = matches!(
+            kind,
+            capsule_format::FileType::TreePack | capsule_format::FileType::DataPack
+        );
+        let top = self.local(prefix.trim_end_matches('/'));
+        let dirs: Vec<(PathBuf, String)> = if fanned {
+            let Ok(rd) = std::fs::read_dir(&top) else {
+                return;
+            };
+            rd.flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| {
+                    let sub = e.file_name().to_string_lossy().into_owned();
+                    (e.path(), format!("{prefix}{sub}/"))
+                })
+                .collect()
+        } else {
+            vec![(top, prefix.to_string())]
+        };
+        let stale_tmp = since - std::time::Duration::from_secs(3600);
+        for (dir, rel) in dirs {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let file = e.file_name().to_string_lossy().into_owned();
+                // Never follows what it finds: a directory or a link here was
+                // not written by the cache, and is left alone.
+                let Ok(m) = e.path().symlink_metadata() else {
+                    continue;
+                };
+                let Ok(modified) = m.modified() else { continue };
+                if !m.file_type().is_file() {
+                    continue;
+                }
+                let gone = if file.starts_with(TEMP_PREFIX) {
+                    modified < stale_tmp
+                } else {
+                    modified < since && !keep(&format!("{rel}{file}"))
+                };
+                if gone && std::fs::remove_file(e.path()).is_ok() {
+                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// Stores a copy. Failures only cost a later re-fetch, so they are ignored.
     fn store(&self, name: &str, data: &[u8]) {
         self.store_from(name, &mut &data[..]);
@@ -112,7 +185,7 @@ impl CachingBackend {
             return;
         }
         let tmp = parent.join(format!(
-            ".tmp-{}-{}",
+            "{TEMP_PREFIX}{}-{}",
             std::process::id(),
             expected_hash(name)
         ));
@@ -277,6 +350,23 @@ impl crate::contract::Layer for CachingBackend {
         self.inner.get_stream(name, range, out)
     }
 
+    /// A full listing of a kind the cache keeps (every backup lists
+    /// `index/` and `snapshots/`) also says which cached copies are of
+    /// objects gone since.
+    fn list(&self, prefix: &str) -> Result<Vec<crate::contract::ObjectInfo>, BackendError> {
+        let since = SystemTime::now();
+        let listed = self.inner.list(prefix)?;
+        if cached_kind(prefix).is_some() {
+            let names: HashSet<&str> = listed.iter().map(|o| o.name.as_str()).collect();
+            self.drop_unkept(prefix, &|n| names.contains(n), since);
+        }
+        Ok(listed)
+    }
+
+    fn forget_cached(&self, prefix: &str, keep: &dyn Fn(&str) -> bool, since: SystemTime) {
+        self.drop_unkept(prefix, keep, since);
+    }
+
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.inner.delete(name)?;
         if cacheable(name) {
@@ -337,5 +427,86 @@ mod tests {
         assert_eq!(c.get(&name, None).unwrap(), data);
         assert_eq!(c.stats().repaired.load(Ordering::Relaxed), 1);
         assert_eq!(std::fs::read(cache.join(&name)).unwrap(), data);
+    }
+
+    /// A listing of a kind the cache keeps drops the copies of objects gone
+    /// from the destination, but not one stored after the listing began
+    /// (it may be of an object written since), and old temporaries of
+    /// copies cut short; the index tells which tree packs are gone.
+    #[test]
+    fn lets_go_of_what_the_destination_no_longer_holds() {
+        let d = tempfile::tempdir().unwrap();
+        let repo = d.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        let inner = Arc::new(LocalBackend::open(&repo, SyncPolicy::NoSync).unwrap());
+        let cache = d.path().join("cache");
+        let c = CachingBackend::new(inner.clone(), &cache).unwrap();
+        let named = |kind: &str, body: &str| {
+            let h = blake3::hash(body.as_bytes()).to_hex();
+            match kind {
+                "tree/" => format!("tree/{}/{h}", &h[..2]),
+                _ => format!("{kind}{h}"),
+            }
+        };
+        let (kept, pruned, later) = (
+            named("index/", "a"),
+            named("index/", "b"),
+            named("index/", "c"),
+        );
+        let (tree_kept, tree_pruned) = (named("tree/", "t1"), named("tree/", "t2"));
+        for n in [&kept, &pruned, &later, &tree_kept, &tree_pruned] {
+            let body = ["a", "b", "c", "t1", "t2"]
+                .into_iter()
+                .find(|b| n.ends_with(blake3::hash(b.as_bytes()).to_hex().as_str()))
+                .unwrap();
+            Backend::put(&c, n, body.as_bytes()).unwrap();
+        }
+        // Another machine's prune deletes two; one object is stored (by
+        // another process of this machine) while the listing runs.
+        inner.delete(&pruned).unwrap();
+        inner.delete(&later).unwrap();
+        inner.delete(&tree_pruned).unwrap();
+        let a_minute_on = SystemTime::now() + std::time::Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(cache.join(&later))
+            .unwrap()
+            .set_modified(a_minute_on)
+            .unwrap();
+        let old_tmp = cache.join("index/.tmp-1-cut-short");
+        let new_tmp = cache.join("index/.tmp-2-being-written");
+        for p in [&old_tmp, &new_tmp] {
+            std::fs::write(p, b"part").unwrap();
+        }
+        let two_hours_ago = SystemTime::now() - std::time::Duration::from_secs(7200);
+        std::fs::File::options()
+            .write(true)
+            .open(&old_tmp)
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+
+        let listed = Backend::list(&c, "index/").unwrap();
+        assert_eq!(listed.len(), 1);
+        assert!(cache.join(&kept).exists());
+        assert!(!cache.join(&pruned).exists());
+        assert!(
+            cache.join(&later).exists(),
+            "stored after the listing began"
+        );
+        assert!(!old_tmp.exists());
+        assert!(new_tmp.exists());
+        // A listing of one object, or of another kind, drops nothing.
+        let _ = Backend::list(&c, "snapshots/");
+        assert!(cache.join(&later).exists());
+
+        let index_says = |n: &str| n == tree_kept;
+        Backend::forget_cached(&c, "tree/", &index_says, SystemTime::now());
+        assert!(cache.join(&tree_kept).exists());
+        assert!(!cache.join(&tree_pruned).exists());
+        assert_eq!(c.stats().dropped.load(Ordering::Relaxed), 3);
+        // Data packs are never cached: nothing to walk, nothing dropped.
+        Backend::forget_cached(&c, "data/", &|_| false, SystemTime::now());
+        assert!(cache.join(&tree_kept).exists());
     }
 }

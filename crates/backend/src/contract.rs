@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 pub use crate::error::{BackendError, ErrorKind};
 
@@ -149,6 +150,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     fn history(&self) -> Option<&dyn crate::versioned::History> {
         None
     }
+
+    /// What the repository still holds under `prefix` (a kind the local
+    /// cache keeps: `tree/`), as an index read at `since` says: `keep`
+    /// accepts the names that exist. A cache drops its copies of the others
+    /// stored before `since` (another machine's prune deleted them, so no
+    /// run will ask for them again); every other backend ignores it.
+    fn forget_cached(&self, prefix: &str, keep: &dyn Fn(&str) -> bool, since: SystemTime) {
+        let _ = (prefix, keep, since);
+    }
 }
 
 /// What the destination lab needs beyond [`Backend`]: writes shaped like a
@@ -272,6 +282,10 @@ pub trait Layer: Send + Sync + std::fmt::Debug {
     fn history(&self) -> Option<&dyn crate::versioned::History> {
         self.inner().history()
     }
+    /// See [`Backend::forget_cached`].
+    fn forget_cached(&self, prefix: &str, keep: &dyn Fn(&str) -> bool, since: SystemTime) {
+        self.inner().forget_cached(prefix, keep, since)
+    }
     /// See [`LabBackend::probe_write`].
     fn probe_write(
         &self,
@@ -341,6 +355,9 @@ impl<L: Layer> Backend for L {
     fn history(&self) -> Option<&dyn crate::versioned::History> {
         Layer::history(self)
     }
+    fn forget_cached(&self, prefix: &str, keep: &dyn Fn(&str) -> bool, since: SystemTime) {
+        Layer::forget_cached(self, prefix, keep, since)
+    }
 }
 
 impl<L: Layer> LabBackend for L {
@@ -408,6 +425,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn history(&self) -> Option<&dyn crate::versioned::History> {
         (**self).history()
+    }
+    fn forget_cached(&self, prefix: &str, keep: &dyn Fn(&str) -> bool, since: SystemTime) {
+        (**self).forget_cached(prefix, keep, since)
     }
 }
 

@@ -149,6 +149,86 @@ fn deleted_cache_is_rebuilt() {
     assert_eq!(r["summary"]["files_read"], 0, "{r}");
 }
 
+/// The repository's objects of the kinds the cache keeps, by name
+/// (`index/…`, `snapshots/…`, `tree/ab/…`), as `root` holds them: the
+/// repository's directory, or a cache directory.
+fn cached_kinds(root: &Path) -> std::collections::BTreeSet<String> {
+    files_under(root)
+        .into_iter()
+        .filter_map(|p| {
+            let parts: Vec<String> = p
+                .strip_prefix(root)
+                .unwrap()
+                .iter()
+                .map(|c| c.to_string_lossy().into_owned())
+                .collect();
+            let at = parts
+                .iter()
+                .position(|c| matches!(c.as_str(), "index" | "snapshots" | "tree"))?;
+            Some(parts[at..].join("/"))
+        })
+        .collect()
+}
+
+/// Another machine's forgets and prunes leave nothing behind in this
+/// machine's cache. They used to: a cache dropped only what its own host
+/// deleted, so every index file, snapshot and tree pack the household's
+/// desktop pruned stayed in each laptop's cache for ever, until the cache's
+/// disk was full; from then on each run fetched every index file again
+/// (the fleet year: 48 requests a run on day 203, 400 by day 216).
+#[test]
+fn the_cache_lets_go_of_what_others_pruned() {
+    let t = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    for i in 0..30 {
+        std::fs::write(src.join(format!("d/f{i}")), noise(3000, i)).unwrap();
+    }
+    init(&repo);
+    let desktop = t.path().join("desktop-cache");
+    let on_desktop = |args: &[&str]| {
+        let o = capsule_env(
+            &repo,
+            args,
+            &[
+                ("CAPSULE_PASSWORD", PASSWORD),
+                ("CAPSULE_CACHE_DIR", desktop.to_str().unwrap()),
+            ],
+        );
+        assert!(o.status.success(), "{args:?}: {}", said(&o));
+    };
+    let mut ever = std::collections::BTreeSet::new();
+    for round in 0..5u64 {
+        for k in 0..2u64 {
+            let n = round * 2 + k;
+            std::fs::write(src.join(format!("d/f{n}")), noise(4000, 100 + n)).unwrap();
+            std::fs::write(src.join(format!("d/new{n}")), noise(2000, 200 + n)).unwrap();
+            ok(&repo, &["backup", src.to_str().unwrap()]);
+            ever.extend(cached_kinds(&repo));
+        }
+        on_desktop(&["forget", "--keep-last", "1"]);
+        on_desktop(&["prune"]);
+    }
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let held = cached_kinds(&repo);
+    let gone: Vec<_> = ever.difference(&held).collect();
+    // The desktop turned the repository over: without the fix, all of
+    // these would still be in the laptop's cache.
+    assert!(gone.len() >= 10, "{gone:?}");
+    let cached = cached_kinds(&repo.with_extension("cache"));
+    let stale: Vec<_> = cached.difference(&held).collect();
+    assert!(
+        stale.is_empty(),
+        "cached, gone from the repository: {stale:?}"
+    );
+    // What it keeps is what a run needs: nothing fetched, nothing read.
+    std::thread::sleep(Duration::from_millis(2100));
+    ok(&repo, &["backup", src.to_str().unwrap()]);
+    let warm = json(&repo, &["backup", src.to_str().unwrap()]);
+    assert_eq!(warm["cache"]["fetched"], 0, "{warm}");
+    assert_eq!(warm["summary"]["files_read"], 0, "{warm}");
+}
+
 /// A run with nothing changed over many small files spends its time
 /// walking the source: the verdict says so ("scanning the source"), not
 /// "fixed costs" as it did while the scan was not counted.

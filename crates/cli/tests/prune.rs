@@ -691,6 +691,84 @@ fn a_prune_names_the_sessions_it_waits_for_and_wait_sweeps_after_them() {
     assert_eq!(idle["prune"]["packs_deleted"], 0, "{idle}");
 }
 
+/// A backup killed while its machine's clock ran days ahead leaves a
+/// session whose heartbeat no pruner's clock reaches for days: the marks
+/// waited for it that long (the fleet year's clock-jump faults). A lease
+/// is now also judged by the destination's own times (its newest object's
+/// and this prune's): once the destination has not seen it renewed for
+/// longer than the lease, a prune revokes it and the next sweeps.
+#[test]
+fn a_session_from_a_clock_days_ahead_runs_out_by_the_destinations_time() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, other, repo) = (
+        t.path().join("src"),
+        t.path().join("other"),
+        t.path().join("repo"),
+    );
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("z"), noise(100_000, 9)).unwrap();
+    init(&repo);
+    for i in 0..3u64 {
+        let _ = std::fs::remove_file(src.join(format!("f{}", i.wrapping_sub(1))));
+        std::fs::write(src.join(format!("f{i}")), noise(2_000_000, i)).unwrap();
+        ok_at(
+            &repo,
+            NOW - 5 * H + i as i64 * H,
+            &["backup", "-q", src.to_str().unwrap()],
+        );
+    }
+    let gate = t.path().join("gate");
+    let mut backup = paused_backup(&repo, &other, &(NOW + 3 * D).to_string(), "commit", &gate);
+    backup.kill().unwrap();
+    backup.wait().unwrap();
+    let prune = |args: &[&str]| {
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        let out = ok_at(&repo, NOW, &a);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["prune"].clone()
+    };
+    let first = prune(&["forget", "--keep-last", "1", "--prune"]);
+    assert!(first["packs_marked"].as_u64().unwrap() >= 2, "{first}");
+    assert_eq!(first["marks_waiting"], 1, "{first}");
+    assert_eq!(
+        first["waiting_for"][0]["heartbeat_unix"],
+        NOW + 3 * D,
+        "{first}"
+    );
+    // Still renewed a moment ago, as the destination saw it: held.
+    let again = prune(&["prune"]);
+    assert_eq!(
+        again["sessions_revoked"].as_array().unwrap().len(),
+        0,
+        "{again}"
+    );
+    assert_eq!(again["packs_deleted"], 0, "{again}");
+    // Two hours later by the destination's clock, nothing renewed it.
+    let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 3600);
+    let sessions = files_under(&repo.join("sessions"));
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    std::fs::File::options()
+        .write(true)
+        .open(&sessions[0])
+        .unwrap()
+        .set_modified(two_hours_ago)
+        .unwrap();
+    let revoking = prune(&["prune"]);
+    assert_eq!(
+        revoking["sessions_revoked"].as_array().unwrap().len(),
+        1,
+        "{revoking}"
+    );
+    let sweeping = prune(&["prune"]);
+    let deleted =
+        revoking["packs_deleted"].as_u64().unwrap() + sweeping["packs_deleted"].as_u64().unwrap();
+    assert!(deleted >= 2, "{revoking}\n{sweeping}");
+    assert_eq!(sweeping["marks_waiting"], 0, "{sweeping}");
+    ok(&repo, &["check", "--read-data"]);
+}
+
 /// Two machines' first backups of the same data, started together: `a`
 /// sees `b`'s session, claims every large blob and stops before its last
 /// pack is sent; `b` then claims the same blobs, loses the shared ones to

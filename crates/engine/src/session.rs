@@ -65,6 +65,26 @@ pub struct SessionInfo {
     /// [`list_sessions`]).
     #[serde(skip)]
     pub damaged: bool,
+    /// When the destination stored its newest object, by the destination's
+    /// clock, where the listing says (never stored: set by
+    /// [`list_sessions`]).
+    #[serde(skip)]
+    pub stored_unix: Option<i64>,
+}
+
+impl SessionInfo {
+    /// Whether its lease has run out, as a prune judges it at `now` (its
+    /// clock) and `destination_now` (the destination's time for the
+    /// prune's own session object): by the heartbeat inside, or by the
+    /// destination's own times, one clock for both objects. The second
+    /// holds when the writer's clock was wrong: a laptop killed while its
+    /// clock ran days ahead wrote a heartbeat no pruner's clock would reach
+    /// for days, and every prune's marks waited for it.
+    pub fn lease_over(&self, now: i64, destination_now: Option<i64>, lease_secs: i64) -> bool {
+        now.saturating_sub(self.heartbeat_unix) > lease_secs
+            || matches!((destination_now, self.stored_unix),
+                (Some(d), Some(s)) if d.saturating_sub(s) > lease_secs)
+    }
 }
 
 fn backup_kind() -> String {
@@ -111,6 +131,7 @@ impl Session {
             seq: 0,
             kind: kind.into(),
             damaged: false,
+            stored_unix: None,
         };
         let name = object_name(&info.id, 0);
         store(repo, &name, &info)?;
@@ -268,8 +289,9 @@ pub fn list_sessions(repo: &Repository) -> Result<Vec<(String, Vec<String>, Sess
     for (id, mut names) in by_id {
         names.sort();
         let newest = names.last().cloned().unwrap_or_default();
+        let stored_unix = modified.get(&newest).copied();
         let info = match load(repo, &newest) {
-            Ok(i) => i,
+            Ok(i) => SessionInfo { stored_unix, ..i },
             // Renewed (and the old object removed) between list and get.
             Err(EngineError::Backend(e)) if e.kind == ErrorKind::NotFound => continue,
             // The destination failed to answer, which says nothing about the
@@ -288,10 +310,11 @@ pub fn list_sessions(repo: &Repository) -> Result<Vec<(String, Vec<String>, Sess
                 hostname: "?".into(),
                 pid: 0,
                 started_unix: 0,
-                heartbeat_unix: modified.get(&newest).copied().unwrap_or_else(now_unix),
+                heartbeat_unix: stored_unix.unwrap_or_else(now_unix),
                 seq: 0,
                 kind: backup_kind(),
                 damaged: true,
+                stored_unix,
             },
         };
         out.push((id, names, info));

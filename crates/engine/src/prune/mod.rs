@@ -357,7 +357,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
             if !report.waiting_for.contains(&w) {
                 report.waiting_for.push(w);
             }
-            if now.saturating_sub(held[s.as_str()].heartbeat_unix) > opts.lease_secs {
+            if info.lease_over(now, destination_now, opts.lease_secs) {
                 if let Some((_, names, _)) = sessions.iter().find(|(id, _, _)| id == s) {
                     revoke.insert(s.clone(), names.clone());
                 }
@@ -444,7 +444,7 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
             .collect();
         // A prune that died leaves its session; clear those past the lease.
         for (_, names, i) in &sessions {
-            if i.kind == "prune" && now.saturating_sub(i.heartbeat_unix) > opts.lease_secs {
+            if i.kind == "prune" && i.lease_over(now, destination_now, opts.lease_secs) {
                 for n in names {
                     backend.delete(n)?;
                 }

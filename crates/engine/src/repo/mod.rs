@@ -659,7 +659,17 @@ impl Repository {
 
     /// Loads every index file. Damaged index files are reported, not fatal.
     pub fn load_index(&self) -> Result<(MasterIndex, Vec<EngineError>)> {
-        MasterIndex::load(self)
+        let since = std::time::SystemTime::now();
+        let (index, bad) = MasterIndex::load(self)?;
+        // The index names every pack there is: a tree pack the local cache
+        // holds beyond it was deleted by a prune elsewhere. Only from a
+        // whole index (an unreadable index file may name packs still used).
+        if bad.is_empty() {
+            let keep = |name: &str| FileType::id_of(name).is_some_and(|id| index.has_pack(&id));
+            self.backend()
+                .forget_cached(FileType::TreePack.prefix(), &keep, since);
+        }
+        Ok((index, bad))
     }
 
     /// Reads, authenticates, decompresses and verifies one blob. When its
