@@ -9,11 +9,13 @@
 # faults.csv, fleet-year.svg and summary.md to the output directory.
 #
 #   bench/fleet-year.sh [--pin] [--seed S] [--days N] [--hosts N] [--faults N]
-#                       [--hourly-days N] [--out DIR]
+#                       [--hourly-days N] [--dense-days N] [--out DIR]
 #
-# The full year needs the machine to itself: about 10 s a simulated day at
-# first, more as the repository grows (run it before anything else; beside
-# the test command a day took 26-200 s). The test command runs a month of
+# The full year needs the machine to itself (beside the test command a day
+# took 26-200 s). Time is compressed to fit about an hour: daily runs for
+# the first 60 days and the last week, hourly on days 44, 194 and 364, and
+# in between only the days a weekly or monthly job falls on (fleet_year.py
+# says exactly which). The test command runs a month of
 # 3 hosts with 50 faults (crates/cli/tests/fleet_year.rs).
 # Needs root (namespaces, tmpfs) and MinIO as scripts/servers.sh builds it.
 # Starts a cluster of its own (names capyear-*, 10.231.91.0/24), so it can

@@ -166,9 +166,11 @@ def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_
             po, pn = sum(s[3][2] for s in speed), sum(s[4][2] for s in speed)
             sp += (f"; they fetched {ro} against {rn} requests, {bo / MIB:.0f} against {bn / MIB:.0f} MiB"
                    f" from {po} against {pn} packs")
+    days_run = sorted({(w - start) // 86400 for w in steps})
+    sparse_days = sum(1 for d in days_run if A.dense_days <= d < A.days - A.hourly_days - 7)
     summary = f"""| fleet year (seed {A.seed}) | value |
 |---|---|
-| simulated | {A.days} days, {A.hosts} hosts (a desktop always on, laptops asleep 23:00–08:00 and two holiday weeks), {len(steps)} steps: one run a day at 20:00, hourly on days {A.sampled_days} and the last {A.hourly_days} days |
+| simulated | {A.days} days, {A.hosts} hosts (a desktop always on, laptops asleep 23:00–08:00 and two holiday weeks), {len(steps)} steps on {len(days_run)} days: hourly on days {A.sampled_days} and the last {A.hourly_days}; one run a day at 20:00 on days 0–{min(A.dense_days, A.days) - 1} and from day {max(0, A.days - A.hourly_days - 7)}; between them only on the {sparse_days} days a weekly prune or check or the monthly subset check falls on |
 | runs | {len(backups)} backups ({", ".join(f"exit {c}: {n}" for c, n in sorted(codes.items()))}); {len(jobs)} forget / prune / check jobs |
 | faults | {len(faults)} (table below) |
 | lost | **{len(lost)}** ({sum(1 for r in runs if r.get('sampled'))} runs restored during the year and {end_restores} kept snapshots at the end compared byte for byte) |

@@ -11,11 +11,16 @@ hits them and the store. Each job is the command the daemon would start
 this script at the simulated times: the daemon itself sleeps in real time,
 so it cannot be driven through a year in an hour.
 
-Time is compressed: one run a day (20:00) on most days; every hour, as the
+Time is compressed so that the year fits about an hour: every hour, as the
 daemon runs it, on the `--sampled-days` (one in the second month, one
-mid-year) and on every day of the last `--hourly-days` (7). Forget runs daily, prune and check weekly,
-`check --read-data-subset next/12` monthly, a full `check --read-data` at
-seeded points, all beside the backups of their step.
+mid-year) and on the last `--hourly-days` (1); one run a day (20:00) on the
+first `--dense-days` (60) and the week before the hourly ones; in between,
+one run on each day a job of the desktop's daemon falls on (the weekly
+prune and check, the monthly subset check), about two days a week, each
+run then catching up a day or more of changes. Forget runs on every day
+that runs, prune and check weekly, `check --read-data-subset next/12`
+monthly, a full `check --read-data` at seeded points, all beside the
+backups of their step. The summary lists the days run.
 
 Checks, made outside capsule's code (except to list, restore and check):
   * sampled runs that exited 0 restore byte for byte to the manifest (path,
@@ -63,8 +68,11 @@ def parse_args():
     p.add_argument("--capsule", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--days", type=int, default=365)
-    p.add_argument("--hourly-days", type=int, default=7,
+    p.add_argument("--hourly-days", type=int, default=1,
                    help="the last N days run every hour")
+    p.add_argument("--dense-days", type=int, default=60,
+                   help="the first N days (and the week before the hourly ones) run daily; "
+                        "the days between run only when a weekly or monthly job falls on them")
     p.add_argument("--sampled-days", default="44,194",
                    help="days (from 0) run every hour besides the last ones: by default one "
                         "in the second month, to compare the last month's runs with, and one "
@@ -277,10 +285,19 @@ rng = random.Random(A.seed)
 sampled = {int(d) for d in A.sampled_days.split(",") if d.strip()}
 steps = []
 hourly_days = {d for d in range(A.days) if d >= A.days - A.hourly_days or d in sampled}
+
+
+def job_day(d):
+    """A day the desktop's daemon starts a weekly or monthly job."""
+    return d % 7 in (3, 6) or d % 30 == 10
+
+
 for d in range(A.days):
     hourly = d in hourly_days
-    for h in (range(24) if hourly else [20]):
-        steps.append(START + d * D + h * H)
+    daily = d < A.dense_days or d >= A.days - A.hourly_days - 7 or job_day(d)
+    if hourly or daily:
+        for h in (range(24) if hourly else [20]):
+            steps.append(START + d * D + h * H)
 library = fleet_model.Library(os.path.join(work, "library"), rng)
 library.add(100)
 hosts = []
