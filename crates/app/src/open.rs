@@ -83,6 +83,8 @@ pub fn cache_json(s: &capsule_backend::CacheStats) -> serde_json::Value {
         "fetched_bytes": s.fetched_bytes.load(Relaxed),
         "repaired": s.repaired.load(Relaxed),
         "dropped": s.dropped.load(Relaxed),
+        "unstored": s.unstored.load(Relaxed),
+        "unstored_error": s.unstored_error.lock().ok().and_then(|e| e.clone()),
     })
 }
 

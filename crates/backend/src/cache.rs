@@ -38,6 +38,11 @@ pub struct CacheStats {
     /// Cached copies dropped because the repository no longer holds their
     /// object (another machine's prune or forget removed it).
     pub dropped: AtomicU64,
+    /// Copies that could not be kept (the cache's disk full or read-only):
+    /// each is fetched again by every run until they can.
+    pub unstored: AtomicU64,
+    /// Why the first of them could not be kept.
+    pub unstored_error: Mutex<Option<String>>,
 }
 
 /// A backend with a local cache directory in front of it.
@@ -181,7 +186,8 @@ impl CachingBackend {
     fn store_from(&self, name: &str, data: &mut dyn Read) {
         let p = self.local(name);
         let Some(parent) = p.parent() else { return };
-        if std::fs::create_dir_all(parent).is_err() {
+        if let Err(e) = std::fs::create_dir_all(parent) {
+            self.unstored(&e);
             return;
         }
         let tmp = parent.join(format!(
@@ -198,10 +204,22 @@ impl CachingBackend {
             }
             std::fs::rename(&tmp, &p)
         });
-        if ok.is_err() {
+        if let Err(e) = ok {
             let _ = std::fs::remove_file(&tmp);
+            // A copy whose bytes did not match its name is damage in
+            // transit, reported where it is read; the rest is the disk's.
+            if e.kind() != std::io::ErrorKind::Other {
+                self.unstored(&e);
+            }
         } else if let Ok(mut v) = self.verified.lock() {
             v.insert(name.to_string());
+        }
+    }
+
+    fn unstored(&self, e: &std::io::Error) {
+        self.stats.unstored.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut first) = self.stats.unstored_error.lock() {
+            first.get_or_insert_with(|| format!("{}: {e}", self.dir.display()));
         }
     }
 

@@ -229,6 +229,67 @@ fn the_cache_lets_go_of_what_others_pruned() {
     assert_eq!(warm["summary"]["files_read"], 0, "{warm}");
 }
 
+/// A cache whose disk is full costs every run the objects it cannot keep;
+/// the run still succeeds, but says so (it used to say the cache "has been
+/// brought up to date", run after run).
+#[test]
+fn a_full_cache_disk_is_named() {
+    let Some(fs) = SmallFs::new("64k") else {
+        return;
+    };
+    let t = tempfile::tempdir().unwrap();
+    let (src, repo) = (t.path().join("src"), t.path().join("repo"));
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..20 {
+        std::fs::write(src.join(format!("f{i}")), noise(50_000, i)).unwrap();
+    }
+    init(&repo);
+    // Fill the small disk to its last block.
+    let filler = fs.dir.join("filler");
+    let mut f = std::fs::File::create(&filler).unwrap();
+    let block = vec![7u8; 4096];
+    for _ in 0..64 {
+        if std::io::Write::write_all(&mut f, &block).is_err() {
+            break;
+        }
+    }
+    drop(f);
+    let cache = fs.dir.join("cache");
+    let run = || {
+        capsule_env(
+            &repo,
+            &["--json", "backup", src.to_str().unwrap()],
+            &[
+                ("CAPSULE_PASSWORD", PASSWORD),
+                ("CAPSULE_CACHE_DIR", cache.to_str().unwrap()),
+            ],
+        )
+    };
+    let mut last = None;
+    for _ in 0..2 {
+        let o = run();
+        assert!(o.status.success(), "{}", said(&o));
+        last = Some(o);
+    }
+    let o = last.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["cache"]["unstored"].as_u64().unwrap() > 0, "{v}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("local cache could not keep") && err.contains("No space left"),
+        "{err}"
+    );
+    // Space again: the next run keeps what it fetches, and says nothing.
+    std::fs::remove_file(&filler).unwrap();
+    let o = run();
+    assert!(o.status.success(), "{}", said(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cache"]["unstored"], 0, "{v}");
+    let o = run();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cache"]["fetched"], 0, "{v}");
+}
+
 /// A run with nothing changed over many small files spends its time
 /// walking the source: the verdict says so ("scanning the source"), not
 /// "fixed costs" as it did while the scan was not counted.

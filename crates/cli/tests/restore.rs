@@ -199,41 +199,6 @@ fn verify_finds_content_changed_behind_an_unchanged_size_and_mtime() {
     assert_same_tree(&src, &restored(&target, &src), false);
 }
 
-/// A small tmpfs, unmounted on drop.
-struct SmallFs {
-    dir: PathBuf,
-    _t: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn new(size: &str) -> Option<SmallFs> {
-        if !is_root() {
-            assert!(
-                std::env::var_os("CAPSULE_REQUIRE_SERVERS").is_none(),
-                "the full-target test needs root (a tmpfs mount)"
-            );
-            eprintln!("skipped: a tmpfs mount needs root");
-            return None;
-        }
-        let t = tempfile::tempdir().unwrap();
-        let dir = t.path().join("mnt");
-        std::fs::create_dir(&dir).unwrap();
-        let st = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&dir)
-            .status()
-            .unwrap();
-        assert!(st.success(), "mount tmpfs");
-        Some(SmallFs { dir, _t: t })
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
-    }
-}
-
 /// A target disk that fills up: exit 16 with one clear line, and no file
 /// left looking complete when it is not. After space is freed, the same
 /// command finishes the job.

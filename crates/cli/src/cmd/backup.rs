@@ -571,7 +571,15 @@ pub fn backup(
             c["fetched"],
             bytes(c["fetched_bytes"].as_u64().unwrap_or(0))
         ));
-        if c["fetched"].as_u64().unwrap_or(0) > 0 && report.parent.is_some() {
+        if c["unstored"].as_u64().unwrap_or(0) > 0 {
+            // Not an error (nothing is lost), but every later run pays for
+            // it: the fleet year's laptops fetched 400 objects a run.
+            eprintln!(
+                "capsule: warning: the local cache could not keep {} objects ({}): each run fetches them from the destination again; free space there, or point CAPSULE_CACHE_DIR elsewhere",
+                c["unstored"],
+                c["unstored_error"].as_str().unwrap_or("?")
+            );
+        } else if c["fetched"].as_u64().unwrap_or(0) > 0 && report.parent.is_some() {
             out.say("  the local cache was missing or behind the repository; it has been brought up to date");
         }
     }

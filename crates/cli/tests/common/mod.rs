@@ -834,3 +834,40 @@ pub fn dir_bytes(paths: &BTreeSet<std::path::PathBuf>) -> u64 {
         .map(|p| std::fs::metadata(p).unwrap().len())
         .sum()
 }
+
+/// A small tmpfs, unmounted on drop.
+pub struct SmallFs {
+    /// Its mount point.
+    pub dir: PathBuf,
+    _t: tempfile::TempDir,
+}
+
+impl SmallFs {
+    /// A tmpfs of `size` (`3m`), or None (skipped) when not root.
+    pub fn new(size: &str) -> Option<SmallFs> {
+        if !is_root() {
+            assert!(
+                std::env::var_os("CAPSULE_REQUIRE_SERVERS").is_none(),
+                "a test of a full disk needs root (a tmpfs mount)"
+            );
+            eprintln!("skipped: a tmpfs mount needs root");
+            return None;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount tmpfs");
+        Some(SmallFs { dir, _t: t })
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
