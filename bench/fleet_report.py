@@ -57,7 +57,7 @@ def fault_panel(faults, x0, x1, w=900):
 def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_code,
            end_restores, year_secs, steps, start, prefix):
     cols = ["step", "when", "host", "kind", "exit", "secs", "requests", "bytes_up",
-            "peak_rss_kib", "faults", "run", "hourly", "store_out", "sampled", "note"]
+            "peak_rss_kib", "cache_kib", "faults", "run", "hourly", "store_out", "sampled", "note"]
     with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, cols, extrasaction="ignore")
         w.writeheader()
@@ -105,8 +105,9 @@ def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_
     def month(t):
         return min(11, int((t - start) // span))
     lines = ["| month | backups (exit 0 / all) | faults | median s, clean hourly run | "
-             "median requests | peak memory MiB | stored / distinct after prune (last, max) |",
-             "|---|---|---|---|---|---|---|"]
+             "median requests | median requests, every clean run | largest cache MiB | "
+             "peak memory MiB | stored / distinct after prune (last, max) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     hourly_by_month = {}
     for m in range(12):
         mb = [r for r in backups if month(r["when"]) == m]
@@ -118,6 +119,8 @@ def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_
             f"| {m + 1} | {sum(r['exit'] == 0 for r in mb)} / {len(mb)} | "
             f"{sum(month(f['when']) == m for f in faults)} | "
             f"{med([r['secs'] for r in hr]):.2f} | {med([r['requests'] for r in hr]):.0f} | "
+            f"{med([r['requests'] for r in clean if month(r['when']) == m]):.0f} | "
+            f"{max([r.get('cache_kib') or 0 for r in mb] + [0]) / 1024:.0f} | "
             f"{max([r['peak_rss_kib'] for r in mb] + [0]) / 1024:.0f} | "
             + (f"{ratios[-1]:.2f}, {max(ratios):.2f} |" if ratios else "— |"))
     # The second month's hourly runs (or the first month after the first

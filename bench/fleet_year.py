@@ -229,6 +229,12 @@ schedule = {{ backup = "hourly", forget = "daily", prune = "weekly", check = "we
         return Proc([A.capsule, "--profile", self.name, *args], self.env(when), label or args[-1])
 
 
+def cache_kib(path):
+    """What the host's cache disk holds (its own tmpfs), KiB."""
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize // 1024
+
+
 def s3_stored():
     """The repository's bytes on the store, from an S3 listing (not capsule)."""
     total, token = 0, None
@@ -366,7 +372,7 @@ def sample_restore(h, rid, snap, manifest, when, skip=()):
     if p.wait() == 14:
         # The store was out for longer than a run waits: once it is back.
         for _ in range(300):
-            if not store.busy():
+            if not store.any_out():
                 break
             time.sleep(0.5)
         shutil.rmtree(target, ignore_errors=True)
@@ -536,7 +542,8 @@ for s, when in enumerate(steps):
                "secs": round(p.secs, 3), "requests": dest.get("requests", ""),
                "bytes_up": dest.get("bytes_up", ""), "peak_rss_kib": p.rss_kib,
                "faults": "+".join(extra.get("faults", [])), "run": rid or "",
-               "hourly": int(hourly_day), "store_out": int(store.busy())}
+               "hourly": int(hourly_day), "store_out": int(store.any_out()),
+               "cache_kib": cache_kib(h.cache)}
         runs.append(row)
         if kind == "backup" and p.code == 0:
             h.last_secs = p.secs
