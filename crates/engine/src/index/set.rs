@@ -113,7 +113,7 @@ impl Iterator for Scan {
             if self.next_page >= self.table.pages() {
                 return None;
             }
-            match self.table.page(self.next_page) {
+            match self.table.page_checked(self.next_page) {
                 Ok(p) => {
                     self.page = Some(p);
                     self.at = 0;
