@@ -618,17 +618,12 @@ fn prune_refuses_a_large_clock_skew_against_the_destination() {
     ok(&repo, &["check"]);
 }
 
-/// 30.7: a prune while a backup holds its session marks what is unused
-/// and names the session its mark waits for (no sweep yet); `prune --wait`
-/// waits for that backup to finish, then deletes the packs.
-#[test]
-fn a_prune_names_the_sessions_it_waits_for_and_wait_sweeps_after_them() {
-    let t = tempfile::tempdir().unwrap();
-    let (src, other, repo) = (
-        t.path().join("src"),
-        t.path().join("other"),
-        t.path().join("repo"),
-    );
+/// A repository of three hourly backups of a 2 MB file that changes each
+/// time (what `forget --keep-last 1` leaves unused), and another source
+/// for a backup to hold a session with. Returns that source and the
+/// repository.
+fn three_hours_of_backups(t: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (src, other, repo) = (t.join("src"), t.join("other"), t.join("repo"));
     std::fs::create_dir_all(&src).unwrap();
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("z"), noise(100_000, 9)).unwrap();
@@ -642,6 +637,16 @@ fn a_prune_names_the_sessions_it_waits_for_and_wait_sweeps_after_them() {
             &["backup", "-q", src.to_str().unwrap()],
         );
     }
+    (other, repo)
+}
+
+/// 30.7: a prune while a backup holds its session marks what is unused
+/// and names the session its mark waits for (no sweep yet); `prune --wait`
+/// waits for that backup to finish, then deletes the packs.
+#[test]
+fn a_prune_names_the_sessions_it_waits_for_and_wait_sweeps_after_them() {
+    let t = tempfile::tempdir().unwrap();
+    let (other, repo) = three_hours_of_backups(t.path());
     let gate = t.path().join("gate");
     let backup = paused_backup(&repo, &other, &NOW.to_string(), "commit", &gate);
     let before = dir_bytes(&pack_files(&repo));
@@ -700,24 +705,7 @@ fn a_prune_names_the_sessions_it_waits_for_and_wait_sweeps_after_them() {
 #[test]
 fn a_session_from_a_clock_days_ahead_runs_out_by_the_destinations_time() {
     let t = tempfile::tempdir().unwrap();
-    let (src, other, repo) = (
-        t.path().join("src"),
-        t.path().join("other"),
-        t.path().join("repo"),
-    );
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::create_dir_all(&other).unwrap();
-    std::fs::write(other.join("z"), noise(100_000, 9)).unwrap();
-    init(&repo);
-    for i in 0..3u64 {
-        let _ = std::fs::remove_file(src.join(format!("f{}", i.wrapping_sub(1))));
-        std::fs::write(src.join(format!("f{i}")), noise(2_000_000, i)).unwrap();
-        ok_at(
-            &repo,
-            NOW - 5 * H + i as i64 * H,
-            &["backup", "-q", src.to_str().unwrap()],
-        );
-    }
+    let (other, repo) = three_hours_of_backups(t.path());
     let gate = t.path().join("gate");
     let mut backup = paused_backup(&repo, &other, &(NOW + 3 * D).to_string(), "commit", &gate);
     backup.kill().unwrap();
