@@ -15,18 +15,21 @@ import time
 # link cut) cost their length in wall time, so they are rarer than faults
 # of one run.
 KINDS = [
-    ("kill-backup", 0.40),     # a client SIGKILLed at a random point of a backup
-    ("two-at-once", 0.12),     # a second run of the same host started beside the first
-    ("cache-full", 0.10),      # the client's disk (its cache) full for the run
-    ("clock-jump", 0.10),      # the client's clock hours or days ahead or behind
+    ("kill-backup", 0.43),     # a client SIGKILLed at a random point of a backup
+    ("two-at-once", 0.13),     # a second run of the same host started beside the first
+    ("cache-full", 0.11),      # the client's disk (its cache) full for the run
+    ("clock-jump", 0.104),     # the client's clock hours or days ahead or behind
     ("kill-prune", 0.07),      # a prune SIGKILLed at a random point
     ("kill-check", 0.07),      # a check SIGKILLed at a random point
     ("kill-forget", 0.04),     # a forget SIGKILLed at a random point
-    ("node-kill", 0.035),      # a store node SIGKILLed, back after seconds to a minute
-    ("link-down", 0.035),      # a store node's network link cut, restored later
-    ("node-kill-prune", 0.01), # a store node SIGKILLed while a prune runs
-    ("drive-wipe", 0.01),      # a drive emptied (replaced); the store heals it
-    ("replaced", 0.01),        # a machine replaced: its cache and records gone
+    # The store heals a minute after a node is back and three after a
+    # drive is replaced before the next store fault (Store.calm_at): a
+    # compressed year of about an hour has room for some thirty of them.
+    ("node-kill", 0.012),      # a store node SIGKILLed, back after seconds to a minute
+    ("link-down", 0.012),      # a store node's network link cut, restored later
+    ("node-kill-prune", 0.004),  # a store node SIGKILLed while a prune runs
+    ("drive-wipe", 0.004),     # a drive emptied (replaced); the store heals it
+    ("replaced", 0.014),       # a machine replaced: its cache and records gone
 ]
 HOST_KINDS = {"kill-backup", "two-at-once", "cache-full", "clock-jump", "replaced"}
 
@@ -150,6 +153,16 @@ class Store:
     def busy(self):
         with self.lock:
             return bool(self.out) or time.monotonic() < self.calm_at
+
+    def wait_calm(self, limit):
+        """Waits until the store is free for a fault (at most `limit`
+        seconds); returns the seconds waited."""
+        t0 = time.monotonic()
+        for _ in range(int(limit * 2)):
+            if not self.busy():
+                break
+            time.sleep(0.5)
+        return time.monotonic() - t0
 
     def settle(self):
         """Every node back (timers run out), before the year's checks."""

@@ -21,7 +21,9 @@ def outcome(f, runs):
         return "not applied: " + f["skipped"]
     k = f["kind"]
     if k in ("node-kill", "link-down", "node-kill-prune", "drive-wipe"):
-        return "applied" if f.get("applied_at") else "not applied"
+        if not f.get("applied_at"):
+            return "not applied"
+        return "applied after waiting for the store to heal" if f.get("waited") else "applied"
     mine = [r for r in runs if r["step"] == f["step"]]
     if k.startswith("kill-") and k != "kill-backup":
         hit = [r for r in mine if r["kind"] == f.get("target")]
@@ -54,10 +56,59 @@ def fault_panel(faults, x0, x1, w=900):
     return "\n".join(out), h
 
 
+def restore_row(speed):
+    """Year-old against fresh restores: seconds (sums of medians), ratio, what they fetched."""
+    if not speed:
+        return ""
+    old, new = sum(s[1] for s in speed), sum(s[2] for s in speed)
+    sp = f"{old:.2f} s against {new:.2f} s from a fresh repository (**{old / new:.2f}×**, {len(speed)} hosts, median of 3 each)"
+    if len(speed[0]) > 3:
+        ro, rn = sum(s[3][0] for s in speed), sum(s[4][0] for s in speed)
+        bo, bn = sum(s[3][1] for s in speed), sum(s[4][1] for s in speed)
+        po, pn = sum(s[3][2] for s in speed), sum(s[4][2] for s in speed)
+        sp += (f"; they fetched {ro} against {rn} requests, {bo / MIB:.0f} against {bn / MIB:.0f} MiB"
+               f" from {po} against {pn} packs")
+    return sp
+
+
+def control_row(control):
+    """The end's backups of the same changes, year-old repository against fresh."""
+    if not control:
+        return ""
+    so, sn = med([c[1] for c in control]), med([c[2] for c in control])
+    ro, rn = med([c[3] for c in control]), med([c[4] for c in control])
+    mo, mn = max(c[5] for c in control), max(c[6] for c in control)
+    return (f"{so:.2f} s against {sn:.2f} s (**{so / sn:.2f}×**), requests {ro:.0f} against {rn:.0f}, "
+            f"peak memory {mo / 1024:.0f} against {mn / 1024:.0f} MiB ({len(control)} runs, medians)")
+
+
+def kinds_table(early, last, e_runs, l_runs):
+    """Mean requests by kind of the traced clean hourly runs of two months."""
+    def means(rs):
+        tot, n = {}, 0
+        for r in rs:
+            if not r.get("req_kinds"):
+                continue
+            n += 1
+            for kv in r["req_kinds"].split():
+                k, v = kv.rsplit("=", 1)
+                tot[k] = tot.get(k, 0) + int(v)
+        return {k: v / n for k, v in tot.items()} if n else {}
+    me, ml = means(e_runs), means(l_runs)
+    if not me or not ml:
+        return ""
+    rows = [f"| requests by kind (mean, clean hourly runs) | month {early + 1} | month {last + 1} |",
+            "|---|---:|---:|"]
+    for k in sorted(set(me) | set(ml), key=lambda k: -(ml.get(k, 0) + me.get(k, 0))):
+        rows.append(f"| {k} | {me.get(k, 0):.1f} | {ml.get(k, 0):.1f} |")
+    return "\n".join(rows)
+
+
 def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_code,
-           end_restores, year_secs, steps, start, prefix):
+           end_restores, year_secs, steps, start, prefix, speed16=(), control=()):
     cols = ["step", "when", "host", "kind", "exit", "secs", "requests", "bytes_up",
-            "peak_rss_kib", "cache_kib", "faults", "run", "hourly", "store_out", "sampled", "note"]
+            "peak_rss_kib", "cache_kib", "faults", "run", "hourly", "store_out", "sampled", "note",
+            "req_kinds"]
     with open(os.path.join(out, "runs.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, cols, extrasaction="ignore")
         w.writeheader()
@@ -66,7 +117,7 @@ def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_
         f["outcome"] = outcome(f, runs)
     with open(os.path.join(out, "faults.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, ["step", "when", "kind", "host", "node", "delay", "secs", "jump",
-                               "outcome"], extrasaction="ignore")
+                               "waited", "outcome"], extrasaction="ignore")
         w.writeheader()
         w.writerows(faults)
 
@@ -158,17 +209,13 @@ def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_
                if use else "—")
     granular = (f"last {use[-1][4] / use[-1][2]:.2f}×, highest {max(s[4] / s[2] for s in use):.2f}×"
                 if use else "—")
-    sp = ""
-    if speed:
-        old, new = sum(s[1] for s in speed), sum(s[2] for s in speed)
-        sp = f"{old:.2f} s against {new:.2f} s from a fresh repository (**{old / new:.2f}×**, {len(speed)} hosts, median of 3 each)"
-        if len(speed[0]) > 3:
-            # What the median restores fetched: requests, bytes, packs.
-            ro, rn = sum(s[3][0] for s in speed), sum(s[4][0] for s in speed)
-            bo, bn = sum(s[3][1] for s in speed), sum(s[4][1] for s in speed)
-            po, pn = sum(s[3][2] for s in speed), sum(s[4][2] for s in speed)
-            sp += (f"; they fetched {ro} against {rn} requests, {bo / MIB:.0f} against {bn / MIB:.0f} MiB"
-                   f" from {po} against {pn} packs")
+    sp = restore_row(speed)
+    sp16 = restore_row(speed16)
+    ctl = control_row(control)
+    kinds = ""
+    if early is not None and last is not None and last > early:
+        kinds = kinds_table(early, last, hourly_by_month[early], hourly_by_month[last])
+    waits = [f["waited"] for f in faults if f.get("waited")]
     days_run = sorted({(w - start) // 86400 for w in steps})
     sparse_days = sum(1 for d in days_run if A.dense_days <= d < A.days - A.hourly_days - 7)
     summary = f"""| fleet year (seed {A.seed}) | value |
@@ -184,13 +231,18 @@ def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_
 | of which: stored / packs in use (waiting for the sweep) | {waiting} |
 | of which: packs in use / distinct (chunks against 1 MiB blocks) | {granular} |
 | per-run cost, clean hourly runs | {flat or "—"} |
+| per-run cost at the end, same sources and changes: year-old repository vs fresh | {ctl or "—"} |
 | newest snapshots restored, year-old repository vs fresh | {sp or "—"} |
+| the same, `--connections 16` | {sp16 or "—"} |
+| store faults applied after waiting for the store to heal | {len(waits)} ({sum(waits):.0f} s in all) |
 | wall time of the year | {year_secs / 60:.1f} min |
 | problems | {len(problems)} |
 
 {chr(10).join(fault_lines)}
 
 {chr(10).join(lines)}
+
+{kinds}
 """
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(summary)

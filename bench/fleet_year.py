@@ -87,6 +87,13 @@ def parse_args():
     p.add_argument("--max-outage", type=float, default=80.0,
                    help="longest node outage in seconds")
     p.add_argument("--pin", action="store_true", help="the store's nodes on the last core")
+    p.add_argument("--store-wait-steps", type=int, default=6,
+                   help="a store fault put off this many steps (the store still healing) is "
+                        "applied after waiting for the store, so that every planned fault is; "
+                        "0: never wait (a fault still put off at the end is listed as not applied)")
+    p.add_argument("--trace-hourly", type=int, default=1,
+                   help="1: hourly days' backups write a request trace, and runs.csv counts "
+                        "their requests by kind (req_kinds)")
     return p.parse_args()
 
 
@@ -407,9 +414,30 @@ def fill(path):
     return filler
 
 
-def backup(h, when, step, rid, env_when, label="backup"):
-    return Proc([A.capsule, "--profile", h.name, "--json", "backup", "--host", h.name,
+def backup(h, when, step, rid, env_when, label="backup", trace=None):
+    traced = ["--trace-requests", trace] if trace else []
+    return Proc([A.capsule, "--profile", h.name, *traced, "--json", "backup", "--host", h.name,
                  "--tag", rid], h.env(env_when), label)
+
+
+def request_kinds(trace):
+    """A run's requests by operation and top-level prefix, from its trace:
+    "get:index=7 list:snapshots=1 ..." (what grows when requests do)."""
+    counts = {}
+    try:
+        with open(trace) as f:
+            next(f, None)
+            for line in f:
+                cols = line.rstrip("\n").split("\t")
+                if len(cols) < 6:
+                    continue
+                name = cols[5].split(PREFIX + "/", 1)[-1]
+                key = f"{cols[2]}:{name.split('/', 1)[0] if '/' in name else name}"
+                counts[key] = counts.get(key, 0) + 1
+        os.remove(trace)
+    except OSError:
+        return ""
+    return " ".join(f"{k}={n}" for k, n in sorted(counts.items()))
 
 
 def job(h, when, *args):
@@ -479,6 +507,11 @@ for s, when in enumerate(steps):
     # Store faults, one at a time (a busy store puts them off).
     pending_store += [f for f in my_faults if f["kind"] in
                       ("node-kill", "link-down", "node-kill-prune", "drive-wipe")]
+    if (pending_store and A.store_wait_steps and store.busy()
+            and s - pending_store[0]["step"] >= A.store_wait_steps):
+        # Put off for long enough: wait for the store to heal rather than
+        # leave the fault out (the wait is listed with it).
+        pending_store[0]["waited"] = round(store.wait_calm(300), 1)
     if pending_store and not store.busy():
         f = pending_store.pop(0)
         f["applied_at"] = when
@@ -504,13 +537,15 @@ for s, when in enumerate(steps):
         change = None
         if h.rng.random() < 0.03:
             change = fleet_model.changing_while_read(h.src, h.rng, stop)
-        p = backup(h, when, s, rid, when + jump)
+        trace = (os.path.join(work, f"trace-{rid}.tsv")
+                 if A.trace_hourly and hourly_day else None)
+        p = backup(h, when, s, rid, when + jump, trace=trace)
         if change:
             th = threading.Thread(target=change[3])
             th.start()
             changers[rid] = (change, stop, th)
         procs.append(("backup", h, p, rid, {"faults": sorted(kinds), "filler": filler,
-                                            "jump": jump}))
+                                            "jump": jump, "trace": trace}))
         if "kill-backup" in kinds:
             t = threading.Timer(hf[0]["delay"] / 1.5 * h.last_secs, p.kill)
             timers.append(t)
@@ -544,6 +579,8 @@ for s, when in enumerate(steps):
                "faults": "+".join(extra.get("faults", [])), "run": rid or "",
                "hourly": int(hourly_day), "store_out": int(store.any_out()),
                "cache_kib": cache_kib(h.cache)}
+        if extra.get("trace"):
+            row["req_kinds"] = request_kinds(extra["trace"])
         runs.append(row)
         if kind == "backup" and p.code == 0:
             h.last_secs = p.secs
@@ -638,12 +675,14 @@ if check.code != 0:
 
 # The newest snapshot of every host restored, against the same tree from a
 # fresh repository (median of three each, in turns).
-def restore_secs(h, repo_args, sid):
+def restore_secs(h, repo_args, sid, conns=None):
     """Seconds of one restore and what it fetched (requests, bytes, packs)."""
     target = os.path.join(work, "restore")
     shutil.rmtree(target, ignore_errors=True)
     e = dict(h.env(now), CAPSULE_PASSWORD="fleet")
-    p = Proc([A.capsule, *repo_args, "--json", "restore", sid, "--target", target], e, "restore")
+    more = ["--connections", str(conns)] if conns else []
+    p = Proc([A.capsule, *repo_args, *more, "--json", "restore", sid, "--target", target], e,
+             "restore")
     p.wait()
     shutil.rmtree(target, ignore_errors=True)
     if p.code != 0:
@@ -655,6 +694,8 @@ def restore_secs(h, repo_args, sid):
 
 
 speed = []
+speed16 = []
+control = []
 fresh_repo = ["--repo", f"s3+http://{NODES[0]}/{BUCKET}/{PREFIX}-fresh", "--cache-dir",
               os.path.join(work, "fresh-cache")]
 fresh_env_host = hosts[0]
@@ -678,9 +719,42 @@ if Proc([A.capsule, *fresh_repo, "init"], dict(hosts[0].env(now), CAPSULE_PASSWO
             mn = sorted(new)[1]
             speed.append((h.name, mo[0], mn[0], mo[1:], mn[1:]))
             log(f"{h.name}: restore {mo} (year-old) against {mn} (fresh)")
+        # The same with twice the reads in flight: is the year-old
+        # repository's extra cost round trips that more of them hide?
+        old, new = [], []
+        for _ in range(3):
+            old.append(restore_secs(h, ["--profile", h.name], newest[1], 16))
+            new.append(restore_secs(h, [*fresh_repo], fsid, 16))
+        if None not in old and None not in new:
+            mo, mn = sorted(old)[1], sorted(new)[1]
+            speed16.append((h.name, mo[0], mn[0], mo[1:], mn[1:]))
+    # Per-run cost against the repository's age alone: the same sources and
+    # the same hour of changes, backed up to the year-old repository (each
+    # host's profile and cache) and then to the fresh one, three rounds;
+    # the month-12 sources are larger than month 2's, and this separates
+    # what the source costs from what the repository's age does.
+    for rnd in range(3):
+        later = now + (rnd + 1) * H
+        for h in hosts:
+            h.src.change(1)
+            e = dict(h.env(later), CAPSULE_PASSWORD="fleet")
+            a = Proc([A.capsule, "--profile", h.name, "--json", "backup", "--host", h.name],
+                     h.env(later), "control-old")
+            a.wait()
+            b = Proc([A.capsule, *fresh_repo, "--json", "backup", "--host", h.name, h.src.root],
+                     e, "control-fresh")
+            b.wait()
+            if a.code == 0 and b.code == 0:
+                ra = ((a.json() or {}).get("destination") or {}).get("requests", 0)
+                rb = ((b.json() or {}).get("destination") or {}).get("requests", 0)
+                control.append((h.name, a.secs, b.secs, ra, rb, a.rss_kib, b.rss_kib))
+            else:
+                log(f"{h.name}: control backups exited {a.code} / {b.code}: "
+                    f"{a.stderr[-200:]} {b.stderr[-200:]}")
+            fleet_model.fresh(h.src.files)
 
 report(A, out=A.out, runs=runs, faults=faults, storage=storage, tiers=tiers, policy=policy,
-       problems=problems, speed=speed, check_code=check.code, end_restores=end_restores,
+       problems=problems, speed=speed, speed16=speed16, control=control, check_code=check.code, end_restores=end_restores,
        year_secs=year_secs, steps=steps, start=START, prefix=PREFIX)
 unmount()
 shutil.rmtree(work, ignore_errors=True)

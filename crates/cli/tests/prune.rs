@@ -696,6 +696,68 @@ fn a_prune_names_the_sessions_it_waits_for_and_wait_sweeps_after_them() {
     assert_eq!(idle["prune"]["packs_deleted"], 0, "{idle}");
 }
 
+/// A mark waiting for a backup costs the backups after it nothing: only a
+/// backup that held its session when the mark was armed puts the marked
+/// packs it started from back into the index; later ones find them put
+/// back already and leave them, and read the mark from the cache. (Issue
+/// 63: every backup put them back again for as long as the mark waited,
+/// two index files a run that every other machine then fetched, and the
+/// packs stayed indexed, so each sweep kept them.)
+#[test]
+fn a_waiting_mark_costs_the_backups_after_it_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (other, repo) = three_hours_of_backups(t.path());
+    let src = t.path().join("src");
+    let gate = t.path().join("gate");
+    let held = paused_backup(&repo, &other, &NOW.to_string(), "commit", &gate);
+    let v = json(&repo, &["forget", "--keep-last", "1", "--prune"]);
+    assert_eq!(v["prune"]["marks_waiting"], 1, "{v}");
+    std::fs::write(&gate, b"").unwrap();
+    let b = held.wait_with_output().unwrap();
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let index_files = || std::fs::read_dir(repo.join("index")).unwrap().count();
+    let traced = |n: u32, when: i64| {
+        let trace = t.path().join(format!("trace{n}.tsv"));
+        std::fs::write(src.join(format!("late{n}")), noise(50_000, 20 + n as u64)).unwrap();
+        let files = index_files();
+        ok_at(
+            &repo,
+            when,
+            &[
+                "--trace-requests",
+                trace.to_str().unwrap(),
+                "backup",
+                "-q",
+                src.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(
+            index_files(),
+            files + 1,
+            "backup {n} wrote more than its own index file"
+        );
+        std::fs::read_to_string(&trace).unwrap()
+    };
+    let first = traced(1, NOW + 60);
+    assert!(first.contains("prune-marks/"), "{first}");
+    // The second reads the mark from the cache.
+    let second = traced(2, NOW + 120);
+    assert!(
+        !second
+            .lines()
+            .any(|l| l.split('\t').nth(2) == Some("get") && l.contains("prune-marks/")),
+        "{second}"
+    );
+    // The next prune gives the space back: nothing kept the packs indexed.
+    let r = json(&repo, &["prune"]);
+    assert_eq!(r["prune"]["marks_waiting"], 0, "{r}");
+    assert!(
+        r["prune"]["bytes_deleted"].as_u64().unwrap() >= 4_000_000,
+        "{r}"
+    );
+    ok(&repo, &["check", "--read-data"]);
+}
+
 /// A backup killed while its machine's clock ran days ahead leaves a
 /// session whose heartbeat no pruner's clock reaches for days: the marks
 /// waited for it that long (the fleet year's clock-jump faults). A lease

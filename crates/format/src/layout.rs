@@ -100,12 +100,14 @@ impl FileType {
     }
 
     /// Whether the local cache keeps copies: small objects every run needs
-    /// (index files, snapshots, tree packs), all content-addressed, so a
-    /// cached copy is checked against its name.
+    /// (index files, snapshots, tree packs, and prune marks, which every
+    /// backup reads while a prune's packs wait for the sweep, a week on the
+    /// daemon's schedule), all content-addressed, so a cached copy is
+    /// checked against its name.
     pub const fn cached(self) -> bool {
         matches!(
             self,
-            FileType::Index | FileType::Snapshot | FileType::TreePack
+            FileType::Index | FileType::Snapshot | FileType::TreePack | FileType::PruneMark
         )
     }
 

@@ -123,7 +123,8 @@ fn commit(
         lease_check(repo, index, packs_indexed, "nothing was committed")?;
     }
     crate::pause::test_pause("after-check");
-    let marked = crate::prune::reindex_marked_for_writer(repo, index, packs_indexed)?;
+    let sid = session.id();
+    let marked = crate::prune::reindex_marked_for_writer(repo, &sid, index, packs_indexed)?;
     // The commit point: everything the snapshot references is durable and
     // indexed by now (saver.finish returned Ok).
     let id = repo.save_snapshot(snap)?;
@@ -139,7 +140,7 @@ fn commit(
     // since; look again when one was seen (marks are rare, and the next
     // prune's sweep would put the packs back anyway).
     if marked {
-        crate::prune::reindex_marked_for_writer(repo, index, packs_indexed)?;
+        crate::prune::reindex_marked_for_writer(repo, &sid, index, packs_indexed)?;
     }
     Ok((id, !session.end()))
 }
@@ -264,7 +265,9 @@ fn unchanged(
     // A prune marking, or a lapsed session: the usual way, which reads the
     // index these need.
     let empty = MasterIndex::default();
-    if !session.still_held()? || crate::prune::reindex_marked_for_writer(repo, &empty, &[])? {
+    if !session.still_held()?
+        || crate::prune::reindex_marked_for_writer(repo, &session.id(), &empty, &[])?
+    {
         return Ok(None);
     }
     let id = repo.save_snapshot(&snap)?;

@@ -106,6 +106,18 @@ pub fn add_marked_packs(repo: &Repository, index: &mut MasterIndex) -> Result<us
 
 /// The packs every readable mark names, with their index entries.
 pub(crate) fn marked_index_packs(repo: &Repository) -> Result<Vec<IndexPack>> {
+    Ok(readable_marks(repo)?
+        .into_iter()
+        .flat_map(|(_, packs)| packs)
+        .collect())
+}
+
+/// A readable mark: the sessions it names (`None`: unarmed) and its packs
+/// with their index entries.
+type ReadMark = (Option<Vec<String>>, Vec<IndexPack>);
+
+/// Every readable mark.
+fn readable_marks(repo: &Repository) -> Result<Vec<ReadMark>> {
     let mut out = Vec::new();
     for name in list_prefix(repo, MARKS_PREFIX)? {
         let Ok(b) = repo.backend().get(&name, None) else {
@@ -123,7 +135,7 @@ pub(crate) fn marked_index_packs(repo: &Repository) -> Result<Vec<IndexPack>> {
         else {
             continue;
         };
-        out.extend(idx.packs);
+        out.push((mark.sessions, idx.packs));
     }
     Ok(out)
 }
@@ -133,13 +145,34 @@ pub(crate) fn marked_index_packs(repo: &Repository) -> Result<Vec<IndexPack>> {
 /// from and those it wrote. A prune that ran during the backup may have
 /// marked them; without this, its snapshot would refer to blobs that no
 /// index lists until the next prune's sweep finds them in use. One list
-/// request when nothing is marked. Returns whether any mark exists.
+/// request when nothing is marked. Returns whether a mark that concerns
+/// this backup exists.
+///
+/// Only marks unarmed or naming `session` concern it. A mark armed without
+/// it was armed before the session began: the prune lists the sessions
+/// after its index without the packs is visible, and the backup stores its
+/// session before it reads the index. So the index it started from had
+/// those packs only where something put them back since (an index file
+/// that stays until a later prune marks them again, naming this session
+/// then). Putting them back again, as every backup once did for as long as
+/// the mark waited, wrote two index files a run that every other machine
+/// then fetched, and kept packs no snapshot uses indexed, so that each
+/// sweep put them back instead of deleting them.
 pub(crate) fn reindex_marked_for_writer(
     repo: &Repository,
+    session: &str,
     start: &MasterIndex,
     written: &[(String, u64)],
 ) -> Result<bool> {
-    let marked = marked_index_packs(repo)?;
+    let marked: Vec<IndexPack> = readable_marks(repo)?
+        .into_iter()
+        .filter(|(sessions, _)| {
+            sessions
+                .as_ref()
+                .is_none_or(|s| s.iter().any(|id| id == session))
+        })
+        .flat_map(|(_, packs)| packs)
+        .collect();
     if marked.is_empty() {
         return Ok(false);
     }
