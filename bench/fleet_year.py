@@ -586,7 +586,14 @@ for s, when in enumerate(steps):
             h.last_secs = p.secs
         if kind != "backup":
             if p.code == 12:
-                problems.append(f"step {s}: {kind} found damage: {p.stdout.strip()[-600:]} {p.stderr.strip()[-600:]}")
+                # The whole report beside the outputs: the summary keeps a
+                # tail only, and the store is gone once the run ends.
+                keep = os.path.join(A.out, f"damage-step{s}-{kind}.txt")
+                with open(keep, "w") as fh:
+                    fh.write(f"step {s} day {day} store_out {int(store.any_out())}\n"
+                             f"{p.stdout}\n--- stderr\n{p.stderr}\n")
+                problems.append(f"step {s}: {kind} found damage (all of it in {os.path.basename(keep)}): "
+                                f"{p.stdout.strip()[-600:]} {p.stderr.strip()[-600:]}")
             elif p.code not in (0, -9, 14):
                 row["note"] = p.stderr.strip()[-200:]
             continue
