@@ -154,7 +154,13 @@ fn readable_marks(repo: &Repository) -> Result<Vec<ReadMark>> {
 /// session before it reads the index. So the index it started from had
 /// those packs only where something put them back since (an index file
 /// that stays until a later prune marks them again, naming this session
-/// then). Putting them back again, as every backup once did for as long as
+/// then). The same holds for an unarmed mark a later prune armed with the
+/// sessions it listed first (its packs may still be in index files the
+/// cut prune did not replace): no prune takes a pack out of the index
+/// without carrying it into its own file or marking it anew with the
+/// sessions held once its index is visible, so a pack this backup may
+/// use stays indexed, or a mark naming this session covers it.
+/// Putting them back again, as every backup once did for as long as
 /// the mark waited, wrote two index files a run that every other machine
 /// then fetched, and kept packs no snapshot uses indexed, so that each
 /// sweep put them back instead of deleting them.
