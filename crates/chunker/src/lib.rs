@@ -33,12 +33,29 @@ impl Default for ChunkSizes {
     }
 }
 
+impl ChunkSizes {
+    /// The sizes a growing file's tail is cut with (see [`FileCuts`]): a
+    /// sixteenth of these (a thirty-second for `min`), 16 KiB / 64 KiB /
+    /// 256 KiB by default: an append of a few kilobytes then stores one
+    /// such piece again, not a whole last chunk of 0.5 to 4 MiB.
+    pub fn fine(self) -> ChunkSizes {
+        ChunkSizes {
+            min: (self.min / 32).max(64),
+            avg: (self.avg / 16).max(256),
+            max: (self.max / 16).max(1024),
+        }
+    }
+}
+
 /// A keyed FastCDC cutter.
 #[derive(Clone)]
 pub struct Chunker {
     sizes: ChunkSizes,
     mask_s: u64,
     mask_l: u64,
+    fine: ChunkSizes,
+    fine_mask_s: u64,
+    fine_mask_l: u64,
     gear: Cow<'static, [u64]>,
     gear_ls: Cow<'static, [u64]>,
 }
@@ -47,11 +64,16 @@ impl Chunker {
     /// A chunker for `sizes` keyed with `seed`.
     pub fn new(sizes: ChunkSizes, seed: u64) -> Self {
         let (mask_s, mask_l) = select_masks(sizes.avg, Normalization::Level1);
+        let fine = sizes.fine();
+        let (fine_mask_s, fine_mask_l) = select_masks(fine.avg, Normalization::Level1);
         let (gear, gear_ls) = get_gear_with_seed(seed);
         Chunker {
             sizes,
             mask_s,
             mask_l,
+            fine,
+            fine_mask_s,
+            fine_mask_l,
             gear,
             gear_ls,
         }
@@ -67,22 +89,36 @@ impl Chunker {
     /// that a cut is never placed at an arbitrary buffer boundary.
     pub fn next_cut(&self, data: &[u8], eof: bool) -> usize {
         debug_assert!(eof || data.len() >= self.sizes.max);
-        if data.len() <= self.sizes.min {
+        self.cut(data, self.sizes, self.mask_s, self.mask_l)
+    }
+
+    fn cut(&self, data: &[u8], sizes: ChunkSizes, mask_s: u64, mask_l: u64) -> usize {
+        if data.len() <= sizes.min {
             return data.len();
         }
         let (_, cut) = cut_gear(
             data,
-            self.sizes.min,
-            self.sizes.avg,
-            self.sizes.max,
-            self.mask_s,
-            self.mask_l,
-            self.mask_s << 1,
-            self.mask_l << 1,
+            sizes.min,
+            sizes.avg,
+            sizes.max,
+            mask_s,
+            mask_l,
+            mask_s << 1,
+            mask_l << 1,
             &self.gear,
             &self.gear_ls,
         );
         cut.clamp(1, data.len())
+    }
+
+    /// Cuts for one file; `growing` for a file larger than `min` that grew
+    /// since it was last stored (see [`FileCuts`]).
+    pub fn file(&self, growing: bool) -> FileCuts<'_> {
+        FileCuts {
+            chunker: self,
+            growing,
+            in_tail: false,
+        }
     }
 
     /// Splits a whole in-memory buffer into chunk lengths.
@@ -94,6 +130,39 @@ impl Chunker {
             data = &data[n..];
         }
         out
+    }
+}
+
+/// The cuts of one file. A file that grew since its last backup is most
+/// likely appended to (a mailbox, a log, a database's journal): its tail,
+/// the part after the last cut when no further cut comes before its end,
+/// is cut with the [fine sizes](ChunkSizes::fine). The next append then
+/// finds the same fine cuts in the same bytes (every cut depends only on
+/// the bytes since the one before) and stores one small piece again, where
+/// one chunk would have been stored whole again by every backup until a
+/// cut appeared. Once the appended bytes hold a cut of the usual sizes,
+/// the region up to it becomes one chunk of the usual kind, stored once.
+pub struct FileCuts<'a> {
+    chunker: &'a Chunker,
+    growing: bool,
+    in_tail: bool,
+}
+
+impl FileCuts<'_> {
+    /// Length of the next chunk at the start of `data`, as
+    /// [`Chunker::next_cut`] asks (at least `max` bytes, or all that
+    /// remain with `eof`).
+    pub fn next_cut(&mut self, data: &[u8], eof: bool) -> usize {
+        let c = self.chunker;
+        if !self.in_tail {
+            let n = c.next_cut(data, eof);
+            // No cut before the end: what remains is the tail.
+            if !(self.growing && eof && n == data.len()) {
+                return n;
+            }
+            self.in_tail = true;
+        }
+        c.cut(data, c.fine, c.fine_mask_s, c.fine_mask_l)
     }
 }
 
@@ -175,6 +244,84 @@ mod tests {
                 2902, 14074, 10572, 3268, 2079, 7032, 7801
             ]
         );
+    }
+
+    /// The cuts of a whole buffer by `FileCuts`.
+    fn file_cuts(c: &Chunker, d: &[u8], growing: bool) -> Vec<usize> {
+        let mut f = c.file(growing);
+        let mut out = Vec::new();
+        let mut off = 0;
+        while off < d.len() {
+            let end = (off + c.sizes().max).min(d.len());
+            let n = f.next_cut(&d[off..end], end == d.len());
+            out.push(n);
+            off += n;
+        }
+        out
+    }
+
+    fn pieces<'a>(d: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+        let mut off = 0;
+        cuts.iter()
+            .map(|&n| {
+                off += n;
+                &d[off - n..off]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_append_stores_one_fine_piece_again() {
+        let c = Chunker::new(small(), 3);
+        let all = noise(400_000, 21);
+        let (mut kept, mut before) = (0usize, 0usize);
+        // A file that grows by 1,000 bytes at a time.
+        for len in (150_000..=400_000).step_by(1000) {
+            let d = &all[..len];
+            let old = &all[..len - 1000];
+            let (was, now) = (file_cuts(&c, old, true), file_cuts(&c, d, true));
+            let was: std::collections::HashSet<&[u8]> = pieces(old, &was).into_iter().collect();
+            let new: usize = pieces(d, &now)
+                .iter()
+                .filter(|p| !was.contains(*p))
+                .map(|p| p.len())
+                .sum();
+            kept += new;
+            // Without fine tails, the whole last chunk is new each time.
+            let plain = *c.cut_all(d).last().unwrap();
+            before += plain;
+            let fine_max = small().fine().max;
+            assert!(
+                new <= fine_max + 1000 || new >= small().min,
+                "{new} new bytes at {len}"
+            );
+        }
+        // Before: the last chunk (8 KiB on average, more as a chunk that
+        // holds the end is a long one) each time. Now: the append, its last
+        // fine piece again (512 B on average), and each appended byte once
+        // more when a usual cut appears: about twice what was appended.
+        let appended = 251 * 1000;
+        assert!(
+            kept < 3 * appended,
+            "{kept} bytes stored for {appended} appended"
+        );
+        assert!(
+            kept * 2 < before,
+            "{kept} bytes stored again, {before} before"
+        );
+    }
+
+    #[test]
+    fn a_file_not_growing_is_cut_as_before() {
+        let c = Chunker::new(small(), 3);
+        let d = noise(300_000, 22);
+        assert_eq!(file_cuts(&c, &d, false), c.cut_all(&d));
+        let grown = file_cuts(&c, &d, true);
+        let plain = c.cut_all(&d);
+        // Only the last chunk is cut finer.
+        assert_eq!(grown[..plain.len() - 1], plain[..plain.len() - 1]);
+        assert_eq!(grown.iter().sum::<usize>(), d.len());
+        assert!(grown.len() >= plain.len());
     }
 
     proptest! {

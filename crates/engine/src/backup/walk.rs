@@ -540,7 +540,10 @@ fn save_entry(
                 Progress::add(&ctx.progress.bytes_unchanged, node.size);
                 Progress::add(&ctx.progress.bytes_done, node.size);
             } else {
-                match read_file(ctx, path, loc, &mut node)? {
+                let stored_size = parent
+                    .filter(|p| p.kind() == NodeKind::File)
+                    .map(|p| p.size);
+                match read_file(ctx, path, loc, &mut node, stored_size)? {
                     Some(content) => node.content = content,
                     None => return Ok(None),
                 }
