@@ -1,7 +1,7 @@
 //! Prune with the real binary: the space of what no kept snapshot uses
 //! given back in one pass, shared packs repacked, and prune beside
 //! backups that reuse what it marks, pause past their lease or hold
-//! sessions, and prunes killed at every step.
+//! sessions (prunes killed at every step: `prune_cut.rs`).
 
 // The command-line suite runs on Linux, against real servers, btrfs,
 // fanotify and network namespaces; the macOS build checks the libraries.
@@ -452,113 +452,6 @@ fn a_prune_that_puts_packs_back_leaves_nothing_for_the_next_to_redo() {
     assert_eq!(std::fs::read(dir.join("a")).unwrap(), noise(300_000, 1));
     assert_eq!(std::fs::read(dir.join("c")).unwrap(), noise(300_000, 3));
     assert!(!dir.join("b").exists());
-}
-
-/// Copies a directory tree (a repository at a chosen state).
-fn copy_tree(from: &Path, to: &Path) {
-    let ok = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-}
-
-/// A prune killed (SIGKILL) at each of its steps, from the same starting
-/// state: one mark waiting to be swept, new unused packs and a partly used
-/// one to repack. Afterwards the next prunes finish the job, `check
-/// --read-data` is clean and the kept snapshot restores bit for bit.
-#[test]
-fn a_prune_killed_at_any_step_leaves_a_repository_the_next_prune_finishes() {
-    let t = tempfile::tempdir().unwrap();
-    let (src, base) = (t.path().join("src"), t.path().join("base"));
-    std::fs::create_dir_all(&src).unwrap();
-    init(&base);
-    // Five runs; each rewrites four of twenty 150 kB files, so packs end up
-    // partly used.
-    let mut seeds: Vec<u64> = (0..20).collect();
-    for (f, seed) in seeds.iter().enumerate() {
-        std::fs::write(src.join(format!("f{f:02}")), noise(150_000, *seed)).unwrap();
-    }
-    for run in 0..5u64 {
-        for k in 0..4usize {
-            let f = (run as usize * 4 + k) % 20;
-            seeds[f] = 100 + run * 10 + k as u64;
-            std::fs::write(src.join(format!("f{f:02}")), noise(150_000, seeds[f])).unwrap();
-        }
-        ok(&base, &["backup", "-q", src.to_str().unwrap()]);
-    }
-    ok(&base, &["forget", "--keep-last", "3", "--prune"]);
-    ok(&base, &["forget", "--keep-last", "1"]);
-    // ("prune-restored" needs a marked pack used again by a snapshot no
-    // writer re-indexed, a race this state cannot set up; that step is one
-    // put of an index file listing packs that also stay marked.)
-    let points = [
-        "prune-deleting",
-        "prune-deleted",
-        "prune-repacked",
-        "prune-unarmed",
-        "prune-rewritten",
-        "prune-armed",
-        "prune-marked",
-    ];
-    let mut reached = 0;
-    for point in points {
-        let repo = t.path().join(point);
-        copy_tree(&base, &repo);
-        copy_tree(&base.with_extension("cache"), &repo.with_extension("cache"));
-        let gate = t.path().join(format!("{point}-gate"));
-        let mut c = capsule_cmd(&TestEnv::beside(&repo).password(PASSWORD));
-        c.arg("--repo")
-            .arg(&repo)
-            .args(["prune", "--max-unused", "0"])
-            .env("CAPSULE_TEST_PAUSE", format!("{point}:{}", gate.display()))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        let mut child = c.spawn().unwrap();
-        let waiting = gate.with_extension("waiting");
-        let mut paused = false;
-        for _ in 0..1200 {
-            if waiting.exists() {
-                paused = true;
-                break;
-            }
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(25));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        if paused {
-            reached += 1;
-        }
-        // The next prunes finish what it started.
-        for _ in 0..3 {
-            ok(&repo, &["prune"]);
-        }
-        ok(&repo, &["check", "--read-data"]);
-        let target = t.path().join(format!("{point}.restored"));
-        ok(
-            &repo,
-            &["restore", "latest", "--target", target.to_str().unwrap()],
-        );
-        let dir = restored(&target, &src);
-        for (f, seed) in seeds.iter().enumerate() {
-            assert_eq!(
-                std::fs::read(dir.join(format!("f{f:02}"))).unwrap(),
-                noise(150_000, *seed),
-                "{point}: f{f:02}"
-            );
-        }
-        let left = json(&repo, &["prune", "--dry-run"]);
-        assert_eq!(left["prune"]["packs_marked"], 0, "{point}: {left}");
-        assert_eq!(left["prune"]["marks_waiting"], 0, "{point}: {left}");
-    }
-    // Every step was reached (a renamed step would otherwise go untested).
-    assert_eq!(reached, points.len());
 }
 
 /// A destination whose clock is two hours off this machine's (the prune's

@@ -10,6 +10,7 @@
 
 #[cfg(test)]
 mod model;
+mod rewrite;
 mod set;
 mod table;
 
@@ -23,6 +24,7 @@ use capsule_format::FileType;
 use capsule_format::{BlobId, BlobType, ObjectId};
 
 use crate::error::{EngineError, Result};
+pub use rewrite::rewrite_without;
 pub use table::TableError;
 
 /// Where a blob is stored.
@@ -94,6 +96,9 @@ pub struct MasterIndex {
     dead: HashSet<u32>,
     /// The live index files with what each supersedes, for a rebuild.
     live: HashSet<ObjectId>,
+    /// Listed files a live one supersedes: left by a prune cut before its
+    /// deletes (or listed by a store that has not caught up with them).
+    leftover: Vec<ObjectId>,
     dir: Option<PathBuf>,
     /// Holds a directory of tables made for this process only (no cache).
     _temp: Option<tempfile::TempDir>,
@@ -423,6 +428,8 @@ impl MasterIndex {
         let mut files: Vec<ObjectId> = live.iter().copied().collect();
         files.sort();
         idx.files = files;
+        idx.leftover = listed.intersection(&superseded).copied().collect();
+        idx.leftover.sort();
         // Sizes for the merge policy: (entries, live entries).
         let mut sizes = Vec::new();
         let mut kept = Vec::new();
@@ -737,6 +744,12 @@ impl MasterIndex {
         &self.files
     }
 
+    /// Listed index files that a merged one supersedes: a prune deletes
+    /// them (what they held is in the file that supersedes them).
+    pub fn leftover_files(&self) -> &[ObjectId] {
+        &self.leftover
+    }
+
     /// A table that went bad during this run and could not be rebuilt:
     /// some blobs may be missing from lookups, so nothing may be deleted
     /// on what the index says.
@@ -909,75 +922,6 @@ pub trait SealedStore: Sync {
             source: None,
         }
     }
-}
-
-/// Entries in an index file a rewrite writes, at most; an index file at least
-/// half that full that lists no pack leaving is left as it is.
-const REWRITE_ENTRIES: usize = 256 * 1024;
-
-/// Writes the index without the packs in `gone` (prune's rewrite): the index files that list
-/// one of them, and the small ones (merged, so that hourly backups'
-/// files do not pile up), are read one at a time and written again into
-/// files of at most `REWRITE_ENTRIES` (262,144) entries, each superseding the files
-/// it took in; the rest stay. `extra` (the file that put marked packs
-/// back) is taken in whatever its size. Returns the superseded files, for
-/// deletion once the new ones are stored. A crash between two writes
-/// leaves each old file either in force or superseded by a complete new
-/// one.
-pub fn rewrite_without(
-    repo: &dyn SealedStore,
-    files: &[ObjectId],
-    extra: Option<ObjectId>,
-    gone: &HashSet<ObjectId>,
-) -> Result<Vec<ObjectId>> {
-    let mut superseded = Vec::new();
-    let mut taken: Vec<ObjectId> = Vec::new();
-    let mut packs: Vec<IndexPack> = Vec::new();
-    let mut entries = 0usize;
-    let mut seen: HashSet<ObjectId> = HashSet::new();
-    let flush = |taken: &mut Vec<ObjectId>,
-                 packs: &mut Vec<IndexPack>,
-                 superseded: &mut Vec<ObjectId>|
-     -> Result<()> {
-        if taken.is_empty() {
-            return Ok(());
-        }
-        save_index_file(
-            repo,
-            &IndexFile {
-                supersedes: taken.clone(),
-                packs: std::mem::take(packs),
-            },
-        )?;
-        superseded.append(taken);
-        Ok(())
-    };
-    for (id, forced) in files
-        .iter()
-        .map(|id| (*id, false))
-        .chain(extra.map(|id| (id, true)))
-    {
-        let f = load_index_file(repo, &id)?;
-        let n: usize = f.packs.iter().map(|p| p.entries.len()).sum();
-        let touched = f.packs.iter().any(|p| gone.contains(&p.id));
-        if !forced && !touched && n >= REWRITE_ENTRIES / 2 {
-            continue;
-        }
-        taken.push(id);
-        for p in f.packs {
-            if gone.contains(&p.id) || !seen.insert(p.id) {
-                continue;
-            }
-            entries += p.entries.len();
-            packs.push(p);
-        }
-        if entries >= REWRITE_ENTRIES {
-            flush(&mut taken, &mut packs, &mut superseded)?;
-            entries = 0;
-        }
-    }
-    flush(&mut taken, &mut packs, &mut superseded)?;
-    Ok(superseded)
 }
 
 /// Reads and decodes one index file.

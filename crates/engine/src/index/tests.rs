@@ -706,3 +706,43 @@ fn a_listed_file_that_is_gone_is_a_loss_only_when_nothing_replaced_it() {
     assert_eq!(bad.len(), 1, "{bad:?}");
     assert!(is_not_found(&bad[0]), "{bad:?}");
 }
+
+/// The fleet year's day 269: a file deleted by one prune while a store
+/// node was away, listed again once it was back, after a second prune had
+/// replaced the first one's file too. The second prune's file supersedes
+/// what the first one's superseded, so the ghost is still no loss.
+#[test]
+fn a_file_gone_two_rewrites_back_is_no_loss() {
+    let store = MemStore::new();
+    let old = save_index_file(
+        &store,
+        &IndexFile {
+            supersedes: vec![],
+            packs: vec![pack(1, &[1, 2])],
+        },
+    )
+    .unwrap();
+    let none = HashSet::new();
+    // First prune: replaces the old file, deletes it; a node still lists it.
+    let gone = super::rewrite_without(&store, &[old], None, &none).unwrap();
+    assert_eq!(gone, [old]);
+    let name = FileType::Index.name(&old);
+    store.objs.lock().unwrap().remove(&name);
+    store.ghosts.lock().unwrap().insert(name);
+    // Second prune: replaces the first one's file and deletes it for good.
+    let (idx, _) = MasterIndex::load(&store).unwrap();
+    let first = idx.files().to_vec();
+    assert_eq!(first.len(), 1);
+    assert_eq!(idx.leftover_files(), [old], "the ghost is a file to delete");
+    let gone = super::rewrite_without(&store, &first, None, &none).unwrap();
+    assert_eq!(gone, first);
+    store
+        .objs
+        .lock()
+        .unwrap()
+        .remove(&FileType::Index.name(&first[0]));
+    let (idx, bad) = MasterIndex::load(&store).unwrap();
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(locs(&idx, &blob(1)).len(), 1);
+    assert_eq!(idx.leftover_files(), [old]);
+}

@@ -635,6 +635,13 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
                 |id| Ok(backend.delete(&FileType::Index.name(id))?),
             )?;
         }
+        // Old index files a cut prune left: a file read supersedes each,
+        // and this prune's files (if any) supersede them too.
+        crate::flight::for_each_in_flight(
+            index.leftover_files(),
+            crate::flight::REQUESTS_IN_FLIGHT,
+            |id| Ok(backend.delete(&FileType::Index.name(id))?),
+        )?;
         crate::pause::test_pause("prune-marked");
         // Their data is marked now (or was never theirs alone).
         crate::flight::for_each_in_flight(&forgotten, crate::flight::REQUESTS_IN_FLIGHT, |name| {
