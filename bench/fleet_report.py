@@ -68,6 +68,9 @@ def restore_row(speed):
         po, pn = sum(s[3][2] for s in speed), sum(s[4][2] for s in speed)
         sp += (f"; they fetched {ro} against {rn} requests, {bo / MIB:.0f} against {bn / MIB:.0f} MiB"
                f" from {po} against {pn} packs")
+    if len(speed[0]) > 3 and len(speed[0][3]) > 5:
+        co, cn = sum(s[3][5] for s in speed), sum(s[4][5] for s in speed)
+        sp += f"; the store's servers used {co:.1f} against {cn:.1f} CPU seconds"
     return sp
 
 
