@@ -142,6 +142,13 @@ impl Chunker {
 /// one chunk would have been stored whole again by every backup until a
 /// cut appeared. Once the appended bytes hold a cut of the usual sizes,
 /// the region up to it becomes one chunk of the usual kind, stored once.
+///
+/// Not used by backups yet: a cut that depends on the file's history (did
+/// it grow?) makes a file read again without a change (the racy-entry
+/// rule) store other blobs than its parent snapshot holds, so a journal-
+/// driven snapshot and a full scan of the same tree differ
+/// (`capsule-watch`'s model test found it). It needs a rule that depends on
+/// the bytes alone.
 pub struct FileCuts<'a> {
     chunker: &'a Chunker,
     growing: bool,

@@ -133,15 +133,11 @@ pub(crate) fn through_fd(fd: &impl AsFd) -> Option<PathBuf> {
 
 /// Reads, chunks and hashes a file; hands new chunks to the saver. Returns
 /// `Ok(None)` after recording a warning if the file cannot be read.
-/// `stored_size` is the size the parent snapshot recorded for it: a file
-/// larger than a chunk that grew since is cut as one being appended to
-/// (`capsule_chunker::FileCuts`).
 pub(crate) fn read_file(
     ctx: &Ctx<'_>,
     path: &Path,
     loc: Loc<'_>,
     node: &mut Node,
-    stored_size: Option<u64>,
 ) -> Result<Option<Vec<BlobId>>> {
     let link_key = (node.device, node.inode);
     if node.nlink > 1 {
@@ -186,8 +182,6 @@ pub(crate) fn read_file(
     let mut limit = before.len();
     let chunker = &ctx.chunker;
     let max = chunker.sizes().max;
-    let growing = stored_size.is_some_and(|s| limit > s && limit > chunker.sizes().min as u64);
-    let mut cuts = chunker.file(growing);
     // The chunker needs `max` bytes ahead of each cut; every refill tops
     // the window up and first moves what is left (< `max`) to its front.
     // One and a half `max` (6 MiB) keeps that move under two bytes per
@@ -260,7 +254,7 @@ pub(crate) fn read_file(
             break;
         }
         let t = Instant::now();
-        let n = cuts.next_cut(&buf[start..], eof);
+        let n = chunker.next_cut(&buf[start..], eof);
         let chunk = &buf[start..start + n];
         let id = ctx.repo.key().blob_id(chunk);
         Progress::add(&ctx.counters.hash_ns, elapsed_ns(t));

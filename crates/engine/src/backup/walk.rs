@@ -540,10 +540,7 @@ fn save_entry(
                 Progress::add(&ctx.progress.bytes_unchanged, node.size);
                 Progress::add(&ctx.progress.bytes_done, node.size);
             } else {
-                let stored_size = parent
-                    .filter(|p| p.kind() == NodeKind::File)
-                    .map(|p| p.size);
-                match read_file(ctx, path, loc, &mut node, stored_size)? {
+                match read_file(ctx, path, loc, &mut node)? {
                     Some(content) => node.content = content,
                     None => return Ok(None),
                 }
