@@ -7,9 +7,13 @@ profile (`retention = { policy = "timemachine" }`), into one repository on
 MinIO in distributed mode (4 nodes x 2 drives in network namespaces), under
 the test clock, for a simulated year, while a seeded schedule of faults
 hits them and the store. Each job is the command the daemon would start
-(`capsule --config C --profile P backup|forget|prune|check`), started by
-this script at the simulated times: the daemon itself sleeps in real time,
-so it cannot be driven through a year in an hour.
+(`capsule --config C --profile P backup|forget|prune --wait|check`),
+started by this script at the simulated times: the daemon itself sleeps in
+real time, so it cannot be driven through a year in an hour. A prune waits
+(as the daemon's does) for the backups its marks wait for: its clock is a
+file, moved an hour and a few minutes on once its step's backups have
+ended, so the sessions of those killed mid-run run out their lease as they
+would have while it waited.
 
 Time is compressed so that the year fits about an hour: every hour, as the
 daemon runs it, on the `--sampled-days` (one in the second month, one
@@ -244,8 +248,13 @@ schedule = {{ backup = "hourly", forget = "daily", prune = "weekly", check = "we
                  AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
         return e
 
-    def capsule(self, when, *args, label=""):
-        return Proc([A.capsule, "--profile", self.name, *args], self.env(when), label or args[-1])
+    def capsule(self, when, *args, label="", clock=None):
+        env = self.env(when)
+        if clock:
+            with open(clock, "w") as f:
+                f.write(str(when))
+            env["CAPSULE_TEST_NOW"] = "@" + clock
+        return Proc([A.capsule, "--profile", self.name, *args], env, label or args[-1])
 
 
 def cache_kib(path):
@@ -452,8 +461,13 @@ def request_kinds(trace):
     return " ".join(f"{k}={n}" for k, n in sorted(counts.items()))
 
 
+LEASE = 3600  # capsule's session lease (capsule_engine::session::LEASE_SECS)
+
+
 def job(h, when, *args):
-    return h.capsule(when, "--json", *args, label=" ".join(args))
+    # A waiting prune's clock is a file, moved on once the step's backups end.
+    clock = os.path.join(work, "prune-clock") if "--wait" in args else None
+    return h.capsule(when, "--json", *args, label=" ".join(args), clock=clock)
 
 
 init = hosts[0].capsule(steps[0], "init", label="init")
@@ -505,7 +519,7 @@ for s, when in enumerate(steps):
                  "node-kill-prune": "prune"}.get(f["kind"])
         if extra and extra not in jobs:
             jobs.append(extra)
-    job_args = {"forget": ["forget"], "prune": ["prune"], "check": ["check"],
+    job_args = {"forget": ["forget"], "prune": ["prune", "--wait"], "check": ["check"],
                 "check-subset": ["check", "--read-data-subset", "next/12"],
                 "check-read-data": ["check", "--read-data"]}
     for j in jobs:
@@ -568,8 +582,13 @@ for s, when in enumerate(steps):
         h.last_when = when
     for t in timers:
         t.start()
-    # Wait, stopping each changer when its run ends.
-    for kind, h, p, rid, extra in procs:
+    # Wait, stopping each changer when its run ends; a waiting prune last,
+    # its clock moved past the lease of whatever this step killed (what an
+    # hour of waiting would do).
+    for kind, h, p, rid, extra in sorted(procs, key=lambda r: r[0] == "prune"):
+        if kind == "prune" and p.code is None:
+            with open(os.path.join(work, "prune-clock"), "w") as f:
+                f.write(str(when + LEASE + 300))
         p.wait()
         if rid in changers:
             (rel, before, written, _), stop, th = changers[rid]

@@ -20,6 +20,9 @@ use crate::contract::{Backend, BackendError, Capabilities, ErrorKind, LabBackend
 #[derive(Debug, Default)]
 pub struct MemoryBackend {
     objects: Mutex<BTreeMap<String, Arc<Vec<u8>>>>,
+    /// Names listed (with their last size) that no read finds: what a
+    /// distributed store can do after a node died during an upload.
+    ghosts: Mutex<BTreeMap<String, u64>>,
 }
 
 impl MemoryBackend {
@@ -32,7 +35,28 @@ impl MemoryBackend {
     pub fn fork(&self) -> MemoryBackend {
         MemoryBackend {
             objects: Mutex::new(self.lock().clone()),
+            ghosts: Mutex::new(self.ghosts().clone()),
         }
+    }
+
+    /// Takes an object's bytes away but goes on listing it: every read
+    /// answers "not found", every listing names it.
+    pub fn ghost(&self, name: &str) {
+        if let Some(b) = self.lock().remove(name) {
+            self.ghosts().insert(name.to_string(), b.len() as u64);
+        }
+    }
+
+    /// Lists a deleted object again (a store node that was away when it
+    /// was deleted), its reads still "not found".
+    pub fn ghost_again(&self, name: &str) {
+        if !self.lock().contains_key(name) {
+            self.ghosts().insert(name.to_string(), 0);
+        }
+    }
+
+    fn ghosts(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+        self.ghosts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Every object name, sorted.
@@ -106,13 +130,23 @@ impl Backend for MemoryBackend {
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, BackendError> {
-        Ok(self
+        let mut out: BTreeMap<String, u64> = self
             .lock()
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .map(|(k, v)| ObjectInfo {
-                name: k.clone(),
-                size: v.len() as u64,
+            .map(|(k, v)| (k.clone(), v.len() as u64))
+            .collect();
+        out.extend(
+            self.ghosts()
+                .range(prefix.to_string()..)
+                .take_while(|(k, _)| k.starts_with(prefix))
+                .map(|(k, v)| (k.clone(), *v)),
+        );
+        Ok(out
+            .into_iter()
+            .map(|(name, size)| ObjectInfo {
+                name,
+                size,
                 modified: None,
             })
             .collect())
@@ -120,6 +154,7 @@ impl Backend for MemoryBackend {
 
     fn delete(&self, name: &str) -> Result<(), BackendError> {
         self.lock().remove(name);
+        self.ghosts().remove(name);
         Ok(())
     }
 

@@ -34,7 +34,7 @@ impl Default for ChunkSizes {
 }
 
 impl ChunkSizes {
-    /// The sizes a growing file's tail is cut with (see [`FileCuts`]): a
+    /// The sizes a large file's tail is cut with (see [`FileCuts`]): a
     /// sixteenth of these (a thirty-second for `min`), 16 KiB / 64 KiB /
     /// 256 KiB by default: an append of a few kilobytes then stores one
     /// such piece again, not a whole last chunk of 0.5 to 4 MiB.
@@ -111,17 +111,30 @@ impl Chunker {
         cut.clamp(1, data.len())
     }
 
-    /// Cuts for one file; `growing` for a file larger than `min` that grew
-    /// since it was last stored (see [`FileCuts`]).
-    pub fn file(&self, growing: bool) -> FileCuts<'_> {
+    /// Cuts for one file, read from its start (see [`FileCuts`]).
+    pub fn file(&self) -> FileCuts<'_> {
         FileCuts {
             chunker: self,
-            growing,
+            read: 0,
             in_tail: false,
         }
     }
 
-    /// Splits a whole in-memory buffer into chunk lengths.
+    /// Splits a whole file held in memory as [`FileCuts`] does (a large
+    /// file's tail finer).
+    pub fn cut_file(&self, mut data: &[u8]) -> Vec<usize> {
+        let mut cuts = self.file();
+        let mut out = Vec::new();
+        while !data.is_empty() {
+            let n = cuts.next_cut(data, true);
+            out.push(n);
+            data = &data[n..];
+        }
+        out
+    }
+
+    /// Splits a whole in-memory buffer into chunk lengths with the usual
+    /// sizes throughout (no finer tail).
     pub fn cut_all(&self, mut data: &[u8]) -> Vec<usize> {
         let mut out = Vec::new();
         while !data.is_empty() {
@@ -133,29 +146,34 @@ impl Chunker {
     }
 }
 
-/// The cuts of one file. A file that grew since its last backup is most
-/// likely appended to (a mailbox, a log, a database's journal): its tail,
-/// the part after the last cut when no further cut comes before its end,
-/// is cut with the [fine sizes](ChunkSizes::fine). The next append then
-/// finds the same fine cuts in the same bytes (every cut depends only on
-/// the bytes since the one before) and stores one small piece again, where
-/// one chunk would have been stored whole again by every backup until a
-/// cut appeared. Once the appended bytes hold a cut of the usual sizes,
-/// the region up to it becomes one chunk of the usual kind, stored once.
+/// The cuts of one file. In a file of at least [`FileCuts::LARGE`] times
+/// the largest chunk, the tail (the part after the last cut when no further
+/// cut comes before the end) is cut with the [fine sizes](ChunkSizes::fine).
+/// Large files are the ones appended to (a mailbox, a log, a database's
+/// journal): the next append finds the same fine cuts in the same bytes
+/// (every cut depends only on the bytes since the one before) and stores
+/// one small piece again, where one chunk of 0.5 to 4 MiB would have been
+/// stored whole again by every backup until a usual cut appeared. Once the
+/// appended bytes hold a usual cut, the region up to it becomes one usual
+/// chunk, stored once.
 ///
-/// Not used by backups yet: a cut that depends on the file's history (did
-/// it grow?) makes a file read again without a change (the racy-entry
-/// rule) store other blobs than its parent snapshot holds, so a journal-
-/// driven snapshot and a full scan of the same tree differ
-/// (`capsule-watch`'s model test found it). It needs a rule that depends on
-/// the bytes alone.
+/// The rule depends on the bytes alone (how many came before the tail), so
+/// the same bytes always give the same blobs, whoever reads them: a journal
+/// -driven snapshot and a full scan agree, and a file read again unchanged
+/// stores nothing. (An earlier rule, "the file grew since its parent",
+/// broke that.) The price: up to about 16 more blobs per large file, at
+/// most two per MiB at the threshold and fewer above it.
 pub struct FileCuts<'a> {
     chunker: &'a Chunker,
-    growing: bool,
+    read: u64,
     in_tail: bool,
 }
 
 impl FileCuts<'_> {
+    /// A file is large, and its tail cut finer, from this many times the
+    /// largest chunk (8 MiB by default).
+    pub const LARGE: usize = 2;
+
     /// Length of the next chunk at the start of `data`, as
     /// [`Chunker::next_cut`] asks (at least `max` bytes, or all that
     /// remain with `eof`).
@@ -163,13 +181,17 @@ impl FileCuts<'_> {
         let c = self.chunker;
         if !self.in_tail {
             let n = c.next_cut(data, eof);
-            // No cut before the end: what remains is the tail.
-            if !(self.growing && eof && n == data.len()) {
+            // No cut before the end of a large file: what remains is the tail.
+            let large = self.read + data.len() as u64 >= (Self::LARGE * c.sizes.max) as u64;
+            if !(large && eof && n == data.len()) {
+                self.read += n as u64;
                 return n;
             }
             self.in_tail = true;
         }
-        c.cut(data, c.fine, c.fine_mask_s, c.fine_mask_l)
+        let n = c.cut(data, c.fine, c.fine_mask_s, c.fine_mask_l);
+        self.read += n as u64;
+        n
     }
 }
 
@@ -253,13 +275,36 @@ mod tests {
         );
     }
 
+    /// Test vector from docs/FORMAT.md: the same bytes as a file, its tail
+    /// (after 131,072 = twice the largest chunk) cut finer.
+    #[test]
+    fn file_vector() {
+        let d = noise(200_000, 7);
+        let c = Chunker::new(small(), 0x5eed);
+        let cuts = c.cut_file(&d);
+        assert_eq!(cuts.iter().sum::<usize>(), d.len());
+        assert_eq!(
+            cuts,
+            vec![
+                11405, 22277, 2661, 8230, 6715, 6026, 15743, 19985, 12635, 7822, 19463, 9451, 9859,
+                2902, 14074, 10572, 3268, 2079, 7032, 103, 939, 462, 498, 672, 764, 925, 512, 661,
+                250, 688, 1327
+            ]
+        );
+    }
+
     /// The cuts of a whole buffer by `FileCuts`.
-    fn file_cuts(c: &Chunker, d: &[u8], growing: bool) -> Vec<usize> {
-        let mut f = c.file(growing);
+    fn file_cuts(c: &Chunker, d: &[u8]) -> Vec<usize> {
+        file_cuts_by(c, d, c.sizes().max)
+    }
+
+    /// The same, fed `window` bytes (at least `max`) at a time.
+    fn file_cuts_by(c: &Chunker, d: &[u8], window: usize) -> Vec<usize> {
+        let mut f = c.file();
         let mut out = Vec::new();
         let mut off = 0;
         while off < d.len() {
-            let end = (off + c.sizes().max).min(d.len());
+            let end = (off + window).min(d.len());
             let n = f.next_cut(&d[off..end], end == d.len());
             out.push(n);
             off += n;
@@ -286,7 +331,7 @@ mod tests {
         for len in (150_000..=400_000).step_by(1000) {
             let d = &all[..len];
             let old = &all[..len - 1000];
-            let (was, now) = (file_cuts(&c, old, true), file_cuts(&c, d, true));
+            let (was, now) = (file_cuts(&c, old), file_cuts(&c, d));
             let was: std::collections::HashSet<&[u8]> = pieces(old, &was).into_iter().collect();
             let new: usize = pieces(d, &now)
                 .iter()
@@ -319,16 +364,18 @@ mod tests {
     }
 
     #[test]
-    fn a_file_not_growing_is_cut_as_before() {
+    fn a_small_file_is_cut_as_before_a_large_one_finer_at_its_tail() {
         let c = Chunker::new(small(), 3);
+        // Under twice the largest chunk (128 KiB here): the usual cuts.
+        let d = noise(120_000, 22);
+        assert_eq!(file_cuts(&c, &d), c.cut_all(&d));
         let d = noise(300_000, 22);
-        assert_eq!(file_cuts(&c, &d, false), c.cut_all(&d));
-        let grown = file_cuts(&c, &d, true);
+        let large = file_cuts(&c, &d);
         let plain = c.cut_all(&d);
         // Only the last chunk is cut finer.
-        assert_eq!(grown[..plain.len() - 1], plain[..plain.len() - 1]);
-        assert_eq!(grown.iter().sum::<usize>(), d.len());
-        assert!(grown.len() >= plain.len());
+        assert_eq!(large[..plain.len() - 1], plain[..plain.len() - 1]);
+        assert_eq!(large.iter().sum::<usize>(), d.len());
+        assert!(large.len() > plain.len());
     }
 
     proptest! {
@@ -348,6 +395,14 @@ mod tests {
                 off += n;
             }
             prop_assert_eq!(got, whole);
+        }
+
+        #[test]
+        fn file_cuts_depend_on_the_bytes_alone(len in 0usize..400_000, window in 65536usize..200_000) {
+            // However the reader feeds them, the same bytes get the same cuts.
+            let d = noise(len, 12);
+            let c = Chunker::new(small(), 5);
+            prop_assert_eq!(file_cuts_by(&c, &d, window), file_cuts(&c, &d));
         }
     }
 }

@@ -61,13 +61,18 @@ impl UsedBlobs {
 
 /// Every blob the snapshots reference: their trees and the data in them.
 /// Trees shared between snapshots are walked once (a set of tree IDs: a
-/// tree holds hundreds of entries, so these are few).
+/// tree holds hundreds of entries, so these are few). With `count_missing`,
+/// also how many data blobs a snapshot uses neither `index` nor `marked`
+/// holds (one lookup per reference walked, so only when asked: a prune
+/// that goes on without an index file the store lists but cannot give).
 pub(crate) fn used_blobs(
     repo: &Repository,
     index: &MasterIndex,
     marked: &MasterIndex,
     snaps: &[(ObjectId, capsule_format::snapshot::Snapshot)],
-) -> Result<UsedBlobs> {
+    count_missing: bool,
+) -> Result<(UsedBlobs, u64)> {
+    let mut missing = 0u64;
     let mut used = UsedBlobs::default();
     let mut trees: HashSet<BlobId> = HashSet::new();
     let mut todo: Vec<BlobId> = Vec::new();
@@ -95,6 +100,9 @@ pub(crate) fn used_blobs(
         for n in nodes {
             for b in &n.content {
                 used.insert(b);
+                if count_missing && !index.contains(b) && !marked.contains(b) {
+                    missing += 1;
+                }
             }
             if let Some(sub) = n.subtree {
                 if trees.insert(sub) {
@@ -105,7 +113,7 @@ pub(crate) fn used_blobs(
         }
     }
     used.settle();
-    Ok(used)
+    Ok((used, missing))
 }
 
 /// Each pack's stored and needed blob bytes, by position, from one scan of

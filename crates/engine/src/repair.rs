@@ -70,10 +70,21 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
     let mut report = RepairReport::default();
     let (index, bad) = repo.load_index()?;
     let mut damaged_files = Vec::new();
+    // Index files the store lists but answers "not found" for on every
+    // read (a distributed store can, after a node died during an upload):
+    // the new file supersedes them, so every reader forgives them as
+    // replaced, however long the store goes on listing them.
+    let mut gone_files = Vec::new();
     for e in bad {
         match e {
             EngineError::Corrupt { object, .. } if object.starts_with(FileType::Index.prefix()) => {
                 damaged_files.push(object)
+            }
+            EngineError::Backend(b)
+                if b.kind == capsule_backend::ErrorKind::NotFound
+                    && b.name.starts_with(FileType::Index.prefix()) =>
+            {
+                gone_files.push(b.name)
             }
             // Anything else (the destination failing) stops the repair
             // before it deletes anything.
@@ -114,21 +125,21 @@ pub fn repair_index(repo: &Repository, dry_run: bool) -> Result<RepairReport> {
     report.blobs = packs.iter().map(|p| p.entries.len() as u64).sum();
     if dry_run {
         report.removed_index_files = damaged_files;
+        report.removed_index_files.extend(gone_files);
         return Ok(report);
     }
-    if !packs.is_empty() {
-        let id = save_index_file(
-            repo,
-            &IndexFile {
-                supersedes: Vec::new(),
-                packs,
-            },
-        )?;
+    if !packs.is_empty() || !gone_files.is_empty() {
+        let supersedes = gone_files
+            .iter()
+            .chain(&damaged_files)
+            .filter_map(|n| FileType::id_of(n))
+            .collect();
+        let id = save_index_file(repo, &IndexFile { supersedes, packs })?;
         report.index_file = Some(FileType::Index.name(&id));
     }
     // The new index file is durable: what the damaged ones listed and is
     // still on storage is indexed again, so they can go.
-    for f in damaged_files {
+    for f in damaged_files.into_iter().chain(gone_files) {
         repo.backend().delete(&f)?;
         report.removed_index_files.push(f);
     }

@@ -161,7 +161,7 @@ fn a_streamed_file_is_cut_where_the_whole_file_is() {
     let (index, _) = repo.load_index().unwrap();
     let mut whole = Vec::new();
     let mut rest = &data[..];
-    for n in repo.chunker().cut_all(&data) {
+    for n in repo.chunker().cut_file(&data) {
         whole.push(repo.key().blob_id(&rest[..n]));
         rest = &rest[n..];
     }

@@ -26,7 +26,11 @@ impl Job {
         let words: &[&str] = match self {
             Job::Backup => &["backup"],
             Job::Forget => &["forget"],
-            Job::Prune => &["prune"],
+            // Its own process, beside the backups (which never wait for
+            // it), so it may wait for the sessions its marks wait for (the
+            // backups running elsewhere as it marked, seconds long) and
+            // give the space back in the same run, not a schedule later.
+            Job::Prune => &["prune", "--wait"],
             Job::Check => &["check"],
             Job::CheckReadData => {
                 // A slice or a share when the schedule names one.
@@ -384,5 +388,10 @@ mod tests {
             ["check", "--read-data-subset", "next/12"]
         );
         assert_eq!(Job::Check.args(&p), ["check"]);
+    }
+
+    #[test]
+    fn the_scheduled_prune_waits_for_the_backups_beside_it() {
+        assert_eq!(Job::Prune.args(&Profile::default()), ["prune", "--wait"]);
     }
 }

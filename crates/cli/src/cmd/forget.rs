@@ -352,6 +352,11 @@ fn run_prune(
             ));
         }
     }
+    for e in &r.index_files_gone {
+        out.warn(format!(
+            "{e}: the store lists this index file but could not give it; every blob the snapshots use is in the other index files, so the prune went on without it (`capsule check` reports it until the store stops listing it; `capsule repair index` rebuilds what it held)"
+        ));
+    }
     for s in &r.sessions_revoked {
         out.warn(format!(
             "session {s} has not been renewed for over an hour: revoked (that backup, if it wakes, re-checks its data before it commits)"

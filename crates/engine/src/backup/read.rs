@@ -181,6 +181,8 @@ pub(crate) fn read_file(
 
     let mut limit = before.len();
     let chunker = &ctx.chunker;
+    // A large file's tail is cut finer (the same bytes, the same cuts).
+    let mut cuts = chunker.file();
     let max = chunker.sizes().max;
     // The chunker needs `max` bytes ahead of each cut; every refill tops
     // the window up and first moves what is left (< `max`) to its front.
@@ -254,7 +256,7 @@ pub(crate) fn read_file(
             break;
         }
         let t = Instant::now();
-        let n = chunker.next_cut(&buf[start..], eof);
+        let n = cuts.next_cut(&buf[start..], eof);
         let chunk = &buf[start..start + n];
         let id = ctx.repo.key().blob_id(chunk);
         Progress::add(&ctx.counters.hash_ns, elapsed_ns(t));

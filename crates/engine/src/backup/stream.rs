@@ -208,6 +208,7 @@ fn read_chunks(
     progress: &Progress,
 ) -> Result<(Vec<capsule_format::BlobId>, u64, f64)> {
     let chunker = repo.chunker();
+    let mut cuts = chunker.file();
     let max = chunker.sizes().max;
     let window = max + max / 2;
     let mut buf: Vec<u8> = Vec::with_capacity(window);
@@ -245,7 +246,7 @@ fn read_chunks(
         if start == buf.len() {
             break;
         }
-        let n = chunker.next_cut(&buf[start..], eof);
+        let n = cuts.next_cut(&buf[start..], eof);
         let chunk = &buf[start..start + n];
         let id = repo.key().blob_id(chunk);
         if saver.save(BlobType::Data, id, chunk)? {

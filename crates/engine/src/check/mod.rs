@@ -620,6 +620,20 @@ impl TreeChecker<'_> {
 fn describe(e: &EngineError) -> (String, String) {
     match e {
         EngineError::Corrupt { object, detail } => (object.clone(), detail.clone()),
+        // Listed, but "not found" on every read the loader made, and no
+        // file read replaces it: what it named is unindexed until a repair.
+        EngineError::Backend(b)
+            if b.kind == capsule_backend::ErrorKind::NotFound
+                && b.name.starts_with(capsule_format::FileType::Index.prefix()) =>
+        {
+            (
+                b.name.clone(),
+                format!(
+                    "the store lists this index file but every read finds it gone ({}); `capsule repair index` indexes its packs again and replaces it",
+                    b.message
+                ),
+            )
+        }
         EngineError::Backend(b) => (b.name.clone(), b.message.clone()),
         other => ("repository".into(), other.to_string()),
     }

@@ -438,6 +438,7 @@ impl Rechunk<'_> {
             return Ok(done.clone());
         }
         let chunker = self.dst.chunker();
+        let mut cuts = chunker.file();
         let max = self.dst.config().chunk_max as usize;
         let mut buf: Vec<u8> = Vec::new();
         let mut out = Vec::new();
@@ -450,7 +451,7 @@ impl Rechunk<'_> {
             let last = i + 1 == content.len();
             // Cut while a whole chunk's worth is buffered (or at the end).
             while !buf.is_empty() && (buf.len() >= max || last) {
-                let cut = chunker.next_cut(&buf, last).clamp(1, buf.len());
+                let cut = cuts.next_cut(&buf, last).clamp(1, buf.len());
                 let id = self.dst.key().blob_id(&buf[..cut]);
                 self.save(BlobType::Data, id, &buf[..cut])?;
                 out.push(id);

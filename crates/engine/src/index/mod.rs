@@ -130,7 +130,8 @@ impl std::fmt::Debug for MasterIndex {
 /// Listings taken again when index files vanish while being read.
 const VANISHED_RETRIES: usize = 5;
 
-fn is_not_found(e: &EngineError) -> bool {
+/// Whether `e` is the store answering "not found".
+pub(crate) fn is_not_found(e: &EngineError) -> bool {
     matches!(e, EngineError::Backend(b) if b.kind == capsule_backend::ErrorKind::NotFound)
 }
 

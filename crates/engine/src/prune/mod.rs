@@ -142,6 +142,11 @@ pub struct PruneReport {
     /// Object lock's maintenance, on a bucket with object lock
     /// ([`crate::locked`]).
     pub object_lock: Option<crate::locked::LockReport>,
+    /// Index files the store lists but could not give on any read, and
+    /// that this prune went on without: every blob the snapshots use was
+    /// found in the other files (so none of it was taken for unused).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub index_files_gone: Vec<String>,
 }
 
 /// A session a mark waits for.
@@ -236,8 +241,12 @@ pub fn prune(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<PruneReport>
     Ok(report)
 }
 
-/// How often `prune --wait` looks at the sessions it waits for.
+/// How often `prune --wait` looks at the sessions it waits for: every
+/// second for the first half minute (the backups beside a scheduled prune
+/// end within seconds, and one listing a second is cheap), then every
+/// five.
 const WAIT_POLL_SECS: u64 = 5;
+const WAIT_POLL_FAST: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Waits until none of `sessions` is held any more, or each has run past
 /// its lease (a prune may then revoke it). Bounded: at most the lease plus
@@ -255,7 +264,12 @@ fn wait_for_sessions(repo: &Repository, sessions: &[WaitingFor], lease_secs: i64
         if !live || started.elapsed() >= bound {
             return Ok(());
         }
-        std::thread::sleep(std::time::Duration::from_secs(WAIT_POLL_SECS));
+        let poll = if started.elapsed() < WAIT_POLL_FAST {
+            1
+        } else {
+            WAIT_POLL_SECS
+        };
+        std::thread::sleep(std::time::Duration::from_secs(poll));
     }
 }
 
@@ -314,12 +328,34 @@ fn prune_pass(repo: &Arc<Repository>, opts: &PruneOptions) -> Result<(PruneRepor
     // Prune looks up few blobs (those of marked and repacked packs); the
     // filters' 12 MB at ten million blobs are better left to the used set.
     index.drop_filters();
-    if let Some(e) = bad_index.first() {
+    // An index file the store lists but answers "not found" for on every
+    // read (after the loader's fresh listings), that no file read
+    // supersedes: a distributed store can list an object whose upload a
+    // node's death cut, for months (the fleet year's days 70 to 188).
+    // Prune deletes only packs the index it read names, so packs such a
+    // file alone names are never touched; what it must not do is take a
+    // blob for unused that only that file locates. So it goes on when
+    // every blob the snapshots use is found without it, and refuses
+    // otherwise. Any other damage refuses.
+    let gone: Vec<&EngineError> = bad_index
+        .iter()
+        .filter(|e| crate::index::is_not_found(e))
+        .collect();
+    if let Some(e) = bad_index.iter().find(|e| !crate::index::is_not_found(e)) {
         return Err(EngineError::PruneRefused(format!(
             "{e}; run `capsule repair index` first"
         )));
     }
-    let used = crate::reach::used_blobs(repo, &index, &marked_index, &snaps)?;
+    let (used, missing) =
+        crate::reach::used_blobs(repo, &index, &marked_index, &snaps, !gone.is_empty())?;
+    if let Some(e) = gone.first() {
+        if missing > 0 {
+            return Err(EngineError::PruneRefused(format!(
+                "{e}; {missing} blobs the snapshots use are in no other index file; run `capsule repair index` first"
+            )));
+        }
+        report.index_files_gone = bad_index.iter().map(|e| e.to_string()).collect();
+    }
     index_sound(&index)?;
 
     // ----- sweep -----
