@@ -16,7 +16,7 @@ use capsule_format::{BlobId, BlobType};
 use crate::error::Result;
 use crate::index::{BlobLoc, MasterIndex};
 use crate::repo::Repository;
-use crate::restore::fetch::{MAX_GAP, MAX_REQUEST};
+use crate::restore::fetch::{max_gap, MAX_REQUEST};
 
 /// Bytes of file content fetched at once, ahead of the chunker.
 const WINDOW: u64 = 32 << 20;
@@ -92,6 +92,7 @@ impl<'a> Feed<'a> {
             }
         }
         want.sort_by_key(|(_, l)| (l.pack, l.offset));
+        let gap = max_gap(self.src);
         let mut runs: Vec<Vec<(BlobId, BlobLoc)>> = Vec::new();
         for (b, l) in want {
             let joins = runs.last().is_some_and(|run| {
@@ -99,7 +100,7 @@ impl<'a> Feed<'a> {
                 let end = u64::from(last.offset) + u64::from(last.length);
                 l.pack == last.pack
                     && u64::from(l.offset) >= end
-                    && u64::from(l.offset) - end <= MAX_GAP
+                    && u64::from(l.offset) - end <= gap
                     && u64::from(l.offset) + u64::from(l.length) - u64::from(first.offset)
                         <= MAX_REQUEST
             });

@@ -5,8 +5,8 @@
 //! at NAS or WAN latency makes a restore many times slower than the backup
 //! was. So the plan groups the needed blobs by pack, sorts them by offset,
 //! and merges neighbours into ranged reads of up to [`MAX_REQUEST`] bytes
-//! (reading across a gap of up to [`MAX_GAP`] rather than paying another
-//! request). `workers` threads (the destination's concurrency) take the
+//! (reading across a gap of up to [`MAX_GAP`], [`MAX_GAP_REMOTE`] over the
+//! network, rather than paying another request). `workers` threads (the destination's concurrency) take the
 //! requests in order, so that many are in flight at once; each worker
 //! authenticates, decompresses and verifies what it fetched and writes
 //! every blob to every place that needs it with positioned writes. A large
@@ -38,8 +38,26 @@ use crate::repo::{pack_name, Repository};
 
 /// Largest ranged read the plan makes from several blobs.
 pub const MAX_REQUEST: u64 = 4 << 20;
-/// Largest gap between two needed blobs that one read spans.
+/// Largest gap between two needed blobs that one read spans, on a local
+/// destination (a disk: a request costs a system call, bytes cost reads).
 pub const MAX_GAP: u64 = 64 << 10;
+/// The same on a network destination, where a request costs a round trip
+/// and the server's work for it: the fleet year's four MinIO nodes spent
+/// about 5.5 ms of CPU a request and 3.2 ms a MiB (two restores of the
+/// same data, 379 and 109 requests), so reading across up to 1 MiB is
+/// cheaper than asking again. It matters most in a repository grown by
+/// hourly runs and pruned for a year: many small packs, each with what
+/// later snapshots no longer use between what the newest one needs.
+pub const MAX_GAP_REMOTE: u64 = 1 << 20;
+
+/// The gap one read spans on `repo`'s destination.
+pub fn max_gap(repo: &Repository) -> u64 {
+    if repo.backend().capabilities().local {
+        MAX_GAP
+    } else {
+        MAX_GAP_REMOTE
+    }
+}
 /// Files held open between their writes; beyond this a file is closed
 /// after each write and reopened (and its identity checked) for the next.
 const MAX_OPEN_FILES: usize = 512;
@@ -302,7 +320,7 @@ pub(super) fn write_files<L: Layout>(
     // Blobs of files that already failed are not fetched.
     blobs.retain(|b| !b.places.is_empty());
     blobs.sort_by_key(|b| (b.loc.pack, b.loc.offset));
-    let requests = coalesce(&blobs);
+    let requests = coalesce(&blobs, max_gap(repo));
     stats.blobs += blobs.len() as u64;
     stats.packs_in_repository = index
         .packs()
@@ -593,7 +611,7 @@ pub(super) fn write_files<L: Layout>(
 }
 
 /// Merges blobs (sorted by pack and offset) into ranged reads.
-fn coalesce(blobs: &[BlobJob]) -> Vec<Request> {
+fn coalesce(blobs: &[BlobJob], max_gap: u64) -> Vec<Request> {
     let mut out: Vec<Request> = Vec::new();
     for (i, b) in blobs.iter().enumerate() {
         let start = b.loc.offset as u64;
@@ -601,7 +619,7 @@ fn coalesce(blobs: &[BlobJob]) -> Vec<Request> {
         if let Some(r) = out.last_mut() {
             if r.pack == b.loc.pack
                 && start >= r.range.end
-                && start - r.range.end <= MAX_GAP
+                && start - r.range.end <= max_gap
                 && end - r.range.start <= MAX_REQUEST
             {
                 r.range.end = end;
@@ -649,7 +667,7 @@ mod tests {
             blob(0, 301 + 2 * gap, 1), // one byte further: a new read
             blob(1, 0, 100),           // another pack: a new read
         ];
-        let r = coalesce(&blobs);
+        let r = coalesce(&blobs, MAX_GAP);
         let got: Vec<_> = r
             .iter()
             .map(|r| (r.pack, r.range.clone(), r.blobs.clone()))
@@ -662,6 +680,10 @@ mod tests {
                 (1, 0..100, 4..5),
             ]
         );
+        // Over the network the far blob is worth the gap's bytes.
+        let r = coalesce(&blobs, MAX_GAP_REMOTE);
+        let got: Vec<_> = r.iter().map(|r| r.blobs.clone()).collect();
+        assert_eq!(got, vec![0..4, 4..5]);
     }
 
     #[test]
@@ -673,7 +695,7 @@ mod tests {
             blob(0, big, 1),            // over it: a new read
             blob(0, big + 1, big + 10), // one blob above the limit: alone
         ];
-        let r = coalesce(&blobs);
+        let r = coalesce(&blobs, MAX_GAP);
         let got: Vec<_> = r.iter().map(|r| r.blobs.clone()).collect();
         assert_eq!(got, vec![0..2, 2..3, 3..4]);
         assert!(r

@@ -17,7 +17,7 @@ mod fsys;
 mod item;
 mod trees;
 
-pub use fetch::{Bound, BoundKind, FetchStats, MAX_GAP, MAX_REQUEST};
+pub use fetch::{max_gap, Bound, BoundKind, FetchStats, MAX_GAP, MAX_GAP_REMOTE, MAX_REQUEST};
 
 /// Removes `name` in directory `parent` and, for a directory, all it
 /// holds, through descriptors and never through a link; how many entries.
