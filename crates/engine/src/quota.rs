@@ -278,6 +278,8 @@ pub fn thin(repo: &Arc<Repository>, plan: ThinPlan) -> Result<ThinReport> {
     crate::forget::forget_all(repo, &ids)?;
     let opts = crate::prune::PruneOptions {
         max_unused: 0.0,
+        // Space is what is short: no rewriting of what is kept in full.
+        merge_small: false,
         ..Default::default()
     };
     // One prune: it sweeps its own marks when no session is held (as at

@@ -362,12 +362,18 @@ fn run_prune(
             "session {s} has not been renewed for over an hour: revoked (that backup, if it wakes, re-checks its data before it commits)"
         ));
     }
-    if r.packs_repacked > 0 {
+    if r.packs_repacked > r.packs_merged {
         out.result(format!(
             "{} partly used packs {would}repacked: {} {would}written anew, {} {would}freed when they are deleted",
-            r.packs_repacked,
+            r.packs_repacked - r.packs_merged,
             bytes(r.bytes_repack_written),
             bytes(r.bytes_repack_freed)
+        ));
+    }
+    if r.packs_merged > 0 {
+        out.result(format!(
+            "{} small packs {would}merged into full ones (fewer requests to read them)",
+            r.packs_merged
         ));
     }
     if r.packs_partly_used > 0 {

@@ -1,9 +1,12 @@
-//! An index file the store lists but cannot give (the fleet year's days 70
-//! to 188: a distributed store listed an index file after a node died
-//! during its upload, and answered "not found" to every read). Prune went
-//! on refusing for months, so marked packs waited. It now goes on when
-//! every blob the snapshots use is found without the file, and still
-//! refuses when one is not.
+//! What a year does to a repository, at engine level on an in-memory
+//! store: an index file the store lists but cannot give, and the small
+//! packs of hourly runs.
+//!
+//! The lost index file (the fleet year's days 70 to 188: a distributed
+//! store listed an index file after a node died during its upload, and
+//! answered "not found" to every read): prune went on refusing for months,
+//! so marked packs waited. It now goes on when every blob the snapshots use
+//! is found without the file, and still refuses when one is not.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::Path;
@@ -226,4 +229,53 @@ fn a_listed_index_file_a_snapshot_needs_still_blocks_prune() {
         other => panic!("prune did not refuse: {other:?}"),
     }
     assert_eq!(packs(&store), before, "a refused prune deleted packs");
+}
+
+/// A day of hourly runs, each adding a small file: each leaves a small
+/// pack whose every blob the newest snapshot uses. A prune merges them
+/// into full packs (a year of them left the newest snapshot in 1,088 packs
+/// against a fresh repository's 144), the newest snapshot restores whole,
+/// and a prune right after merges nothing again.
+#[test]
+fn a_prune_merges_the_small_packs_of_hourly_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let store = Arc::new(MemoryBackend::new());
+    init(&store);
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("kept"), noise(300_000, 1)).unwrap();
+    std::fs::write(src.join("new"), noise(400_000, 3)).unwrap();
+    for h in 0..24u64 {
+        std::fs::write(src.join(format!("h{h}")), noise(20_000, 100 + h)).unwrap();
+        run_backup(&store, &src);
+    }
+    let data = |s: &MemoryBackend| packs(s).iter().filter(|n| n.starts_with("data/")).count();
+    let before = data(&store);
+    assert!(before >= 24, "{before} data packs");
+    let repo = open(&store);
+    let r = prune(&repo, &PruneOptions::default()).unwrap();
+    assert!(r.packs_merged >= 20, "{r:?}");
+    let after = data(&store);
+    // 1.2 MB of data in 128 KiB packs: about ten, not thirty.
+    assert!(
+        after * 2 < before,
+        "{before} data packs before, {after} after"
+    );
+    let r = prune(&repo, &PruneOptions::default()).unwrap();
+    assert_eq!(r.packs_merged, 0, "merged again: {r:?}");
+    assert_eq!(data(&store), after);
+    restores_whole(&store, &src, &dir.path().join("r"));
+    for h in 0..24u64 {
+        let name = format!("h{h}");
+        let restored = dir
+            .path()
+            .join("r")
+            .join(src.strip_prefix("/").unwrap())
+            .join(&name);
+        assert_eq!(
+            std::fs::read(restored).unwrap(),
+            noise(20_000, 100 + h),
+            "{name}"
+        );
+    }
 }
