@@ -363,6 +363,7 @@ committed = {}       # run id -> {host, time, exit} of every snapshot seen
 ever = {}            # host -> {snapshot time} of every snapshot ever seen
 problems = []        # every failed check: lost data, exit 0 with less, ...
 storage = []         # (when, stored, distinct, live snapshots) after each prune
+held_ahead = []      # clocks of killed runs whose clock ran ahead: their sessions
 tiers = []           # (when, last 24 h, daily, weekly) per day
 run_serial = [0]
 
@@ -585,11 +586,21 @@ for s, when in enumerate(steps):
     # Wait, stopping each changer when its run ends; a waiting prune last,
     # its clock moved past the lease of whatever this step killed (what an
     # hour of waiting would do).
+    # A killed run whose clock ran ahead (a clock-jump fault) left a session
+    # dated in the future: its lease runs out only once the prune's clock
+    # passes that date (by the destination's clock it would after an hour,
+    # but the store's clock is real time, an hour here too), so the prune's
+    # clock moves past the furthest such session still held.
     for kind, h, p, rid, extra in sorted(procs, key=lambda r: r[0] == "prune"):
         if kind == "prune" and p.code is None:
             with open(os.path.join(work, "prune-clock"), "w") as f:
-                f.write(str(when + LEASE + 300))
+                f.write(str(max([when] + held_ahead) + LEASE + 300))
         p.wait()
+        if kind == "backup" and p.code == -9 and extra.get("jump", 0) > 0:
+            held_ahead.append(when + extra["jump"])
+        if kind == "prune" and p.code == 0:
+            # Revoked by it (past their lease by its clock), or ended.
+            held_ahead.clear()
         if rid in changers:
             (rel, before, written, _), stop, th = changers[rid]
             stop.set()
