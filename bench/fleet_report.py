@@ -108,7 +108,7 @@ def kinds_table(early, last, e_runs, l_runs):
 
 
 def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_code,
-           end_restores, year_secs, steps, start, prefix, speed16=(), control=()):
+           end_restores, year_secs, steps, start, prefix, speed16=(), control=(), store_reports=()):
     cols = ["step", "when", "host", "kind", "exit", "secs", "requests", "bytes_up",
             "peak_rss_kib", "cache_kib", "faults", "run", "hourly", "store_out", "sampled", "note",
             "req_kinds"]
@@ -239,6 +239,7 @@ def report(A, out, runs, faults, storage, tiers, policy, problems, speed, check_
 | the same, `--connections 16` | {sp16 or "—"} |
 | store faults applied after waiting for the store to heal | {len(waits)} ({sum(waits):.0f} s in all) |
 | wall time of the year | {year_secs / 60:.1f} min |
+| checks that named an index file the store lists but cannot give (a warning: every snapshot's blobs found elsewhere) | {len(store_reports)}{" (steps " + ", ".join(str(r[0]) for r in store_reports) + ")" if store_reports else ""} |
 | problems | {len(problems)} |
 
 {chr(10).join(fault_lines)}

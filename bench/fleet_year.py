@@ -106,6 +106,10 @@ from cluster_env import BUCKET, CDIR, CTL, KEY, NODES, SECRET  # noqa: E402
 PREFIX = f"fleet-{A.seed}-{os.getpid()}"
 work = tempfile.mkdtemp(prefix="capsule-fleet.")
 os.makedirs(A.out, exist_ok=True)
+# An earlier run's reports would read as this one's.
+for old in os.listdir(A.out):
+    if old.startswith(("damage-step", "store-report-step")):
+        os.remove(os.path.join(A.out, old))
 
 
 def log(*a):
@@ -364,6 +368,7 @@ ever = {}            # host -> {snapshot time} of every snapshot ever seen
 problems = []        # every failed check: lost data, exit 0 with less, ...
 storage = []         # (when, stored, distinct, live snapshots) after each prune
 held_ahead = []      # clocks of killed runs whose clock ran ahead: their sessions
+store_reports = []   # checks that passed but named index files the store lists and cannot give
 tiers = []           # (when, last 24 h, daily, weekly) per day
 run_serial = [0]
 
@@ -638,6 +643,15 @@ for s, when in enumerate(steps):
                                 f"{p.stdout.strip()[-600:]} {p.stderr.strip()[-600:]}")
             elif p.code not in (0, -9, 14):
                 row["note"] = p.stderr.strip()[-200:]
+            gone = ((p.json() or {}).get("report") or {}).get("index_files_gone") or []
+            if kind.startswith("check") and p.code == 0 and gone:
+                # Not damage (every snapshot's blobs were found): the
+                # store's own inconsistency, kept beside the outputs.
+                keep = os.path.join(A.out, f"store-report-step{s}-{kind}.txt")
+                with open(keep, "w") as fh:
+                    fh.write(f"step {s} day {day} store_out {int(store.any_out())}\n"
+                             f"{p.stdout}\n--- stderr\n{p.stderr}\n")
+                store_reports.append((s, day, gone))
             continue
         manifest = h.src.manifest()
         if p.code in (0, 3) or p.code == -9:
@@ -817,7 +831,7 @@ if Proc([A.capsule, *fresh_repo, "init"], dict(hosts[0].env(now), CAPSULE_PASSWO
 
 report(A, out=A.out, runs=runs, faults=faults, storage=storage, tiers=tiers, policy=policy,
        problems=problems, speed=speed, speed16=speed16, control=control, check_code=check.code, end_restores=end_restores,
-       year_secs=year_secs, steps=steps, start=START, prefix=PREFIX)
+       year_secs=year_secs, steps=steps, start=START, prefix=PREFIX, store_reports=store_reports)
 unmount()
 shutil.rmtree(work, ignore_errors=True)
 sys.exit(1 if problems else 0)

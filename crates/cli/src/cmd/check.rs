@@ -151,7 +151,17 @@ fn check(settings: &Settings, out: &Output, a: CheckArgs, seen: &mut SubsetSeen)
         .problems
         .iter()
         .any(|p| p.object.starts_with("index/") || p.problem.contains("not in any index"));
-    if !r.unindexed_packs.is_empty() && !index_damaged {
+    for name in &r.index_files_gone {
+        out.warn(format!(
+            "{name}: the store lists this index file but every read finds it gone (a distributed store can list an object whose upload or delete a node's outage cut){}; `capsule repair index` indexes its packs again and supersedes it",
+            if index_damaged {
+                ""
+            } else {
+                ": every blob the snapshots use is in the other index files, so nothing is lost"
+            }
+        ));
+    }
+    if !r.unindexed_packs.is_empty() && !index_damaged && r.index_files_gone.is_empty() {
         out.say(format!(
             "{} packs are not indexed (left by an interrupted backup; a later prune reclaims them)",
             r.unindexed_packs.len()

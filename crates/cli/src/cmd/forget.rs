@@ -354,7 +354,7 @@ fn run_prune(
     }
     for e in &r.index_files_gone {
         out.warn(format!(
-            "{e}: the store lists this index file but could not give it; every blob the snapshots use is in the other index files, so the prune went on without it (`capsule check` reports it until the store stops listing it; `capsule repair index` rebuilds what it held)"
+            "{e}: the store lists this index file but could not give it; every blob the snapshots use is in the other index files, so the prune went on without it (`capsule check` names it, as a warning, until the store stops listing it; `capsule repair index` rebuilds what it held and supersedes it)"
         ));
     }
     for s in &r.sessions_revoked {

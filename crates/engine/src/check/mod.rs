@@ -73,6 +73,13 @@ pub struct CheckReport {
     /// Packs present but in no index: left by an interrupted backup, or
     /// orphaned by a lost index file (`capsule repair index` indexes them).
     pub unindexed_packs: Vec<String>,
+    /// Index files the store lists but answers "not found" for on every
+    /// read (a distributed store can list, for months, an object whose
+    /// upload or delete a node's outage cut). Not damage by itself: a blob
+    /// a snapshot uses that only such a file located is reported as "not
+    /// in any index", with what it affects. `capsule repair index` indexes
+    /// their packs again and supersedes them.
+    pub index_files_gone: Vec<String>,
     /// Packs a prune has marked for deletion (out of the index on purpose;
     /// the next prune deletes them unless a snapshot uses them again).
     pub packs_marked_for_deletion: u64,
@@ -146,8 +153,15 @@ pub fn check_subset(
     let (snaps, bad_snaps) = repo.list_snapshots()?;
     let (mut index, bad_index) = repo.load_index()?;
     for e in bad_index {
-        let (obj, detail) = describe(&e);
-        problems.add(obj, detail);
+        match &e {
+            EngineError::Backend(b) if crate::index::is_not_found(&e) => {
+                report.index_files_gone.push(b.name.clone());
+            }
+            _ => {
+                let (obj, detail) = describe(&e);
+                problems.add(obj, detail);
+            }
+        }
     }
 
     // Marks before the pack listing: a prune deletes a marked pack before
@@ -620,20 +634,6 @@ impl TreeChecker<'_> {
 fn describe(e: &EngineError) -> (String, String) {
     match e {
         EngineError::Corrupt { object, detail } => (object.clone(), detail.clone()),
-        // Listed, but "not found" on every read the loader made, and no
-        // file read replaces it: what it named is unindexed until a repair.
-        EngineError::Backend(b)
-            if b.kind == capsule_backend::ErrorKind::NotFound
-                && b.name.starts_with(capsule_format::FileType::Index.prefix()) =>
-        {
-            (
-                b.name.clone(),
-                format!(
-                    "the store lists this index file but every read finds it gone ({}); `capsule repair index` indexes its packs again and replaces it",
-                    b.message
-                ),
-            )
-        }
         EngineError::Backend(b) => (b.name.clone(), b.message.clone()),
         other => ("repository".into(), other.to_string()),
     }
